@@ -1,0 +1,155 @@
+/*
+ * The MPI bootstrap (MPICH): ranks, address exchange and the non-blocking
+ * collectives behind quiescence and finalize. Loaded as a plugin so that
+ * libmailrail.so does not depend on MPI.
+ */
+#include "mr_bootstrap.h"
+
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct mr_bootstrap {
+    MPI_Comm comm;
+    MPI_Request pending;
+    int initialized_mpi;
+    void (*log)(mr_log_level_t, const char *, ...);
+};
+
+static mr_status_t bootstrap_check(mr_bootstrap_t *b, int rc, const char *what)
+{
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+
+    if (rc == MPI_SUCCESS) return MR_OK;
+    MPI_Error_string(rc, text, &len);
+    b->log(MR_LOG_ERROR, "%s failed: %s", what, text);
+    return MR_ERR_BOOTSTRAP;
+}
+
+static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
+                                  void (*log)(mr_log_level_t, const char *, ...),
+                                  mr_bootstrap_t **out, int *rank, int *size)
+{
+    MPI_Comm base = MPI_COMM_WORLD;
+    int initialized = 0, finalized = 0, initialized_here = 0;
+    mr_bootstrap_t *b;
+
+    if (user_comm != NULL && user_comm_size != sizeof(MPI_Comm)) {
+        log(MR_LOG_ERROR, "mr_init_mpi: the communicator has %zu bytes, an MPI_Comm has %zu.",
+            user_comm_size, sizeof(MPI_Comm));
+        return MR_ERR_INVALID_PARAM;
+    }
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (finalized) {
+        log(MR_LOG_ERROR, "MPI was already finalized; MailRail cannot bootstrap.");
+        return MR_ERR_BOOTSTRAP;
+    }
+    if (user_comm != NULL) {
+        if (!initialized) {
+            log(MR_LOG_ERROR, "mr_init_mpi: MPI is not initialized; call MPI_Init first.");
+            return MR_ERR_BOOTSTRAP;
+        }
+        memcpy(&base, user_comm, sizeof(base));
+    } else if (!initialized) {
+        if (MPI_Init(NULL, NULL) != MPI_SUCCESS) {
+            log(MR_LOG_ERROR, "MPI_Init failed.");
+            return MR_ERR_BOOTSTRAP;
+        }
+        initialized_here = 1;
+    }
+    b = calloc(1, sizeof(*b));
+    if (b == NULL) {
+        log(MR_LOG_ERROR, "Cannot allocate the bootstrap state.");
+        if (initialized_here) MPI_Finalize();
+        return MR_ERR_NO_MEMORY;
+    }
+    b->log = log;
+    b->pending = MPI_REQUEST_NULL;
+    b->initialized_mpi = initialized_here;
+    /* Errors come back as codes so that MailRail can report them. */
+    if (bootstrap_check(b, MPI_Comm_dup(base, &b->comm), "MPI_Comm_dup") != MR_OK) {
+        free(b);
+        if (initialized_here) MPI_Finalize();
+        return MR_ERR_BOOTSTRAP;
+    }
+    MPI_Comm_set_errhandler(b->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(b->comm, rank);
+    MPI_Comm_size(b->comm, size);
+    *out = b;
+    return MR_OK;
+}
+
+static mr_status_t bootstrap_allgather(mr_bootstrap_t *b, const void *send, void *recv,
+                                       size_t len)
+{
+    return bootstrap_check(
+        b, MPI_Allgather(send, (int)len, MPI_BYTE, recv, (int)len, MPI_BYTE, b->comm),
+        "MPI_Allgather");
+}
+
+static mr_status_t bootstrap_bcast(mr_bootstrap_t *b, void *buf, size_t len, int root)
+{
+    return bootstrap_check(b, MPI_Bcast(buf, (int)len, MPI_BYTE, root, b->comm), "MPI_Bcast");
+}
+
+static mr_status_t bootstrap_iallreduce_sum(mr_bootstrap_t *b, const uint64_t *in,
+                                            uint64_t *out, int count)
+{
+    return bootstrap_check(
+        b, MPI_Iallreduce(in, out, count, MPI_UINT64_T, MPI_SUM, b->comm, &b->pending),
+        "MPI_Iallreduce");
+}
+
+static mr_status_t bootstrap_ibarrier(mr_bootstrap_t *b)
+{
+    return bootstrap_check(b, MPI_Ibarrier(b->comm, &b->pending), "MPI_Ibarrier");
+}
+
+static mr_status_t bootstrap_test(mr_bootstrap_t *b)
+{
+    int done = 0;
+    mr_status_t status;
+
+    if (b->pending == MPI_REQUEST_NULL) return MR_OK;
+    status = bootstrap_check(b, MPI_Test(&b->pending, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (status != MR_OK) return status;
+    return done ? MR_OK : MR_AGAIN;
+}
+
+static const void *bootstrap_comm(mr_bootstrap_t *b)
+{
+    return &b->comm;
+}
+
+static void bootstrap_finalize(mr_bootstrap_t *b)
+{
+    /*
+     * A collective still pending here means a peer failed during it; MPI does
+     * not allow freeing or cancelling it, so it is left behind.
+     */
+    MPI_Comm_free(&b->comm);
+    if (b->initialized_mpi) MPI_Finalize();
+    free(b);
+}
+
+static const mr_bootstrap_ops_t bootstrap_mpi_ops = {
+    .abi_version = MR_BOOTSTRAP_ABI_VERSION,
+    .ops_size = sizeof(mr_bootstrap_ops_t),
+    .name = "mpi",
+    .description = "MPI (MPICH) bootstrap: ranks, address exchange, non-blocking collectives.",
+    .init = bootstrap_init,
+    .allgather = bootstrap_allgather,
+    .bcast = bootstrap_bcast,
+    .iallreduce_sum = bootstrap_iallreduce_sum,
+    .ibarrier = bootstrap_ibarrier,
+    .test = bootstrap_test,
+    .comm = bootstrap_comm,
+    .finalize = bootstrap_finalize,
+};
+
+__attribute__((visibility("default"))) const mr_bootstrap_ops_t *mr_bootstrap_get_ops(void)
+{
+    return &bootstrap_mpi_ops;
+}

@@ -1,0 +1,214 @@
+/*
+ * The settings parser and the core's own settings table.
+ */
+#include "mr_config.h"
+#include "mr_flowctl.h"
+#include "mr_log.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+const mr_config_entry_t mr_core_config_table[] = {
+    {"MAILRAIL_SUBSTRATE", "tcp", MR_CONFIG_STRING, offsetof(mr_core_config_t, substrate), 0, 0,
+     NULL,
+     "The substrate that carries messages: the name of a plugin mailrail_substrate_<name>.so "
+     "(tcp, mpi or ucx when built). `mailrail_info` lists the ones that load."},
+    {"MAILRAIL_FLOWCTL", "none", MR_CONFIG_ENUM, offsetof(mr_core_config_t, flowctl), 0, 0,
+     mr_flowctl_names,
+     "The flow-control policy: none sends unconstrained, rank keeps credits per sender and "
+     "receiver pair, node shares credits among the ranks of a sending node."},
+    {"MAILRAIL_DATAGRAM_SIZE", "4K", MR_CONFIG_SIZE, offsetof(mr_core_config_t, datagram_size),
+     16, 64u << 20, NULL,
+     "The capacity of every send and receive buffer, which is the largest message, in bytes "
+     "(suffixes K, M, G)."},
+    {"MAILRAIL_SEND_SLOTS", "256", MR_CONFIG_UINT, offsetof(mr_core_config_t, send_slots), 1,
+     1u << 20, NULL,
+     "Buffers in the send pool: the most messages reserved, deferred or in flight at once. "
+     "Beyond it mr_reserve() returns MR_AGAIN (backpressure)."},
+    {"MAILRAIL_RECV_SLOTS", "1024", MR_CONFIG_UINT, offsetof(mr_core_config_t, recv_slots), 1,
+     1u << 22, NULL,
+     "Buffers in the receive pool: the most messages that can have arrived and not yet been "
+     "released. One credit is one of these slots."},
+    {"MAILRAIL_PLUGIN_PATH", "", MR_CONFIG_STRING, offsetof(mr_core_config_t, plugin_path), 0,
+     0, NULL,
+     "Colon-separated directories searched for plugins. Empty: the mailrail/ directory next "
+     "to libmailrail.so (and, in a build tree, the build's own plugin directories)."},
+    {"MAILRAIL_LOG_LEVEL", "warn", MR_CONFIG_ENUM, offsetof(mr_core_config_t, log_level), 0, 0,
+     mr_log_level_names, "How much MailRail prints to stderr."},
+    {"MAILRAIL_RANKS_PER_NODE", "0", MR_CONFIG_UINT, offsetof(mr_core_config_t, ranks_per_node),
+     0, 1u << 20, NULL,
+     "Groups the ranks of one host into virtual nodes of this many consecutive ranks, so that "
+     "node-level behaviour can be exercised on one machine. 0 uses the real hosts."},
+    {"MAILRAIL_NUMA", "yes", MR_CONFIG_BOOL, offsetof(mr_core_config_t, numa), 0, 0, NULL,
+     "Allocates the pools on the local NUMA node through libnuma, when the library was built "
+     "with it and the system has NUMA support."},
+    {"MAILRAIL_TIMEOUT", "60", MR_CONFIG_UINT, offsetof(mr_core_config_t, timeout_s), 1, 86400,
+     NULL,
+     "Seconds that init may wait for peers to connect and finalize may wait for in-flight "
+     "sends, before giving up with MR_ERR_TIMEOUT."},
+    {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
+};
+
+static const char *const config_bool_true[] = {"1", "yes", "on", "true", "y", NULL};
+static const char *const config_bool_false[] = {"0", "no", "off", "false", "n", NULL};
+
+static int config_find_word(const char *const *words, const char *value)
+{
+    for (int i = 0; words[i] != NULL; i++) {
+        if (strcasecmp(words[i], value) == 0) return i;
+    }
+    return -1;
+}
+
+void mr_config_format_allowed(const mr_config_entry_t *entry, char *buf, size_t len)
+{
+    size_t used = 0;
+
+    buf[0] = '\0';
+    switch (entry->type) {
+    case MR_CONFIG_UINT:
+        snprintf(buf, len, "an integer from %" PRIu64 " to %" PRIu64, entry->min, entry->max);
+        break;
+    case MR_CONFIG_SIZE:
+        snprintf(buf, len, "a size from %" PRIu64 " to %" PRIu64 " bytes (suffixes K, M, G)",
+                 entry->min, entry->max);
+        break;
+    case MR_CONFIG_BOOL:
+        snprintf(buf, len, "yes|no (also on|off, true|false, 1|0)");
+        break;
+    case MR_CONFIG_ENUM:
+        for (int i = 0; entry->choices[i] != NULL && used < len; i++) {
+            int n = snprintf(buf + used, len - used, "%s%s", i ? "|" : "", entry->choices[i]);
+            if (n < 0) break;
+            used += (size_t)n;
+        }
+        break;
+    case MR_CONFIG_STRING:
+        snprintf(buf, len, "text of at most %d bytes", MR_CONFIG_STRING_MAX - 1);
+        break;
+    }
+}
+
+/* Parses an unsigned decimal number with an optional K/M/G suffix when `sized`. */
+static int config_parse_number(const char *value, bool sized, uint64_t *out)
+{
+    const char *p = value;
+    char *end;
+    uint64_t n, scale = 1;
+
+    if (!isdigit((unsigned char)*p)) return -1;
+    errno = 0;
+    n = strtoull(p, &end, 10);
+    if (errno != 0) return -1;
+    if (sized && *end != '\0') {
+        switch (toupper((unsigned char)*end)) {
+        case 'K': scale = 1ull << 10; break;
+        case 'M': scale = 1ull << 20; break;
+        case 'G': scale = 1ull << 30; break;
+        default: return -1;
+        }
+        end++;
+        if (toupper((unsigned char)*end) == 'B') end++;
+    }
+    if (*end != '\0') return -1;
+    if (n > UINT64_MAX / scale) return -1;
+    *out = n * scale;
+    return 0;
+}
+
+mr_status_t mr_config_parse_value(const mr_config_entry_t *entry, const char *value,
+                                  void *out, char *err, size_t err_len)
+{
+    char *field = (char *)out + entry->offset;
+    char allowed[256];
+    uint64_t number;
+    int index;
+
+    switch (entry->type) {
+    case MR_CONFIG_UINT:
+    case MR_CONFIG_SIZE:
+        if (config_parse_number(value, entry->type == MR_CONFIG_SIZE, &number) != 0 ||
+            number < entry->min || number > entry->max) {
+            break;
+        }
+        memcpy(field, &number, sizeof(number));
+        return MR_OK;
+    case MR_CONFIG_BOOL:
+        if (config_find_word(config_bool_true, value) >= 0) {
+            *(bool *)field = true;
+            return MR_OK;
+        }
+        if (config_find_word(config_bool_false, value) >= 0) {
+            *(bool *)field = false;
+            return MR_OK;
+        }
+        break;
+    case MR_CONFIG_ENUM:
+        index = config_find_word(entry->choices, value);
+        if (index < 0) break;
+        *(unsigned *)field = (unsigned)index;
+        return MR_OK;
+    case MR_CONFIG_STRING:
+        if (strlen(value) >= MR_CONFIG_STRING_MAX) break;
+        strcpy(field, value);
+        return MR_OK;
+    }
+    mr_config_format_allowed(entry, allowed, sizeof(allowed));
+    snprintf(err, err_len, "%s=\"%.64s\" is invalid: allowed is %s.", entry->name, value,
+             allowed);
+    return MR_ERR_CONFIG;
+}
+
+mr_status_t mr_config_parse(const mr_config_entry_t *table, void *out)
+{
+    char err[512];
+
+    for (const mr_config_entry_t *entry = table; entry->name != NULL; entry++) {
+        const char *value = getenv(entry->name);
+        mr_status_t status;
+
+        if (value == NULL) {
+            status = mr_config_parse_value(entry, entry->default_value, out, err, sizeof(err));
+            if (status != MR_OK) {
+                mr_error("internal: the default of %s does not parse: %s", entry->name, err);
+                return status;
+            }
+            continue;
+        }
+        status = mr_config_parse_value(entry, value, out, err, sizeof(err));
+        if (status != MR_OK) {
+            mr_error("%s", err);
+            return status;
+        }
+    }
+    return MR_OK;
+}
+
+void mr_config_format_value(const mr_config_entry_t *entry, const void *cfg, char *buf,
+                            size_t len)
+{
+    const char *field = (const char *)cfg + entry->offset;
+    uint64_t number;
+
+    switch (entry->type) {
+    case MR_CONFIG_UINT:
+    case MR_CONFIG_SIZE:
+        memcpy(&number, field, sizeof(number));
+        snprintf(buf, len, "%" PRIu64, number);
+        break;
+    case MR_CONFIG_BOOL:
+        snprintf(buf, len, "%s", *(const bool *)field ? "yes" : "no");
+        break;
+    case MR_CONFIG_ENUM:
+        snprintf(buf, len, "%s", entry->choices[*(const unsigned *)field]);
+        break;
+    case MR_CONFIG_STRING:
+        snprintf(buf, len, "%s", field);
+        break;
+    }
+}

@@ -1,0 +1,282 @@
+/*
+ * MailRail: asynchronous, out-of-order, fire-and-forget messaging with
+ * user-space, receiver-driven credit flow control.
+ *
+ * This is the only public header. Everything a MailRail application needs is
+ * declared here; every other header in the source tree is internal and is not
+ * installed.
+ *
+ * The cycle of one message is:
+ *
+ *   1. mr_reserve() hands out a send buffer of MAILRAIL_DATAGRAM_SIZE bytes.
+ *      MR_AGAIN means the send pool is exhausted: that is backpressure, not an
+ *      error. Call mr_receive() (which is also the progress engine) and try
+ *      again.
+ *   2. The application fills the buffer and calls mr_send(). The call never
+ *      blocks; the buffer goes back to the pool once the substrate is done.
+ *   3. mr_receive() returns a pointer into MailRail's receive pool (zero copy),
+ *      the length and the source rank, in arrival order.
+ *   4. mr_release() gives the receive buffer back.
+ *
+ * All functions are meant to be called from one thread per process.
+ */
+#ifndef MAILRAIL_H
+#define MAILRAIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Marks the functions libmailrail.so exports; everything else is hidden. */
+#if defined(__GNUC__)
+#define MR_API __attribute__((visibility("default")))
+#else
+#define MR_API
+#endif
+
+#define MR_VERSION_MAJOR 0
+#define MR_VERSION_MINOR 1
+#define MR_VERSION_PATCH 0
+
+/*
+ * Status codes. MR_OK is 0, MR_AGAIN is positive and means "nothing now, make
+ * progress and try again"; every error is negative. mr_status_string() names
+ * each of them.
+ */
+typedef enum mr_status {
+    MR_OK = 0,
+    MR_AGAIN = 1,
+    MR_ERR_INVALID_PARAM = -1,
+    MR_ERR_INVALID_RANK = -2,
+    MR_ERR_MESSAGE_TOO_LONG = -3,
+    MR_ERR_INVALID_BUFFER = -4,
+    MR_ERR_BUFFER_STATE = -5,
+    MR_ERR_NOT_INITIALIZED = -6,
+    MR_ERR_ALREADY_INITIALIZED = -7,
+    MR_ERR_CONFIG = -8,
+    MR_ERR_NO_MEMORY = -9,
+    MR_ERR_PLUGIN = -10,
+    MR_ERR_BOOTSTRAP = -11,
+    MR_ERR_TRANSPORT = -12,
+    MR_ERR_PEER_FAILED = -13,
+    MR_ERR_PROTOCOL = -14,
+    MR_ERR_TIMEOUT = -15,
+    MR_ERR_UNSUPPORTED = -16
+} mr_status_t;
+
+/*
+ * Returns a constant, human-readable name and explanation of a status. Any
+ * integer is accepted; unknown values give "unknown status".
+ */
+MR_API const char *mr_status_string(mr_status_t status);
+
+/*
+ * Initializes MailRail on every rank of MPI_COMM_WORLD. Collective.
+ *
+ * Reads every MAILRAIL_* setting from the environment (list them with
+ * `mailrail_info -c`), loads the substrate plugin named by MAILRAIL_SUBSTRATE,
+ * bootstraps through MPI (MPI_Init is called only if the application has not
+ * called it; MailRail then also calls MPI_Finalize in mr_finalize), learns
+ * rank, size and the node of every rank, and exchanges substrate addresses.
+ *
+ * Returns:
+ *   MR_OK                       initialized.
+ *   MR_ERR_ALREADY_INITIALIZED  mr_init() was already called without mr_finalize().
+ *   MR_ERR_CONFIG               a MAILRAIL_* value is malformed or out of range
+ *                               (the log names the variable, the value and what
+ *                               is allowed).
+ *   MR_ERR_PLUGIN               the substrate plugin is unknown, missing or invalid
+ *                               (the log lists the substrates that were found).
+ *   MR_ERR_BOOTSTRAP            MPI could not be initialized or used.
+ *   MR_ERR_NO_MEMORY            the pools could not be allocated.
+ *   MR_ERR_TRANSPORT, MR_ERR_TIMEOUT, MR_ERR_PEER_FAILED
+ *                               the substrate could not connect the ranks.
+ * On failure nothing is left allocated and mr_init() may be called again.
+ */
+MR_API mr_status_t mr_init(void);
+
+/*
+ * Like mr_init(), for an application that already uses MPI: MailRail runs on
+ * the ranks of the given communicator (it duplicates it and never touches the
+ * original). `mpi_comm` points to an MPI_Comm; `mpi_comm_size` must be
+ * sizeof(MPI_Comm). MPI must already be initialized. Typical use:
+ *
+ *     MPI_Comm comm = MPI_COMM_WORLD;
+ *     mr_init_mpi(&comm, sizeof comm);
+ *
+ * Returns the same codes as mr_init(), and MR_ERR_INVALID_PARAM when the
+ * pointer is NULL or the size is not that of an MPI_Comm.
+ */
+MR_API mr_status_t mr_init_mpi(const void *mpi_comm, size_t mpi_comm_size);
+
+/*
+ * Collective. Sends what is still deferred or in flight, waits until every
+ * rank has done the same, discards messages that arrived but were never
+ * returned by mr_receive() (they are counted in mr_stats_t.dropped_at_finalize),
+ * closes the substrate and frees every pool. Buffers handed out earlier become
+ * invalid. After it, every call but mr_init()/mr_init_mpi() returns
+ * MR_ERR_NOT_INITIALIZED.
+ *
+ * Returns MR_OK, MR_ERR_NOT_INITIALIZED, or MR_ERR_PEER_FAILED when a peer
+ * died (resources are still released).
+ */
+MR_API mr_status_t mr_finalize(void);
+
+/* This process's rank, or -1 before mr_init() / after mr_finalize(). */
+MR_API int mr_rank(void);
+
+/* The number of ranks, or -1 before mr_init() / after mr_finalize(). */
+MR_API int mr_size(void);
+
+/* The number of nodes (physical, or virtual with MAILRAIL_RANKS_PER_NODE), or -1. */
+MR_API int mr_node_count(void);
+
+/*
+ * The node of `rank`, numbered from 0 to mr_node_count() - 1, or -1 when
+ * `rank` is out of range or MailRail is not initialized.
+ */
+MR_API int mr_node_of(int rank);
+
+/* The datagram size: the capacity of every send and receive buffer, or 0. */
+MR_API size_t mr_datagram_size(void);
+
+/*
+ * Reserves a send buffer of mr_datagram_size() bytes.
+ *
+ * Returns:
+ *   MR_OK                   *buffer is the reserved buffer.
+ *   MR_AGAIN                backpressure: every send buffer is in use. Call
+ *                           mr_receive() and try again. Not an error.
+ *   MR_ERR_INVALID_PARAM    `buffer` is NULL.
+ *   MR_ERR_NOT_INITIALIZED  called before mr_init() or after mr_finalize().
+ * *buffer is written only on MR_OK.
+ */
+MR_API mr_status_t mr_reserve(void **buffer);
+
+/*
+ * Sends the first `length` bytes of a reserved buffer to rank `dest`. Never
+ * blocks: the message may be transmitted now or deferred until flow control
+ * and the substrate allow it, in FIFO order per destination. Ownership of the
+ * buffer passes to MailRail; do not touch it after MR_OK. Sending to oneself
+ * is allowed.
+ *
+ * Returns:
+ *   MR_OK                    the message is accepted and will be delivered once.
+ *   MR_ERR_INVALID_RANK      `dest` is not in [0, mr_size()).
+ *   MR_ERR_MESSAGE_TOO_LONG  `length` is larger than mr_datagram_size().
+ *   MR_ERR_INVALID_BUFFER    `buffer` was not handed out by mr_reserve().
+ *   MR_ERR_BUFFER_STATE      `buffer` is not currently reserved (already sent
+ *                            or released).
+ *   MR_ERR_PEER_FAILED       rank `dest` has failed.
+ *   MR_ERR_NOT_INITIALIZED   called before mr_init() or after mr_finalize().
+ * On any error the buffer stays reserved by the caller, untouched: send it
+ * again with valid arguments, or give it back with mr_release().
+ */
+MR_API mr_status_t mr_send(void *buffer, size_t length, int dest);
+
+/* One received message. `data` points into MailRail's receive pool. */
+typedef struct mr_message {
+    void *data;      /* Valid until mr_release(data). */
+    size_t length;   /* Payload length in bytes, 0 to mr_datagram_size(). */
+    int source;      /* Rank that sent it. */
+} mr_message_t;
+
+/*
+ * Drives progress (substrate, deferred sends, credit returns) and returns the
+ * oldest arrived message, if any. Non-blocking.
+ *
+ * Returns:
+ *   MR_OK                   *message holds a message; release it with mr_release().
+ *   MR_AGAIN                no message now.
+ *   MR_ERR_PEER_FAILED      a peer failed (the log names it). Returned once per
+ *                           failed peer; later calls go on serving the others.
+ *   MR_ERR_INVALID_PARAM    `message` is NULL.
+ *   MR_ERR_NOT_INITIALIZED  called before mr_init() or after mr_finalize().
+ * *message is written only on MR_OK.
+ */
+MR_API mr_status_t mr_receive(mr_message_t *message);
+
+/*
+ * Gives a buffer back to MailRail: a receive buffer returned by mr_receive(),
+ * or a reserved send buffer that will not be sent.
+ *
+ * Returns:
+ *   MR_OK                   released.
+ *   MR_ERR_INVALID_BUFFER   `buffer` was never handed out by MailRail.
+ *   MR_ERR_BUFFER_STATE     `buffer` is not held by the application (double
+ *                           release, or a send buffer already sent).
+ *   MR_ERR_NOT_INITIALIZED  called before mr_init() or after mr_finalize().
+ */
+MR_API mr_status_t mr_release(void *buffer);
+
+/*
+ * Quiescence (termination detection). Collective and non-blocking: every rank
+ * calls it repeatedly, receiving and handling messages in between, until it
+ * returns MR_OK. MR_OK means that every message sent by any rank before the
+ * quiescence started, and every message sent in reaction to those, has been
+ * returned by mr_receive() at its destination. All ranks see MR_OK in the same
+ * round. Typical use:
+ *
+ *     do {
+ *         while (mr_receive(&m) == MR_OK) { handle(&m); mr_release(m.data); }
+ *     } while (mr_quiesce() == MR_AGAIN);
+ *
+ * Returns MR_OK, MR_AGAIN, MR_ERR_PEER_FAILED, MR_ERR_BOOTSTRAP or
+ * MR_ERR_NOT_INITIALIZED.
+ */
+MR_API mr_status_t mr_quiesce(void);
+
+/*
+ * Counters of this rank since mr_init(). The struct only grows at the end;
+ * `size` tells how much of it the library filled.
+ */
+typedef struct mr_stats {
+    size_t size;                      /* Set by the caller: sizeof(mr_stats_t). */
+    uint64_t messages_sent;           /* Accepted by mr_send(). */
+    uint64_t bytes_sent;
+    uint64_t messages_received;       /* Returned by mr_receive(). */
+    uint64_t bytes_received;
+    uint64_t reserve_failures;        /* mr_reserve() calls that returned MR_AGAIN. */
+    uint64_t deferred_sends;          /* Sends that went through the deferred queue. */
+    uint64_t peak_deferred_depth;     /* Most messages deferred at once. */
+    uint64_t peak_recv_slots_in_use;  /* Most receive slots held at once. */
+    uint64_t recv_slots_in_use;       /* Receive slots held now. */
+    uint64_t credit_returns_sent;     /* Control messages sent by flow control. */
+    uint64_t credit_returns_received;
+    uint64_t piggybacked_credits;     /* Credits carried on data messages. */
+    uint64_t zero_credit_ns;          /* Time spent with a send blocked on credit. */
+    uint64_t connections_rejected;    /* Peers dropped for a bad handshake or frame. */
+    uint64_t dropped_at_finalize;     /* Arrived messages never received. */
+} mr_stats_t;
+
+/*
+ * Copies this rank's counters into *stats. Set stats->size to sizeof(*stats)
+ * first.
+ *
+ * Returns MR_OK, MR_ERR_INVALID_PARAM (NULL or a size smaller than the first
+ * version of the struct) or MR_ERR_NOT_INITIALIZED.
+ */
+MR_API mr_status_t mr_get_stats(mr_stats_t *stats);
+
+/*
+ * Writes a printable form of rank `rank`'s substrate address (for example
+ * "tcp 127.0.0.1:40321") into buf, NUL-terminated and truncated to `len`.
+ * Returns MR_OK, MR_ERR_INVALID_RANK, MR_ERR_INVALID_PARAM or
+ * MR_ERR_NOT_INITIALIZED.
+ */
+MR_API mr_status_t mr_peer_address(int rank, char *buf, size_t len);
+
+/* The name of the loaded substrate ("tcp", ...), or NULL when not initialized. */
+MR_API const char *mr_substrate_name(void);
+
+/* The name of the flow-control policy ("none", ...), or NULL when not initialized. */
+MR_API const char *mr_flowctl_name(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MAILRAIL_H */

@@ -1,0 +1,102 @@
+/*
+ * Fixed pools of equal buffers and the per-destination deferred send queue.
+ * Internal. Both are allocated once at init; nothing here allocates
+ * afterwards.
+ */
+#ifndef MR_POOL_H
+#define MR_POOL_H
+
+#include "mailrail.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MR_NIL UINT32_MAX
+
+/* A pool of `count` slots of `stride` bytes in one allocation, with a free stack. */
+typedef struct mr_pool {
+    char *base;
+    size_t stride;        /* Slot size rounded up to a cache line. */
+    size_t count;
+    size_t mapped_bytes;
+    bool numa_local;      /* Allocated with libnuma. */
+    uint32_t *free_stack;
+    size_t free_top;      /* Number of free slots. */
+} mr_pool_t;
+
+/* Allocates the pool, NUMA-local when `numa` and libnuma allow. */
+mr_status_t mr_pool_init(mr_pool_t *pool, size_t count, size_t slot_size, bool numa);
+void mr_pool_fini(mr_pool_t *pool);
+
+/* Takes a free slot's index, or MR_NIL when none is free. */
+uint32_t mr_pool_get(mr_pool_t *pool);
+void mr_pool_put(mr_pool_t *pool, uint32_t index);
+
+static inline void *mr_pool_slot(const mr_pool_t *pool, uint32_t index)
+{
+    return pool->base + (size_t)index * pool->stride;
+}
+
+/*
+ * The index of the slot that starts at `ptr`, or MR_NIL when `ptr` is not
+ * the start of one of this pool's slots.
+ */
+uint32_t mr_pool_index(const mr_pool_t *pool, const void *ptr);
+
+/* True when `ptr` lies anywhere inside the pool's slots. */
+bool mr_pool_contains(const mr_pool_t *pool, const void *ptr);
+
+static inline size_t mr_pool_in_use(const mr_pool_t *pool)
+{
+    return pool->count - pool->free_top;
+}
+
+/*
+ * FIFO queues of send-slot indices, one per destination, and the ring of
+ * destinations whose queue is not empty, visited round-robin.
+ */
+typedef struct mr_deferq {
+    int ndest;
+    uint32_t *head;       /* Per destination. */
+    uint32_t *tail;
+    uint32_t *link;       /* Per send slot: next in its destination's queue. */
+    int *ring_next;       /* Per destination, -1 when not in the ring. */
+    int *ring_prev;
+    int ring_head;        /* A destination in the ring, or -1. */
+    int ring_count;       /* Destinations in the ring. */
+    size_t depth;         /* Messages queued over all destinations. */
+    size_t peak_depth;
+} mr_deferq_t;
+
+mr_status_t mr_deferq_init(mr_deferq_t *q, int ndest, size_t nslots);
+void mr_deferq_fini(mr_deferq_t *q);
+void mr_deferq_push(mr_deferq_t *q, int dest, uint32_t slot);
+
+/* The oldest slot queued for `dest`, or MR_NIL. */
+static inline uint32_t mr_deferq_peek(const mr_deferq_t *q, int dest)
+{
+    return q->head[dest];
+}
+
+/* Removes and returns the oldest slot for `dest` (MR_NIL when empty). */
+uint32_t mr_deferq_pop(mr_deferq_t *q, int dest);
+
+/* The first destination in the ring, or -1 when every queue is empty. */
+static inline int mr_deferq_first(const mr_deferq_t *q)
+{
+    return q->ring_head;
+}
+
+/*
+ * The destination after `dest` in the ring. To visit every destination once,
+ * take ring_count steps from mr_deferq_first(), reading the next one before
+ * popping the current: a destination whose queue becomes empty leaves the
+ * ring, the others keep their order.
+ */
+static inline int mr_deferq_next(const mr_deferq_t *q, int dest)
+{
+    return q->ring_next[dest];
+}
+
+#endif /* MR_POOL_H */

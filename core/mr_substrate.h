@@ -1,0 +1,165 @@
+/*
+ * The substrate plugin ABI. Internal: compiled into the core and into each
+ * plugin under substrates/, never installed.
+ *
+ * A substrate is a shared module named mailrail_substrate_<name>.so that
+ * exports one function, mr_substrate_get_ops(), returning a constant ops
+ * table. The table starts with its ABI version and its size so that it can
+ * grow; the core validates both, the name and every mandatory function when
+ * it loads the plugin.
+ *
+ * Data path. The core hands a substrate a message with a small header: a kind
+ * and a 32-bit immediate field (flow control piggybacks credits in it). The
+ * substrate reports progress through upcalls into the core: arrivals, send
+ * completions, control messages and peer failures. Control messages carry no
+ * payload, only an immediate, on a channel of their own so that they are not
+ * queued behind data. Upcalls run only inside progress(), never inside send().
+ */
+#ifndef MR_SUBSTRATE_H
+#define MR_SUBSTRATE_H
+
+#include "mailrail.h"
+#include "mr_config.h"
+#include "mr_log.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MR_SUBSTRATE_ABI_VERSION 1
+#define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
+#define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
+
+/* Longest substrate address, in bytes, exchanged through the bootstrap. */
+#define MR_SUBSTRATE_ADDR_MAX 1024
+
+/* Length of the per-job secret distributed by the bootstrap. */
+#define MR_JOB_KEY_LEN 32
+
+/* Message kinds carried in the header. */
+enum {
+    MR_KIND_DATA = 1 /* Application payload; imm is owned by flow control. */
+};
+
+typedef struct mr_substrate mr_substrate_t; /* A plugin's own state. */
+
+/* Calls from a substrate back into the core. `core` is params->core. */
+typedef struct mr_substrate_upcalls {
+    /*
+     * Takes a receive-pool slot of params->datagram_size bytes to copy an
+     * arriving payload into, or returns NULL when none is free. A substrate
+     * that gets NULL stops reading that message and tries again in a later
+     * progress call.
+     */
+    void *(*recv_slot_acquire)(void *core);
+    /* Gives back a slot taken with recv_slot_acquire() that was not delivered. */
+    void (*recv_slot_abandon)(void *core, void *slot);
+    /*
+     * One message arrived from `source`. `data` is a slot from
+     * recv_slot_acquire() when `handle` is NULL. Otherwise the bytes are owned
+     * by the substrate, which keeps them until the core calls release_recv()
+     * with `handle`; then the core returns MR_AGAIN when it has no slot to
+     * account for the message, and the substrate must deliver it again later.
+     */
+    mr_status_t (*deliver)(void *core, int source, unsigned kind, uint32_t imm, void *data,
+                           size_t length, void *handle);
+    /* A send accepted with MR_OK has left its buffer; the cookie is send()'s. */
+    void (*send_complete)(void *core, void *cookie);
+    /* A control message from `source` with its immediate. */
+    void (*control)(void *core, int source, uint32_t imm);
+    /* Rank `rank` is gone (EOF, reset, protocol error); `why` says which. */
+    void (*peer_failed)(void *core, int rank, mr_status_t why);
+} mr_substrate_upcalls_t;
+
+/* What the core tells a substrate when it opens it. */
+typedef struct mr_substrate_params {
+    int rank;
+    int size;
+    const int *node_of_rank;          /* size entries. */
+    size_t datagram_size;             /* Largest payload. */
+    size_t max_sends;                 /* Most sends in flight at once (send pool slots). */
+    size_t recv_slots;                /* Receive pool slots. */
+    const uint8_t *job_key;           /* MR_JOB_KEY_LEN secret bytes, same on every rank. */
+    const char *job_id;               /* Printable job name, same on every rank. */
+    const void *bootstrap_comm;       /* The bootstrap's MPI_Comm (a duplicate), or NULL. */
+    unsigned timeout_s;               /* Bound on blocking waits (connect, flush). */
+    const void *config;               /* The plugin's settings, parsed from its table. */
+    void *core;                       /* First argument of every upcall. */
+    const mr_substrate_upcalls_t *upcalls;
+    void (*log)(mr_log_level_t level, const char *fmt, ...)
+        __attribute__((format(printf, 2, 3)));
+    const mr_log_level_t *log_threshold;
+} mr_substrate_params_t;
+
+typedef struct mr_substrate_ops {
+    uint32_t abi_version;             /* MR_SUBSTRATE_ABI_VERSION. */
+    uint32_t ops_size;                /* sizeof(mr_substrate_ops_t) the plugin was built with. */
+    const char *name;                 /* Must match the file name's <name>. */
+    const char *description;          /* One line for mailrail_info. */
+    const mr_config_entry_t *config_table; /* Plugin settings; may be NULL. */
+    size_t config_size;               /* Size of the struct the table fills. */
+
+    /*
+     * Creates the substrate's local state and its address. Does not talk to
+     * peers yet. Sets *out only on MR_OK.
+     */
+    mr_status_t (*open)(const mr_substrate_params_t *params, mr_substrate_t **out);
+
+    /* Copies this rank's address (at most MR_SUBSTRATE_ADDR_MAX bytes). */
+    mr_status_t (*get_address)(mr_substrate_t *s, void *addr, size_t *length);
+
+    /*
+     * Connects to every peer. `addrs` holds params->size addresses of
+     * `addr_len` bytes each (shorter ones zero-padded), indexed by rank.
+     * Returns once the substrate can send to every rank, within timeout_s.
+     */
+    mr_status_t (*connect)(mr_substrate_t *s, const void *addrs, size_t addr_len);
+
+    /*
+     * Starts sending `length` bytes at `data` to `dest` (never this rank).
+     * MR_OK: accepted; send_complete(cookie) follows in a later progress call
+     * and until then the bytes must stay untouched. MR_AGAIN: not accepted
+     * now, try again later. Errors: MR_ERR_PEER_FAILED and transport errors.
+     */
+    mr_status_t (*send)(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
+                        const void *data, size_t length, void *cookie);
+
+    /*
+     * Sends a zero-payload control message on the control channel. MR_OK:
+     * accepted, no completion follows. MR_AGAIN: try again later.
+     */
+    mr_status_t (*send_control)(mr_substrate_t *s, int dest, uint32_t imm);
+
+    /*
+     * Makes progress, running upcalls. Waits up to `timeout_ms` for an event
+     * when nothing is ready (0: never waits). Returns the number of events
+     * handled (>= 0) or a negative status for a local failure.
+     */
+    int (*progress)(mr_substrate_t *s, int timeout_ms);
+
+    /* Releases a substrate-owned receive buffer passed to deliver(). May be NULL. */
+    void (*release_recv)(mr_substrate_t *s, void *handle);
+
+    /*
+     * Writes a printable form of an address obtained from get_address().
+     */
+    void (*format_address)(const void *addr, size_t length, char *buf, size_t len);
+
+    /*
+     * Every rank has finished sending and is about to close: from now on a
+     * peer's end-of-stream is expected and is not a failure. May be NULL.
+     */
+    void (*closing)(mr_substrate_t *s);
+
+    /* Adds the substrate's counters (connections_rejected, ...) to *stats. May be NULL. */
+    void (*stats)(mr_substrate_t *s, mr_stats_t *stats);
+
+    /*
+     * Closes every connection and frees everything. Called after all ranks
+     * agreed to finalize, so end-of-stream from peers is expected then.
+     */
+    void (*close)(mr_substrate_t *s);
+} mr_substrate_ops_t;
+
+typedef const mr_substrate_ops_t *(*mr_substrate_entry_fn)(void);
+
+#endif /* MR_SUBSTRATE_H */

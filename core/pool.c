@@ -1,0 +1,187 @@
+/*
+ * Fixed buffer pools and the deferred send queue.
+ */
+#include "mr_pool.h"
+#include "mr_log.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#ifdef MR_HAVE_NUMA
+#include <numa.h>
+#endif
+
+#define POOL_ALIGN 64
+
+mr_status_t mr_pool_init(mr_pool_t *pool, size_t count, size_t slot_size, bool numa)
+{
+    size_t stride = (slot_size + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+    size_t bytes;
+    char *base = NULL;
+    bool numa_local = false;
+
+    if (stride == 0) stride = POOL_ALIGN;
+    if (count == 0 || count >= MR_NIL || stride > SIZE_MAX / count) {
+        mr_error("A pool of %zu slots of %zu bytes cannot be represented.", count, slot_size);
+        return MR_ERR_INVALID_PARAM;
+    }
+    bytes = stride * count;
+#ifdef MR_HAVE_NUMA
+    if (numa && numa_available() >= 0) {
+        base = numa_alloc_local(bytes);
+        numa_local = base != NULL;
+    }
+#else
+    (void)numa;
+#endif
+    if (base == NULL) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            mr_error("Cannot allocate a pool of %zu bytes (%zu slots of %zu bytes).", bytes,
+                     count, stride);
+            return MR_ERR_NO_MEMORY;
+        }
+        base = p;
+    }
+    uint32_t *stack = malloc(count * sizeof(*stack));
+    if (stack == NULL) {
+        mr_error("Cannot allocate the free list of a pool of %zu slots.", count);
+#ifdef MR_HAVE_NUMA
+        if (numa_local) numa_free(base, bytes);
+        else
+#endif
+            munmap(base, bytes);
+        return MR_ERR_NO_MEMORY;
+    }
+    /* The lowest index is handed out first. */
+    for (size_t i = 0; i < count; i++) stack[i] = (uint32_t)(count - 1 - i);
+    pool->base = base;
+    pool->stride = stride;
+    pool->count = count;
+    pool->mapped_bytes = bytes;
+    pool->numa_local = numa_local;
+    pool->free_stack = stack;
+    pool->free_top = count;
+    return MR_OK;
+}
+
+void mr_pool_fini(mr_pool_t *pool)
+{
+    if (pool->base == NULL) return;
+#ifdef MR_HAVE_NUMA
+    if (pool->numa_local) numa_free(pool->base, pool->mapped_bytes);
+    else
+#endif
+        munmap(pool->base, pool->mapped_bytes);
+    free(pool->free_stack);
+    memset(pool, 0, sizeof(*pool));
+}
+
+uint32_t mr_pool_get(mr_pool_t *pool)
+{
+    if (pool->free_top == 0) return MR_NIL;
+    return pool->free_stack[--pool->free_top];
+}
+
+void mr_pool_put(mr_pool_t *pool, uint32_t index)
+{
+    pool->free_stack[pool->free_top++] = index;
+}
+
+bool mr_pool_contains(const mr_pool_t *pool, const void *ptr)
+{
+    const char *p = ptr;
+    return pool->base != NULL && p >= pool->base && p < pool->base + pool->mapped_bytes;
+}
+
+uint32_t mr_pool_index(const mr_pool_t *pool, const void *ptr)
+{
+    size_t offset;
+
+    if (!mr_pool_contains(pool, ptr)) return MR_NIL;
+    offset = (size_t)((const char *)ptr - pool->base);
+    if (offset % pool->stride != 0) return MR_NIL;
+    return (uint32_t)(offset / pool->stride);
+}
+
+mr_status_t mr_deferq_init(mr_deferq_t *q, int ndest, size_t nslots)
+{
+    memset(q, 0, sizeof(*q));
+    q->head = malloc((size_t)ndest * sizeof(*q->head));
+    q->tail = malloc((size_t)ndest * sizeof(*q->tail));
+    q->link = malloc(nslots * sizeof(*q->link));
+    q->ring_next = malloc((size_t)ndest * sizeof(*q->ring_next));
+    q->ring_prev = malloc((size_t)ndest * sizeof(*q->ring_prev));
+    if (!q->head || !q->tail || !q->link || !q->ring_next || !q->ring_prev) {
+        mr_error("Cannot allocate the deferred send queue for %d destinations.", ndest);
+        mr_deferq_fini(q);
+        return MR_ERR_NO_MEMORY;
+    }
+    q->ndest = ndest;
+    for (int d = 0; d < ndest; d++) {
+        q->head[d] = q->tail[d] = MR_NIL;
+        q->ring_next[d] = q->ring_prev[d] = -1;
+    }
+    for (size_t i = 0; i < nslots; i++) q->link[i] = MR_NIL;
+    q->ring_head = -1;
+    return MR_OK;
+}
+
+void mr_deferq_fini(mr_deferq_t *q)
+{
+    free(q->head);
+    free(q->tail);
+    free(q->link);
+    free(q->ring_next);
+    free(q->ring_prev);
+    memset(q, 0, sizeof(*q));
+    q->ring_head = -1;
+}
+
+void mr_deferq_push(mr_deferq_t *q, int dest, uint32_t slot)
+{
+    q->link[slot] = MR_NIL;
+    if (q->head[dest] == MR_NIL) {
+        q->head[dest] = slot;
+        /* The destination joins the ring just before its head, i.e. last. */
+        if (q->ring_head < 0) {
+            q->ring_head = dest;
+            q->ring_next[dest] = q->ring_prev[dest] = dest;
+        } else {
+            int last = q->ring_prev[q->ring_head];
+            q->ring_next[last] = dest;
+            q->ring_prev[dest] = last;
+            q->ring_next[dest] = q->ring_head;
+            q->ring_prev[q->ring_head] = dest;
+        }
+        q->ring_count++;
+    } else {
+        q->link[q->tail[dest]] = slot;
+    }
+    q->tail[dest] = slot;
+    if (++q->depth > q->peak_depth) q->peak_depth = q->depth;
+}
+
+uint32_t mr_deferq_pop(mr_deferq_t *q, int dest)
+{
+    uint32_t slot = q->head[dest];
+
+    if (slot == MR_NIL) return MR_NIL;
+    q->head[dest] = q->link[slot];
+    q->link[slot] = MR_NIL;
+    q->depth--;
+    if (q->head[dest] == MR_NIL) {
+        q->tail[dest] = MR_NIL;
+        if (q->ring_next[dest] == dest) {
+            q->ring_head = -1;
+        } else {
+            q->ring_next[q->ring_prev[dest]] = q->ring_next[dest];
+            q->ring_prev[q->ring_next[dest]] = q->ring_prev[dest];
+            if (q->ring_head == dest) q->ring_head = q->ring_next[dest];
+        }
+        q->ring_next[dest] = q->ring_prev[dest] = -1;
+        q->ring_count--;
+    }
+    return slot;
+}

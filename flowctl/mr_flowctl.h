@@ -1,0 +1,88 @@
+/*
+ * The flow-control seam. Internal.
+ *
+ * A policy decides when the core may hand a data message to the substrate,
+ * what immediate travels with it (piggybacked credits), and what to do when a
+ * message arrives, when the application releases a receive slot and when a
+ * control message comes in. The core calls these hooks from its send and
+ * receive paths and never looks inside a policy; `none`, `rank` and `node`
+ * each live in a directory of their own under flowctl/.
+ */
+#ifndef MR_FLOWCTL_H
+#define MR_FLOWCTL_H
+
+#include "mailrail.h"
+#include "mr_config.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MR_FLOWCTL_ABI_VERSION 1
+
+typedef struct mr_flowctl mr_flowctl_t; /* A policy's own state. */
+
+/* What the core offers a policy. */
+typedef struct mr_flowctl_params {
+    int rank;
+    int size;
+    int node_count;
+    const int *node_of_rank;
+    size_t recv_slots;
+    const char *job_id;
+    const void *config;     /* The policy's settings, parsed from its table. */
+    void *core;
+    /* Sends a control message (zero payload, `imm` only) to `dest`. */
+    mr_status_t (*send_control)(void *core, int dest, uint32_t imm);
+} mr_flowctl_params_t;
+
+typedef struct mr_flowctl_ops {
+    uint32_t abi_version;
+    uint32_t ops_size;
+    const char *name;
+    const char *description;
+    const mr_config_entry_t *config_table; /* May be NULL. */
+    size_t config_size;
+
+    /* Sets *out only on MR_OK. Logs its own errors. */
+    mr_status_t (*init)(const mr_flowctl_params_t *params, mr_flowctl_t **out);
+
+    /*
+     * Takes one credit for a data message to `dest` (never this rank) and sets
+     * *imm to what travels with it. Returns false when there is no credit: the
+     * message stays deferred.
+     */
+    bool (*acquire)(mr_flowctl_t *fc, int dest, uint32_t *imm);
+
+    /* Gives back a credit taken by acquire() for a send the substrate refused. */
+    void (*unacquire)(mr_flowctl_t *fc, int dest, uint32_t imm);
+
+    /* A data message from `source` arrived carrying `imm`. */
+    void (*on_arrival)(mr_flowctl_t *fc, int source, uint32_t imm);
+
+    /* The application released a receive slot that held a message from `source`. */
+    void (*on_release)(mr_flowctl_t *fc, int source);
+
+    /* A control message from `source` arrived. */
+    void (*on_control)(mr_flowctl_t *fc, int source, uint32_t imm);
+
+    /* Retries control messages the substrate refused earlier. Returns work done. */
+    int (*progress)(mr_flowctl_t *fc);
+
+    /* Adds the policy's counters to *stats. */
+    void (*stats)(mr_flowctl_t *fc, mr_stats_t *stats);
+
+    /* Frees everything. */
+    void (*finalize)(mr_flowctl_t *fc);
+} mr_flowctl_ops_t;
+
+/* Names accepted by MAILRAIL_FLOWCTL, NULL-terminated, in table order. */
+extern const char *const mr_flowctl_names[];
+
+/*
+ * The policy called `name`, or NULL when this build has none by that name
+ * (a policy listed in mr_flowctl_names but not yet built).
+ */
+const mr_flowctl_ops_t *mr_flowctl_find(const char *name);
+
+#endif /* MR_FLOWCTL_H */

@@ -1,0 +1,1746 @@
+/*
+ * The TCP substrate: one authenticated TCP connection per pair of ranks.
+ *
+ * Every rank listens on one socket. In connect(), rank i connects to every
+ * rank j > i and accepts a connection from every rank j < i. All sockets are
+ * non-blocking and driven by one epoll instance, level-triggered.
+ *
+ * Address. get_address() yields a 12-byte tcp_wire_addr_t, every field in
+ * network byte order: magic "MRTC", version, a reserved byte, the port and
+ * the IPv4 address.
+ *
+ * Handshake. As soon as it accepts a connection, the acceptor writes a
+ * 16-byte random nonce. The connector reads it and writes a 20-byte AUTH
+ * message, little-endian:
+ *
+ *     u32 magic (TCP_AUTH_MAGIC), u16 version (1), u16 reserved (0),
+ *     i32 connector rank, u64 mac
+ *
+ * where mac = SipHash-2-4 under the first 16 bytes of the job key of
+ * nonce (16) || connector rank (i32 LE) || acceptor rank (i32 LE) ||
+ * "MRTCP-AUTH" (10 bytes). The acceptor reads exactly those 20 bytes and
+ * checks magic, version, reserved, rank range (a rank below its own that is
+ * not connected yet) and the mac, in constant time. Anything else, or
+ * nothing within MAILRAIL_TCP_AUTH_TIMEOUT, closes the socket and counts a
+ * rejected connection. The connector treats the connection as established
+ * once its AUTH is written; the acceptor once the AUTH is verified.
+ *
+ * Frames. After the handshake both directions carry frames with a 12-byte
+ * little-endian header: u32 length, u32 imm, u8 kind, u8 channel (0 data,
+ * 1 control), u16 reserved (0). Data frames carry `length` payload bytes, at
+ * most the datagram size; control frames carry none. A control frame is
+ * written before the next data frame, never inside a partly written one.
+ */
+#include "mr_substrate.h"
+#include "siphash.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------ */
+/* Constants of the wire format and of the implementation.                  */
+
+#define TCP_ADDR_MAGIC 0x4d525443u /* "MRTC", network byte order on the wire. */
+#define TCP_ADDR_VERSION 1
+
+#define TCP_NONCE_LEN 16
+#define TCP_AUTH_MAGIC 0x4d524155u /* "MRAU" as a number, little-endian on the wire. */
+#define TCP_AUTH_VERSION 1
+#define TCP_AUTH_LEN 20
+#define TCP_AUTH_DOMAIN "MRTCP-AUTH"
+#define TCP_AUTH_DOMAIN_LEN (sizeof(TCP_AUTH_DOMAIN) - 1)
+
+#define TCP_HDR_LEN 12
+#define TCP_CH_DATA 0
+#define TCP_CH_CONTROL 1
+
+#define TCP_CTRL_RING 64          /* Control frames queued per connection. */
+#define TCP_RXBUF_LEN (16 * 1024) /* Read-ahead buffer per connection. */
+#define TCP_RX_BUDGET 64          /* Frames read per connection per progress call. */
+#define TCP_MAX_IOV 64            /* iovecs gathered per sendmsg. */
+#define TCP_MAX_PENDING 64        /* Incoming connections authenticating at once. */
+#define TCP_MAX_EVENTS 64         /* epoll events per wait. */
+#define TCP_ACCEPT_BURST 64       /* accept() calls per listener event. */
+#define TCP_CONNECT_POLL_MS 50    /* epoll wait per round of the connect() loop. */
+#define TCP_RETRY_MS 100          /* Base back-off between connection attempts. */
+#define TCP_LISTEN_PAUSE_MS 100   /* Listener rest after running out of descriptors. */
+
+#define NS_PER_MS UINT64_C(1000000)
+#define NS_PER_S UINT64_C(1000000000)
+
+/* epoll tags: type in bits 56-63, generation in bits 32-55, index in bits 0-31. */
+enum { TAG_LISTEN = 1, TAG_PEER = 2, TAG_PENDING = 3 };
+#define TAG(type, gen, idx)                                                              \
+    (((uint64_t)(type) << 56) | ((uint64_t)((gen) & 0xffffffu) << 32) | (uint64_t)(uint32_t)(idx))
+
+/* ------------------------------------------------------------------------ */
+/* Settings.                                                                 */
+
+typedef struct tcp_config {
+    char addr[MR_CONFIG_STRING_MAX];
+    uint64_t port;
+    uint64_t auth_timeout_s;
+} tcp_config_t;
+
+static const mr_config_entry_t tcp_config_table[] = {
+    {.name = "MAILRAIL_TCP_ADDR",
+     .default_value = "127.0.0.1",
+     .type = MR_CONFIG_STRING,
+     .offset = offsetof(tcp_config_t, addr),
+     .doc = "The IPv4 address each rank listens on and advertises to its peers, or the name of "
+            "a network interface (such as eth0) whose IPv4 address is used. The default, the "
+            "loopback address, only connects ranks that run on the same host."},
+    {.name = "MAILRAIL_TCP_PORT",
+     .default_value = "0",
+     .type = MR_CONFIG_UINT,
+     .offset = offsetof(tcp_config_t, port),
+     .min = 0,
+     .max = 65535,
+     .doc = "The TCP port to listen on. With 0 the system picks a free port for every rank; "
+            "any other value makes rank r listen on this port plus r, which must not exceed "
+            "65535."},
+    {.name = "MAILRAIL_TCP_AUTH_TIMEOUT",
+     .default_value = "5",
+     .type = MR_CONFIG_UINT,
+     .offset = offsetof(tcp_config_t, auth_timeout_s),
+     .min = 1,
+     .max = 3600,
+     .doc = "Seconds an incoming connection may take to prove that it belongs to the job "
+            "before it is closed. Connections that fail or miss this check are dropped, "
+            "logged and counted as rejected, and the job carries on."},
+    {.name = NULL},
+};
+
+/* ------------------------------------------------------------------------ */
+/* State.                                                                    */
+
+/* The address blob, every field in network byte order. */
+typedef struct tcp_wire_addr {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t reserved;
+    uint16_t port;
+    uint32_t ipv4;
+} tcp_wire_addr_t;
+
+_Static_assert(sizeof(tcp_wire_addr_t) == 12, "the address blob must have no padding");
+_Static_assert(sizeof(tcp_wire_addr_t) <= MR_SUBSTRATE_ADDR_MAX, "address too long");
+
+/* One data send: a frame header and a payload owned by the core. */
+typedef struct tcp_req {
+    struct tcp_req *next;
+    const void *data;
+    size_t length;
+    void *cookie;
+    uint8_t hdr[TCP_HDR_LEN];
+} tcp_req_t;
+
+typedef enum tcp_conn_state {
+    C_NONE,        /* Not connected (yet). */
+    C_RETRY,       /* Connector: waiting to start another attempt. */
+    C_CONNECTING,  /* Connector: TCP connect in progress. */
+    C_NONCE,       /* Connector: reading the acceptor's nonce. */
+    C_AUTH,        /* Connector: writing its AUTH message. */
+    C_ESTABLISHED, /* Authenticated: frames flow. */
+    C_FAILED       /* Closed after a failure; never reopened. */
+} tcp_conn_state_t;
+
+typedef enum tcp_rx_phase {
+    RX_HEADER,  /* Assembling a frame header. */
+    RX_SLOT,    /* Header parsed; a receive slot is needed. */
+    RX_PAYLOAD  /* Copying the payload into rx_slot. */
+} tcp_rx_phase_t;
+
+/* The connection to one peer rank. */
+typedef struct tcp_conn {
+    int fd;
+    int rank;
+    uint32_t gen;              /* Bumped for every new descriptor; part of the epoll tag. */
+    tcp_conn_state_t state;
+    bool registered;           /* In the epoll set. */
+    uint32_t interest;         /* Its events there. */
+    struct sockaddr_in addr;   /* What the peer advertised. */
+
+    /* Connector handshake. */
+    uint8_t hs[TCP_NONCE_LEN > TCP_AUTH_LEN ? TCP_NONCE_LEN : TCP_AUTH_LEN];
+    size_t hs_off;
+    uint64_t hs_deadline;
+    uint64_t retry_at;
+    unsigned attempts;
+    int last_err;              /* errno of the last failed attempt, for the timeout log. */
+
+    /* Output: data requests in FIFO order, and a ring of control frames. */
+    tcp_req_t *sq_head, *sq_tail;
+    size_t sq_off;             /* Bytes of sq_head already written (header included). */
+    uint8_t *ctrl;             /* TCP_CTRL_RING frames of TCP_HDR_LEN bytes. */
+    unsigned ctrl_head, ctrl_count;
+    size_t ctrl_off;           /* Bytes of the head control frame already written. */
+
+    /* Input. */
+    uint8_t *rxbuf;            /* TCP_RXBUF_LEN bytes; [rx_start, rx_end) unparsed. */
+    size_t rx_start, rx_end;
+    tcp_rx_phase_t rx_phase;
+    uint32_t rx_len, rx_imm;
+    uint8_t rx_kind;
+    void *rx_slot;
+    size_t rx_got;
+    bool rx_paused;            /* Waiting for a receive slot; EPOLLIN is off. */
+    bool on_rx_list;
+    struct tcp_conn *rx_next;
+
+    /* Failure, reported to the core by the next progress call. */
+    mr_status_t fail_why;
+    bool on_fail_list;
+    struct tcp_conn *fail_next;
+} tcp_conn_t;
+
+/* An accepted connection that has not authenticated yet. */
+typedef struct tcp_pending {
+    int fd;                    /* -1: free. */
+    uint32_t gen;
+    bool registered;
+    uint32_t interest;
+    struct sockaddr_in peer;
+    uint8_t nonce[TCP_NONCE_LEN];
+    size_t nonce_sent;
+    uint8_t auth[TCP_AUTH_LEN];
+    size_t auth_got;
+    uint64_t deadline;
+} tcp_pending_t;
+
+struct mr_substrate {
+    int rank, size;
+    size_t datagram_size;
+    unsigned timeout_s;
+    uint8_t key[MR_SIPHASH_KEY_LEN];
+    void *core;
+    mr_substrate_upcalls_t up;
+    void (*log)(mr_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+    const mr_log_level_t *log_threshold;
+    tcp_config_t cfg;
+    uint64_t auth_timeout_ns;
+
+    int epfd, lfd;
+    struct sockaddr_in laddr;
+    bool listen_registered;
+    uint64_t listen_resume_at;  /* Nonzero: the listener rests until then. */
+
+    bool connect_started, connected;
+    int nestablished;
+
+    tcp_conn_t *conns;          /* size entries, indexed by rank. */
+    uint8_t *bufs;              /* Backing store of every rxbuf and ctrl ring. */
+    tcp_req_t *reqs, *free_reqs;
+    tcp_req_t *done_head, *done_tail;
+    tcp_conn_t *rx_head, *rx_tail;
+    tcp_conn_t *fail_head, *fail_tail;
+    tcp_pending_t pending[TCP_MAX_PENDING];
+    unsigned npending;
+
+    uint64_t rejected;          /* Strangers dropped and peers cut for protocol errors. */
+};
+
+static const mr_log_level_t tcp_default_threshold = MR_LOG_WARN;
+
+#define TLOG(s, level, ...)                                                              \
+    do {                                                                                 \
+        if ((s)->log != NULL && (level) <= *(s)->log_threshold)                          \
+            (s)->log((level), __VA_ARGS__);                                              \
+    } while (0)
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers.                                                            */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
+static void put_le16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    for (unsigned i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8u * i));
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    for (unsigned i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8u * i));
+}
+
+static uint16_t get_le16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t get_le32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (unsigned i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8u * i);
+    return v;
+}
+
+/* "a.b.c.d:port" into buf (at least 24 bytes). */
+static const char *sin_str(const struct sockaddr_in *sin, char *buf, size_t len)
+{
+    char ip[INET_ADDRSTRLEN];
+
+    if (inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip)) == NULL) snprintf(ip, sizeof(ip), "?");
+    snprintf(buf, len, "%s:%u", ip, (unsigned)ntohs(sin->sin_port));
+    return buf;
+}
+
+static bool wire_addr_parse(const void *blob, size_t length, struct sockaddr_in *out)
+{
+    tcp_wire_addr_t w;
+
+    if (blob == NULL || length < sizeof(w)) return false;
+    memcpy(&w, blob, sizeof(w));
+    if (ntohl(w.magic) != TCP_ADDR_MAGIC || w.version != TCP_ADDR_VERSION) return false;
+    memset(out, 0, sizeof(*out));
+    out->sin_family = AF_INET;
+    out->sin_port = w.port;
+    out->sin_addr.s_addr = w.ipv4;
+    return true;
+}
+
+/* The MAC of an AUTH message. */
+static uint64_t auth_mac(const mr_substrate_t *s, const uint8_t nonce[TCP_NONCE_LEN],
+                         int connector, int acceptor)
+{
+    uint8_t msg[TCP_NONCE_LEN + 4 + 4 + TCP_AUTH_DOMAIN_LEN];
+
+    memcpy(msg, nonce, TCP_NONCE_LEN);
+    put_le32(msg + TCP_NONCE_LEN, (uint32_t)connector);
+    put_le32(msg + TCP_NONCE_LEN + 4, (uint32_t)acceptor);
+    memcpy(msg + TCP_NONCE_LEN + 8, TCP_AUTH_DOMAIN, TCP_AUTH_DOMAIN_LEN);
+    return mr_siphash24(s->key, msg, sizeof(msg));
+}
+
+/* Compares n bytes in time independent of where they differ. */
+static bool ct_equal(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    volatile uint8_t diff = 0;
+    for (size_t i = 0; i < n; i++) diff |= (uint8_t)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+static bool fill_random(uint8_t *buf, size_t len)
+{
+    size_t got = 0;
+
+    while (got < len) {
+        ssize_t n = getrandom(buf + got, len - got, 0);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return false;
+        }
+        got += (size_t)n;
+    }
+    return true;
+}
+
+static int set_interest(mr_substrate_t *s, int fd, uint64_t tag, bool *registered,
+                        uint32_t *interest, uint32_t want)
+{
+    struct epoll_event ev;
+
+    if (want == 0) {
+        if (*registered) epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);
+        *registered = false;
+        *interest = 0;
+        return 0;
+    }
+    if (*registered && *interest == want) return 0;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = want;
+    ev.data.u64 = tag;
+    if (epoll_ctl(s->epfd, *registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) < 0) {
+        return -errno;
+    }
+    *registered = true;
+    *interest = want;
+    return 0;
+}
+
+static inline bool conn_has_output(const tcp_conn_t *c)
+{
+    return c->sq_head != NULL || c->ctrl_count > 0;
+}
+
+static void conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why);
+
+static int conn_set_interest(mr_substrate_t *s, tcp_conn_t *c, uint32_t want)
+{
+    return set_interest(s, c->fd, TAG(TAG_PEER, c->gen, c->rank), &c->registered, &c->interest,
+                        want);
+}
+
+/* Brings an established connection's epoll interest in line with its state. */
+static void conn_update_interest(mr_substrate_t *s, tcp_conn_t *c)
+{
+    uint32_t want = 0;
+    int err;
+
+    if (c->state != C_ESTABLISHED) return;
+    if (s->connected) {
+        if (!c->rx_paused) want |= EPOLLIN;
+        if (conn_has_output(c)) want |= EPOLLOUT;
+    }
+    err = conn_set_interest(s, c, want);
+    if (err != 0) {
+        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot watch the connection to rank %d: %s.",
+             c->rank, strerror(-err));
+        conn_fail(s, c, MR_ERR_PEER_FAILED);
+    }
+}
+
+static void close_fd(mr_substrate_t *s, int *fd, bool *registered)
+{
+    if (*fd < 0) return;
+    if (*registered) epoll_ctl(s->epfd, EPOLL_CTL_DEL, *fd, NULL);
+    *registered = false;
+    close(*fd);
+    *fd = -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Lists.                                                                    */
+
+static tcp_req_t *req_alloc(mr_substrate_t *s)
+{
+    tcp_req_t *r = s->free_reqs;
+    if (r != NULL) s->free_reqs = r->next;
+    return r;
+}
+
+static void req_free(mr_substrate_t *s, tcp_req_t *r)
+{
+    r->next = s->free_reqs;
+    r->data = NULL;
+    r->cookie = NULL;
+    s->free_reqs = r;
+}
+
+static void done_push(mr_substrate_t *s, tcp_req_t *r)
+{
+    r->next = NULL;
+    if (s->done_tail != NULL) s->done_tail->next = r;
+    else s->done_head = r;
+    s->done_tail = r;
+}
+
+static void rx_list_push(mr_substrate_t *s, tcp_conn_t *c)
+{
+    if (c->on_rx_list) return;
+    c->on_rx_list = true;
+    c->rx_next = NULL;
+    if (s->rx_tail != NULL) s->rx_tail->rx_next = c;
+    else s->rx_head = c;
+    s->rx_tail = c;
+}
+
+/*
+ * Closes an established connection after a failure and queues the failure for
+ * the next progress call, which runs the upcalls. Idempotent.
+ */
+static void conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why)
+{
+    if (c->state != C_ESTABLISHED) return;
+    close_fd(s, &c->fd, &c->registered);
+    c->state = C_FAILED;
+    c->interest = 0;
+    c->fail_why = why;
+    if (why == MR_ERR_PROTOCOL) s->rejected++;
+    if (!c->on_fail_list) {
+        c->on_fail_list = true;
+        c->fail_next = NULL;
+        if (s->fail_tail != NULL) s->fail_tail->fail_next = c;
+        else s->fail_head = c;
+        s->fail_tail = c;
+    }
+}
+
+static void conn_fail_errno(mr_substrate_t *s, tcp_conn_t *c, int err, const char *what)
+{
+    char a[40];
+
+    if (c->state != C_ESTABLISHED) return;
+    if (err == 0) {
+        TLOG(s, MR_LOG_WARN, "TCP substrate: rank %d (%s) closed its connection (end of stream).",
+             c->rank, sin_str(&c->addr, a, sizeof(a)));
+    } else {
+        TLOG(s, MR_LOG_WARN, "TCP substrate: the connection to rank %d (%s) failed while %s: %s.",
+             c->rank, sin_str(&c->addr, a, sizeof(a)), what, strerror(err));
+    }
+    conn_fail(s, c, MR_ERR_PEER_FAILED);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Output.                                                                   */
+
+/* Adds the unwritten part of a data frame, `off` bytes in, to iov. */
+static int req_iov(const tcp_req_t *r, size_t off, struct iovec *iov, int n)
+{
+    if (off < TCP_HDR_LEN) {
+        iov[n].iov_base = (void *)(r->hdr + off);
+        iov[n].iov_len = TCP_HDR_LEN - off;
+        n++;
+        off = 0;
+    } else {
+        off -= TCP_HDR_LEN;
+    }
+    if (r->length > off) {
+        iov[n].iov_base = (void *)((const uint8_t *)r->data + off);
+        iov[n].iov_len = r->length - off;
+        n++;
+    }
+    return n;
+}
+
+/* The head data request is fully written: it goes to the completion list. */
+static void sq_complete_head(mr_substrate_t *s, tcp_conn_t *c)
+{
+    tcp_req_t *r = c->sq_head;
+
+    c->sq_head = r->next;
+    if (c->sq_head == NULL) c->sq_tail = NULL;
+    c->sq_off = 0;
+    done_push(s, r);
+}
+
+/* Accounts for `left` bytes written from the iovecs conn_flush gathered. */
+static void conn_advance(mr_substrate_t *s, tcp_conn_t *c, size_t left)
+{
+    if (c->sq_off > 0) {
+        size_t rem = TCP_HDR_LEN + c->sq_head->length - c->sq_off;
+        if (left < rem) {
+            c->sq_off += left;
+            return;
+        }
+        left -= rem;
+        sq_complete_head(s, c);
+    }
+    if (c->ctrl_count > 0) {
+        size_t rem = (size_t)c->ctrl_count * TCP_HDR_LEN - c->ctrl_off;
+        if (left < rem) {
+            size_t consumed = c->ctrl_off + left;
+            unsigned frames = (unsigned)(consumed / TCP_HDR_LEN);
+            c->ctrl_head = (c->ctrl_head + frames) % TCP_CTRL_RING;
+            c->ctrl_count -= frames;
+            c->ctrl_off = consumed % TCP_HDR_LEN;
+            return;
+        }
+        left -= rem;
+        c->ctrl_head = 0;
+        c->ctrl_count = 0;
+        c->ctrl_off = 0;
+    }
+    while (left > 0 && c->sq_head != NULL) {
+        size_t rem = TCP_HDR_LEN + c->sq_head->length;
+        if (left < rem) {
+            c->sq_off = left;
+            return;
+        }
+        left -= rem;
+        sq_complete_head(s, c);
+    }
+}
+
+/*
+ * Writes as much pending output as the socket takes: the rest of a partly
+ * written data frame, then every queued control frame, then data frames in
+ * FIFO order. Fails the connection on a socket error.
+ */
+static void conn_flush(mr_substrate_t *s, tcp_conn_t *c)
+{
+    while (c->state == C_ESTABLISHED && conn_has_output(c)) {
+        struct iovec iov[TCP_MAX_IOV];
+        struct msghdr mh;
+        tcp_req_t *r = c->sq_head;
+        size_t total = 0;
+        ssize_t w;
+        int n = 0;
+
+        if (r != NULL && c->sq_off > 0) {
+            n = req_iov(r, c->sq_off, iov, n);
+            r = r->next;
+        }
+        if (c->ctrl_count > 0) {
+            unsigned first = c->ctrl_head;
+            unsigned span = TCP_CTRL_RING - first;
+            if (span > c->ctrl_count) span = c->ctrl_count;
+            iov[n].iov_base = c->ctrl + (size_t)first * TCP_HDR_LEN + c->ctrl_off;
+            iov[n].iov_len = (size_t)span * TCP_HDR_LEN - c->ctrl_off;
+            n++;
+            if (c->ctrl_count > span) {
+                iov[n].iov_base = c->ctrl;
+                iov[n].iov_len = (size_t)(c->ctrl_count - span) * TCP_HDR_LEN;
+                n++;
+            }
+        }
+        while (r != NULL && n + 2 <= TCP_MAX_IOV) {
+            n = req_iov(r, 0, iov, n);
+            r = r->next;
+        }
+        for (int i = 0; i < n; i++) total += iov[i].iov_len;
+
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            conn_fail_errno(s, c, errno, "sending");
+            return;
+        }
+        conn_advance(s, c, (size_t)w);
+        if ((size_t)w < total) break; /* The socket buffer is full. */
+    }
+    conn_update_interest(s, c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Input.                                                                    */
+
+static void conn_protocol_error(mr_substrate_t *s, tcp_conn_t *c, const char *what,
+                                unsigned long value)
+{
+    char a[40];
+
+    TLOG(s, MR_LOG_ERROR,
+         "TCP substrate: rank %d (%s) broke the frame protocol (%s: %lu); closing its "
+         "connection.",
+         c->rank, sin_str(&c->addr, a, sizeof(a)), what, value);
+    conn_fail(s, c, MR_ERR_PROTOCOL);
+}
+
+/* Handles a recv() result that is not a positive count; false: stop reading. */
+static bool conn_read_error(mr_substrate_t *s, tcp_conn_t *c, ssize_t n)
+{
+    if (n == 0) {
+        conn_fail_errno(s, c, 0, "receiving");
+        return false;
+    }
+    if (errno == EINTR) return true;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+    conn_fail_errno(s, c, errno, "receiving");
+    return false;
+}
+
+/*
+ * Reads and dispatches frames from an established connection until the socket
+ * is drained, a slot is missing, the budget is spent or the connection fails.
+ * Returns the number of frames delivered.
+ */
+static int conn_read(mr_substrate_t *s, tcp_conn_t *c)
+{
+    int frames = 0;
+
+    while (c->state == C_ESTABLISHED) {
+        if (frames >= TCP_RX_BUDGET) {
+            rx_list_push(s, c); /* Come back next progress call, fairly. */
+            break;
+        }
+        if (c->rx_phase == RX_HEADER) {
+            size_t avail = c->rx_end - c->rx_start;
+            if (avail >= TCP_HDR_LEN) {
+                const uint8_t *h = c->rxbuf + c->rx_start;
+                uint32_t len = get_le32(h), imm = get_le32(h + 4);
+                uint8_t kind = h[8], channel = h[9];
+                uint16_t reserved = get_le16(h + 10);
+
+                if (reserved != 0) {
+                    conn_protocol_error(s, c, "nonzero reserved header field", reserved);
+                    break;
+                }
+                if (channel == TCP_CH_CONTROL) {
+                    if (len != 0) {
+                        conn_protocol_error(s, c, "control frame with a payload of bytes", len);
+                        break;
+                    }
+                    c->rx_start += TCP_HDR_LEN;
+                    frames++;
+                    s->up.control(s->core, c->rank, imm);
+                    continue;
+                }
+                if (channel != TCP_CH_DATA) {
+                    conn_protocol_error(s, c, "unknown channel", channel);
+                    break;
+                }
+                if (len > s->datagram_size) {
+                    conn_protocol_error(s, c, "data frame longer than the datagram size, bytes",
+                                        len);
+                    break;
+                }
+                c->rx_start += TCP_HDR_LEN;
+                c->rx_len = len;
+                c->rx_imm = imm;
+                c->rx_kind = kind;
+                c->rx_got = 0;
+                c->rx_phase = RX_SLOT;
+                continue;
+            }
+            /* Not a whole header yet: compact and read more. */
+            if (c->rx_start > 0) {
+                memmove(c->rxbuf, c->rxbuf + c->rx_start, avail);
+                c->rx_start = 0;
+                c->rx_end = avail;
+            }
+            ssize_t n = recv(c->fd, c->rxbuf + c->rx_end, TCP_RXBUF_LEN - c->rx_end, 0);
+            if (n > 0) {
+                c->rx_end += (size_t)n;
+                continue;
+            }
+            if (!conn_read_error(s, c, n)) break;
+        } else if (c->rx_phase == RX_SLOT) {
+            void *slot = s->up.recv_slot_acquire(s->core);
+            if (slot == NULL) {
+                if (!c->rx_paused) {
+                    c->rx_paused = true;
+                    conn_update_interest(s, c);
+                }
+                rx_list_push(s, c);
+                break;
+            }
+            c->rx_slot = slot;
+            c->rx_phase = RX_PAYLOAD;
+            if (c->rx_paused) {
+                c->rx_paused = false;
+                conn_update_interest(s, c);
+            }
+        } else {
+            size_t need = c->rx_len - c->rx_got;
+            size_t avail = c->rx_end - c->rx_start;
+            if (avail > 0 && need > 0) {
+                size_t k = avail < need ? avail : need;
+                memcpy((uint8_t *)c->rx_slot + c->rx_got, c->rxbuf + c->rx_start, k);
+                c->rx_start += k;
+                c->rx_got += k;
+                need -= k;
+            }
+            if (need == 0) {
+                void *slot = c->rx_slot;
+                mr_status_t st;
+
+                c->rx_slot = NULL;
+                c->rx_phase = RX_HEADER;
+                if (c->rx_start == c->rx_end) c->rx_start = c->rx_end = 0;
+                frames++;
+                st = s->up.deliver(s->core, c->rank, c->rx_kind, c->rx_imm, slot, c->rx_len,
+                                   NULL);
+                if (st != MR_OK) {
+                    TLOG(s, MR_LOG_DEBUG, "TCP substrate: the core refused a message from "
+                         "rank %d (status %d).", c->rank, (int)st);
+                }
+                continue;
+            }
+            /* The buffer is empty: payload straight into the slot, what follows into rxbuf. */
+            struct iovec iov[2];
+            c->rx_start = c->rx_end = 0;
+            iov[0].iov_base = (uint8_t *)c->rx_slot + c->rx_got;
+            iov[0].iov_len = need;
+            iov[1].iov_base = c->rxbuf;
+            iov[1].iov_len = TCP_RXBUF_LEN;
+            ssize_t n = readv(c->fd, iov, 2);
+            if (n > 0) {
+                if ((size_t)n <= need) {
+                    c->rx_got += (size_t)n;
+                } else {
+                    c->rx_got += need;
+                    c->rx_end = (size_t)n - need;
+                }
+                continue;
+            }
+            if (!conn_read_error(s, c, n)) break;
+        }
+    }
+    return frames;
+}
+
+/* Handles an epoll event of an established connection. */
+static int conn_event(mr_substrate_t *s, tcp_conn_t *c, uint32_t ev)
+{
+    int frames = 0;
+
+    if ((ev & EPOLLOUT) || ((ev & (EPOLLERR | EPOLLHUP)) && conn_has_output(c))) {
+        conn_flush(s, c);
+    }
+    if (c->state == C_ESTABLISHED && !c->rx_paused && (ev & (EPOLLIN | EPOLLERR | EPOLLHUP))) {
+        frames = conn_read(s, c);
+    }
+    return frames;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Incoming connections and their authentication.                           */
+
+static void pending_drop(mr_substrate_t *s, tcp_pending_t *p, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Closes a connection that did not authenticate, logging why, and counts it. */
+static void pending_drop(mr_substrate_t *s, tcp_pending_t *p, const char *fmt, ...)
+{
+    char a[40], why[160];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    TLOG(s, MR_LOG_WARN, "TCP substrate: dropped an incoming connection from %s: %s.",
+         sin_str(&p->peer, a, sizeof(a)), why);
+    s->rejected++;
+    close_fd(s, &p->fd, &p->registered);
+    p->interest = 0;
+    s->npending--;
+}
+
+static int pending_set_interest(mr_substrate_t *s, tcp_pending_t *p, uint32_t want)
+{
+    return set_interest(s, p->fd, TAG(TAG_PENDING, p->gen, (uint32_t)(p - s->pending)),
+                        &p->registered, &p->interest, want);
+}
+
+/* Moves the descriptor of a verified connection to its rank's slot. */
+static void conn_established(mr_substrate_t *s, tcp_conn_t *c)
+{
+    c->state = C_ESTABLISHED;
+    c->rx_phase = RX_HEADER;
+    c->rx_start = c->rx_end = 0;
+    s->nestablished++;
+    /* Until connect() returns, nothing is read: no upcall may run outside progress(). */
+    if (s->connected) {
+        conn_update_interest(s, c);
+    } else {
+        conn_set_interest(s, c, 0);
+    }
+}
+
+static void pending_verify(mr_substrate_t *s, tcp_pending_t *p)
+{
+    const uint8_t *m = p->auth;
+    uint32_t magic = get_le32(m);
+    uint16_t version = get_le16(m + 4), reserved = get_le16(m + 6);
+    int32_t rank = (int32_t)get_le32(m + 8);
+    uint8_t expect[8];
+    tcp_conn_t *c;
+
+    if (magic != TCP_AUTH_MAGIC || version != TCP_AUTH_VERSION || reserved != 0) {
+        pending_drop(s, p,
+                     "its handshake is not a MailRail TCP AUTH message (magic 0x%08x, version "
+                     "%u, reserved %u)",
+                     magic, (unsigned)version, (unsigned)reserved);
+        return;
+    }
+    if (rank < 0 || rank >= s->rank) {
+        pending_drop(s, p, "it claims rank %d, which does not connect to rank %d", (int)rank,
+                     s->rank);
+        return;
+    }
+    put_le64(expect, auth_mac(s, p->nonce, rank, s->rank));
+    if (!ct_equal(expect, m + 12, sizeof(expect))) {
+        pending_drop(s, p, "it claims rank %d but its proof of the job key is wrong", (int)rank);
+        return;
+    }
+    c = &s->conns[rank];
+    if (c->state != C_NONE) {
+        pending_drop(s, p, "it claims rank %d, which has already connected", (int)rank);
+        return;
+    }
+    set_interest(s, p->fd, 0, &p->registered, &p->interest, 0);
+    c->fd = p->fd;
+    c->gen++;
+    c->registered = false;
+    c->interest = 0;
+    p->fd = -1;
+    s->npending--;
+    if (!s->connect_started) {
+        /* Not expected: connect() fills in the advertised address; use the source. */
+        c->addr = p->peer;
+    }
+    conn_established(s, c);
+    if (*s->log_threshold >= MR_LOG_DEBUG) {
+        char a[40];
+        TLOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d connected from %s and authenticated.",
+             c->rank, sin_str(&p->peer, a, sizeof(a)));
+    }
+}
+
+static void pending_event(mr_substrate_t *s, tcp_pending_t *p, uint32_t ev)
+{
+    if (p->nonce_sent < TCP_NONCE_LEN) {
+        if (!(ev & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return;
+        ssize_t n = send(p->fd, p->nonce + p->nonce_sent, TCP_NONCE_LEN - p->nonce_sent,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+            pending_drop(s, p, "the challenge could not be sent (%s)", strerror(errno));
+            return;
+        }
+        p->nonce_sent += (size_t)n;
+        if (p->nonce_sent < TCP_NONCE_LEN) return;
+        if (pending_set_interest(s, p, EPOLLIN) != 0) {
+            pending_drop(s, p, "it cannot be watched (%s)", strerror(errno));
+        }
+        return;
+    }
+    for (;;) {
+        /* Exactly the AUTH message: later bytes are frames, read after verification. */
+        ssize_t n = recv(p->fd, p->auth + p->auth_got, TCP_AUTH_LEN - p->auth_got, 0);
+        if (n == 0) {
+            pending_drop(s, p, "it closed the connection before authenticating");
+            return;
+        }
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            pending_drop(s, p, "receiving failed (%s)", strerror(errno));
+            return;
+        }
+        p->auth_got += (size_t)n;
+        if (p->auth_got == TCP_AUTH_LEN) {
+            pending_verify(s, p);
+            return;
+        }
+    }
+}
+
+static void listener_pause(mr_substrate_t *s, uint64_t now)
+{
+    bool reg = s->listen_registered;
+    uint32_t interest = EPOLLIN;
+
+    set_interest(s, s->lfd, TAG(TAG_LISTEN, 0, 0), &reg, &interest, 0);
+    s->listen_registered = reg;
+    s->listen_resume_at = now + TCP_LISTEN_PAUSE_MS * NS_PER_MS;
+}
+
+static void listener_maybe_resume(mr_substrate_t *s, uint64_t now)
+{
+    if (s->listen_resume_at == 0 || now < s->listen_resume_at) return;
+    bool reg = s->listen_registered;
+    uint32_t interest = 0;
+    if (set_interest(s, s->lfd, TAG(TAG_LISTEN, 0, 0), &reg, &interest, EPOLLIN) == 0) {
+        s->listen_resume_at = 0;
+    } else {
+        s->listen_resume_at = now + TCP_LISTEN_PAUSE_MS * NS_PER_MS;
+    }
+    s->listen_registered = reg;
+}
+
+static void listener_event(mr_substrate_t *s)
+{
+    for (int i = 0; i < TCP_ACCEPT_BURST; i++) {
+        struct sockaddr_in sa;
+        socklen_t salen = sizeof(sa);
+        tcp_pending_t *p = NULL;
+        int one = 1;
+        uint64_t now;
+
+        memset(&sa, 0, sizeof(sa));
+        int fd = accept4(s->lfd, (struct sockaddr *)&sa, &salen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                TLOG(s, MR_LOG_WARN,
+                     "TCP substrate: cannot accept connections (%s); the listener pauses "
+                     "for %d ms.",
+                     strerror(errno), TCP_LISTEN_PAUSE_MS);
+                listener_pause(s, now_ns());
+                return;
+            }
+            TLOG(s, MR_LOG_WARN, "TCP substrate: accept failed: %s.", strerror(errno));
+            return;
+        }
+        now = now_ns();
+        for (unsigned k = 0; k < TCP_MAX_PENDING; k++) {
+            if (s->pending[k].fd < 0) {
+                p = &s->pending[k];
+                break;
+            }
+        }
+        if (p == NULL) {
+            char a[40];
+            TLOG(s, MR_LOG_WARN,
+                 "TCP substrate: dropped an incoming connection from %s: %d connections are "
+                 "already authenticating.",
+                 sin_str(&sa, a, sizeof(a)), TCP_MAX_PENDING);
+            s->rejected++;
+            close(fd);
+            continue;
+        }
+        p->fd = fd;
+        p->gen++;
+        p->registered = false;
+        p->interest = 0;
+        p->peer = sa;
+        p->nonce_sent = 0;
+        p->auth_got = 0;
+        p->deadline = now + s->auth_timeout_ns;
+        s->npending++;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        if (!fill_random(p->nonce, sizeof(p->nonce))) {
+            pending_drop(s, p, "no random challenge could be drawn (%s)", strerror(errno));
+            continue;
+        }
+        ssize_t n = send(fd, p->nonce, TCP_NONCE_LEN, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            pending_drop(s, p, "the challenge could not be sent (%s)", strerror(errno));
+            continue;
+        }
+        if (n > 0) p->nonce_sent = (size_t)n;
+        if (pending_set_interest(s, p, p->nonce_sent < TCP_NONCE_LEN ? EPOLLOUT : EPOLLIN) != 0) {
+            pending_drop(s, p, "it cannot be watched (%s)", strerror(errno));
+        }
+    }
+}
+
+/* Drops strangers whose time to authenticate is up; returns the next deadline. */
+static uint64_t pending_expire(mr_substrate_t *s, uint64_t now)
+{
+    uint64_t next = UINT64_MAX;
+
+    if (s->npending == 0) return next;
+    for (unsigned k = 0; k < TCP_MAX_PENDING; k++) {
+        tcp_pending_t *p = &s->pending[k];
+        if (p->fd < 0) continue;
+        if (p->deadline <= now) {
+            pending_drop(s, p, "it did not authenticate within %llu s",
+                         (unsigned long long)s->cfg.auth_timeout_s);
+        } else if (p->deadline < next) {
+            next = p->deadline;
+        }
+    }
+    return next;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Outgoing connections (connect() only).                                    */
+
+static void connector_retry(mr_substrate_t *s, tcp_conn_t *c, int err, const char *what)
+{
+    char a[40];
+    uint64_t backoff = (uint64_t)TCP_RETRY_MS * (c->attempts < 10 ? c->attempts : 10);
+
+    close_fd(s, &c->fd, &c->registered);
+    c->interest = 0;
+    c->state = C_RETRY;
+    c->last_err = err;
+    c->retry_at = now_ns() + backoff * NS_PER_MS;
+    TLOG(s, MR_LOG_DEBUG, "TCP substrate: attempt %u to connect to rank %d (%s) failed while %s: "
+         "%s; retrying.", c->attempts, c->rank, sin_str(&c->addr, a, sizeof(a)), what,
+         err ? strerror(err) : "connection closed by the peer");
+}
+
+/* Writes the connector's AUTH; on success the connection is established. */
+static void connector_send_auth(mr_substrate_t *s, tcp_conn_t *c)
+{
+    while (c->hs_off < TCP_AUTH_LEN) {
+        ssize_t n = send(c->fd, c->hs + c->hs_off, TCP_AUTH_LEN - c->hs_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (conn_set_interest(s, c, EPOLLOUT) != 0) {
+                    connector_retry(s, c, errno, "waiting to authenticate");
+                }
+                return;
+            }
+            connector_retry(s, c, errno, "authenticating");
+            return;
+        }
+        c->hs_off += (size_t)n;
+    }
+    conn_established(s, c);
+    if (*s->log_threshold >= MR_LOG_DEBUG) {
+        char a[40];
+        TLOG(s, MR_LOG_DEBUG, "TCP substrate: connected to rank %d at %s.", c->rank,
+             sin_str(&c->addr, a, sizeof(a)));
+    }
+}
+
+static void connector_read_nonce(mr_substrate_t *s, tcp_conn_t *c)
+{
+    while (c->hs_off < TCP_NONCE_LEN) {
+        ssize_t n = recv(c->fd, c->hs + c->hs_off, TCP_NONCE_LEN - c->hs_off, 0);
+        if (n == 0) {
+            connector_retry(s, c, 0, "reading the challenge");
+            return;
+        }
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            connector_retry(s, c, errno, "reading the challenge");
+            return;
+        }
+        c->hs_off += (size_t)n;
+    }
+    uint8_t nonce[TCP_NONCE_LEN];
+    memcpy(nonce, c->hs, TCP_NONCE_LEN);
+    put_le32(c->hs, TCP_AUTH_MAGIC);
+    put_le16(c->hs + 4, TCP_AUTH_VERSION);
+    put_le16(c->hs + 6, 0);
+    put_le32(c->hs + 8, (uint32_t)s->rank);
+    put_le64(c->hs + 12, auth_mac(s, nonce, s->rank, c->rank));
+    c->hs_off = 0;
+    c->state = C_AUTH;
+    connector_send_auth(s, c);
+}
+
+static void connector_event(mr_substrate_t *s, tcp_conn_t *c, uint32_t ev)
+{
+    if (c->state == C_CONNECTING) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (!(ev & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return;
+        if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
+        if (err != 0) {
+            connector_retry(s, c, err, "connecting");
+            return;
+        }
+        c->state = C_NONCE;
+        c->hs_off = 0;
+        if (conn_set_interest(s, c, EPOLLIN) != 0) {
+            connector_retry(s, c, errno, "connecting");
+            return;
+        }
+    }
+    if (c->state == C_NONCE) {
+        connector_read_nonce(s, c);
+    } else if (c->state == C_AUTH) {
+        connector_send_auth(s, c);
+    }
+}
+
+/* Starts one connection attempt; false on a local failure. */
+static bool connector_start(mr_substrate_t *s, tcp_conn_t *c, uint64_t now)
+{
+    int one = 1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+    if (fd < 0) {
+        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot create a socket to reach rank %d: %s.",
+             c->rank, strerror(errno));
+        return false;
+    }
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    c->fd = fd;
+    c->gen++;
+    c->registered = false;
+    c->interest = 0;
+    c->attempts++;
+    c->hs_off = 0;
+    c->hs_deadline = now + s->auth_timeout_ns;
+    if (connect(fd, (const struct sockaddr *)&c->addr, sizeof(c->addr)) == 0) {
+        c->state = C_NONCE;
+        if (conn_set_interest(s, c, EPOLLIN) != 0) connector_retry(s, c, errno, "connecting");
+        return true;
+    }
+    if (errno != EINPROGRESS && errno != EINTR) {
+        connector_retry(s, c, errno, "connecting");
+        return true;
+    }
+    c->state = C_CONNECTING;
+    if (conn_set_interest(s, c, EPOLLOUT) != 0) connector_retry(s, c, errno, "connecting");
+    return true;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Event dispatch.                                                           */
+
+static int dispatch(mr_substrate_t *s, const struct epoll_event *e)
+{
+    uint64_t tag = e->data.u64;
+    unsigned type = (unsigned)(tag >> 56);
+    uint32_t gen = (uint32_t)(tag >> 32) & 0xffffffu;
+    uint32_t idx = (uint32_t)tag;
+
+    switch (type) {
+    case TAG_LISTEN:
+        listener_event(s);
+        return 0;
+    case TAG_PENDING:
+        if (idx < TCP_MAX_PENDING && s->pending[idx].fd >= 0 &&
+            (s->pending[idx].gen & 0xffffffu) == gen) {
+            pending_event(s, &s->pending[idx], e->events);
+        }
+        return 0;
+    case TAG_PEER:
+        if (idx < (uint32_t)s->size) {
+            tcp_conn_t *c = &s->conns[idx];
+            if (c->fd < 0 || (c->gen & 0xffffffu) != gen) return 0;
+            if (c->state == C_ESTABLISHED) return s->connected ? conn_event(s, c, e->events) : 0;
+            connector_event(s, c, e->events);
+        }
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Upcall drains (progress() only).                                          */
+
+static int drain_failed(mr_substrate_t *s)
+{
+    int n = 0;
+    tcp_conn_t *c;
+
+    while ((c = s->fail_head) != NULL) {
+        s->fail_head = c->fail_next;
+        if (s->fail_head == NULL) s->fail_tail = NULL;
+        c->on_fail_list = false;
+        c->fail_next = NULL;
+        if (c->rx_slot != NULL) {
+            void *slot = c->rx_slot;
+            c->rx_slot = NULL;
+            s->up.recv_slot_abandon(s->core, slot);
+        }
+        c->rx_phase = RX_HEADER;
+        c->rx_start = c->rx_end = 0;
+        c->ctrl_count = 0;
+        c->ctrl_off = 0;
+        s->up.peer_failed(s->core, c->rank, c->fail_why);
+        n++;
+        /* Every queued send completes, so that the core gets its buffers back. */
+        tcp_req_t *r;
+        while ((r = c->sq_head) != NULL) {
+            void *cookie = r->cookie;
+            c->sq_head = r->next;
+            if (c->sq_head == NULL) c->sq_tail = NULL;
+            c->sq_off = 0;
+            req_free(s, r);
+            s->up.send_complete(s->core, cookie);
+            n++;
+        }
+    }
+    return n;
+}
+
+static int drain_done(mr_substrate_t *s)
+{
+    tcp_req_t *r = s->done_head;
+    int n = 0;
+
+    /* Detached first: completions of sends made by these upcalls wait for the next call. */
+    s->done_head = s->done_tail = NULL;
+    while (r != NULL) {
+        tcp_req_t *next = r->next;
+        void *cookie = r->cookie;
+        req_free(s, r);
+        s->up.send_complete(s->core, cookie);
+        n++;
+        r = next;
+    }
+    return n;
+}
+
+static int retry_rx(mr_substrate_t *s)
+{
+    tcp_conn_t *c = s->rx_head;
+    int n = 0;
+
+    s->rx_head = s->rx_tail = NULL;
+    while (c != NULL) {
+        tcp_conn_t *next = c->rx_next;
+        c->on_rx_list = false;
+        c->rx_next = NULL;
+        if (c->state == C_ESTABLISHED) n += conn_read(s, c);
+        c = next;
+    }
+    return n;
+}
+
+/* Whether a connection on the retry list can make progress without a new slot. */
+static bool rx_list_busy(const mr_substrate_t *s)
+{
+    for (const tcp_conn_t *c = s->rx_head; c != NULL; c = c->rx_next) {
+        if (!c->rx_paused && c->state == C_ESTABLISHED) return true;
+    }
+    return false;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Operations.                                                               */
+
+static mr_status_t tcp_resolve(mr_substrate_t *s, const char *text, struct in_addr *out)
+{
+    struct ifaddrs *ifs, *ifa;
+    bool found = false;
+
+    if (inet_pton(AF_INET, text, out) == 1) {
+        if (out->s_addr == htonl(INADDR_ANY)) {
+            TLOG(s, MR_LOG_ERROR,
+                 "TCP substrate: MAILRAIL_TCP_ADDR=%s is the wildcard address, which peers "
+                 "cannot connect to; name a specific IPv4 address or a network interface.",
+                 text);
+            return MR_ERR_CONFIG;
+        }
+        return MR_OK;
+    }
+    if (getifaddrs(&ifs) != 0) {
+        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot list the network interfaces: %s.",
+             strerror(errno));
+        return MR_ERR_TRANSPORT;
+    }
+    for (ifa = ifs; ifa != NULL; ifa = ifa->ifa_next) {
+        if (ifa->ifa_addr == NULL || ifa->ifa_addr->sa_family != AF_INET ||
+            ifa->ifa_name == NULL || strcmp(ifa->ifa_name, text) != 0) {
+            continue;
+        }
+        memcpy(out, &((const struct sockaddr_in *)(const void *)ifa->ifa_addr)->sin_addr,
+               sizeof(*out));
+        found = true;
+        break;
+    }
+    freeifaddrs(ifs);
+    if (!found) {
+        TLOG(s, MR_LOG_ERROR,
+             "TCP substrate: MAILRAIL_TCP_ADDR=%s is neither an IPv4 address nor the name of a "
+             "network interface that has an IPv4 address.",
+             text);
+        return MR_ERR_CONFIG;
+    }
+    return MR_OK;
+}
+
+static void tcp_close(mr_substrate_t *s);
+
+static mr_status_t tcp_open(const mr_substrate_params_t *p, mr_substrate_t **out)
+{
+    mr_substrate_t *s;
+    const mr_substrate_upcalls_t *u;
+    struct sockaddr_in sa;
+    socklen_t salen = sizeof(sa);
+    mr_status_t st;
+    int one = 1;
+
+    if (p == NULL || out == NULL) return MR_ERR_INVALID_PARAM;
+    u = p->upcalls;
+    if (p->size < 1 || p->rank < 0 || p->rank >= p->size || p->job_key == NULL || u == NULL ||
+        p->max_sends == 0 || p->datagram_size > UINT32_MAX || !u->recv_slot_acquire ||
+        !u->recv_slot_abandon || !u->deliver || !u->send_complete || !u->control ||
+        !u->peer_failed) {
+        if (p->log != NULL) {
+            p->log(MR_LOG_ERROR, "TCP substrate: invalid parameters (rank %d of %d, datagram "
+                   "size %zu, %zu sends, missing key or upcalls).",
+                   p->rank, p->size, p->datagram_size, p->max_sends);
+        }
+        return MR_ERR_INVALID_PARAM;
+    }
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) return MR_ERR_NO_MEMORY;
+    s->rank = p->rank;
+    s->size = p->size;
+    s->datagram_size = p->datagram_size;
+    s->timeout_s = p->timeout_s;
+    memcpy(s->key, p->job_key, MR_SIPHASH_KEY_LEN);
+    s->core = p->core;
+    s->up = *u;
+    s->log = p->log;
+    s->log_threshold = p->log_threshold ? p->log_threshold : &tcp_default_threshold;
+    s->epfd = -1;
+    s->lfd = -1;
+    for (unsigned k = 0; k < TCP_MAX_PENDING; k++) s->pending[k].fd = -1;
+
+    if (p->config != NULL) {
+        memcpy(&s->cfg, p->config, sizeof(s->cfg));
+        s->cfg.addr[sizeof(s->cfg.addr) - 1] = '\0';
+    } else {
+        snprintf(s->cfg.addr, sizeof(s->cfg.addr), "127.0.0.1");
+        s->cfg.port = 0;
+        s->cfg.auth_timeout_s = 5;
+    }
+    if (s->cfg.auth_timeout_s < 1) s->cfg.auth_timeout_s = 1;
+    if (s->cfg.auth_timeout_s > 3600) s->cfg.auth_timeout_s = 3600;
+    s->auth_timeout_ns = s->cfg.auth_timeout_s * NS_PER_S;
+    if (s->cfg.port > 65535 || (s->cfg.port != 0 && s->cfg.port + (uint64_t)s->rank > 65535)) {
+        TLOG(s, MR_LOG_ERROR,
+             "TCP substrate: MAILRAIL_TCP_PORT=%llu plus rank %d exceeds the largest port, "
+             "65535.",
+             (unsigned long long)s->cfg.port, s->rank);
+        st = MR_ERR_CONFIG;
+        goto fail;
+    }
+
+    /* Per-peer state, and the request pool: nothing is allocated on the data path. */
+    s->conns = calloc((size_t)s->size, sizeof(*s->conns));
+    s->reqs = calloc(p->max_sends, sizeof(*s->reqs));
+    s->bufs = malloc((size_t)s->size * (TCP_RXBUF_LEN + TCP_CTRL_RING * TCP_HDR_LEN));
+    if (s->conns != NULL) {
+        for (int r = 0; r < s->size; r++) s->conns[r].fd = -1;
+    }
+    if (s->conns == NULL || s->reqs == NULL || s->bufs == NULL) {
+        TLOG(s, MR_LOG_ERROR, "TCP substrate: out of memory for %d connections and %zu sends.",
+             s->size, p->max_sends);
+        st = MR_ERR_NO_MEMORY;
+        goto fail;
+    }
+    for (int r = 0; r < s->size; r++) {
+        tcp_conn_t *c = &s->conns[r];
+        uint8_t *b = s->bufs + (size_t)r * (TCP_RXBUF_LEN + TCP_CTRL_RING * TCP_HDR_LEN);
+        c->rank = r;
+        c->state = C_NONE;
+        c->rxbuf = b;
+        c->ctrl = b + TCP_RXBUF_LEN;
+    }
+    for (size_t i = p->max_sends; i-- > 0;) req_free(s, &s->reqs[i]);
+
+    /* The listening socket. */
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)(s->cfg.port ? s->cfg.port + (uint64_t)s->rank : 0));
+    st = tcp_resolve(s, s->cfg.addr, &sa.sin_addr);
+    if (st != MR_OK) goto fail;
+
+    s->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (s->epfd < 0) {
+        TLOG(s, MR_LOG_ERROR, "TCP substrate: epoll_create1 failed: %s.", strerror(errno));
+        st = MR_ERR_TRANSPORT;
+        goto fail;
+    }
+    s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s->lfd < 0) {
+        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot create the listening socket: %s.",
+             strerror(errno));
+        st = MR_ERR_TRANSPORT;
+        goto fail;
+    }
+    setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(s->lfd, (const struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        char a[40];
+        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot listen on %s (MAILRAIL_TCP_ADDR=%s, "
+             "MAILRAIL_TCP_PORT=%llu): %s.", sin_str(&sa, a, sizeof(a)), s->cfg.addr,
+             (unsigned long long)s->cfg.port, strerror(errno));
+        st = MR_ERR_TRANSPORT;
+        goto fail;
+    }
+    if (listen(s->lfd, SOMAXCONN) < 0 ||
+        getsockname(s->lfd, (struct sockaddr *)&s->laddr, &salen) < 0) {
+        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot listen: %s.", strerror(errno));
+        st = MR_ERR_TRANSPORT;
+        goto fail;
+    }
+    {
+        bool reg = false;
+        uint32_t interest = 0;
+        int err = set_interest(s, s->lfd, TAG(TAG_LISTEN, 0, 0), &reg, &interest, EPOLLIN);
+        s->listen_registered = reg;
+        if (err != 0) {
+            TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot watch the listening socket: %s.",
+                 strerror(-err));
+            st = MR_ERR_TRANSPORT;
+            goto fail;
+        }
+    }
+    if (*s->log_threshold >= MR_LOG_DEBUG) {
+        char a[40];
+        TLOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d listens on %s.", s->rank,
+             sin_str(&s->laddr, a, sizeof(a)));
+    }
+    *out = s;
+    return MR_OK;
+
+fail:
+    tcp_close(s);
+    return st;
+}
+
+static mr_status_t tcp_get_address(mr_substrate_t *s, void *addr, size_t *length)
+{
+    tcp_wire_addr_t w;
+
+    if (s == NULL || addr == NULL || length == NULL) return MR_ERR_INVALID_PARAM;
+    memset(&w, 0, sizeof(w));
+    w.magic = htonl(TCP_ADDR_MAGIC);
+    w.version = TCP_ADDR_VERSION;
+    w.port = s->laddr.sin_port;
+    w.ipv4 = s->laddr.sin_addr.s_addr;
+    memcpy(addr, &w, sizeof(w));
+    *length = sizeof(w);
+    return MR_OK;
+}
+
+static void tcp_format_address(const void *addr, size_t length, char *buf, size_t len)
+{
+    struct sockaddr_in sin;
+    char a[40];
+
+    if (buf == NULL || len == 0) return;
+    if (!wire_addr_parse(addr, length, &sin)) {
+        snprintf(buf, len, "tcp (not a TCP substrate address)");
+        return;
+    }
+    snprintf(buf, len, "tcp %s", sin_str(&sin, a, sizeof(a)));
+}
+
+/* Logs the ranks that connect() is still waiting for. */
+static void log_missing(mr_substrate_t *s)
+{
+    char list[512];
+    size_t used = 0;
+    int missing = 0, last_err = 0;
+
+    list[0] = '\0';
+    for (int r = 0; r < s->size; r++) {
+        tcp_conn_t *c = &s->conns[r];
+        if (r == s->rank || c->state == C_ESTABLISHED) continue;
+        missing++;
+        if (r > s->rank && c->last_err != 0) last_err = c->last_err;
+        if (used + 16 < sizeof(list)) {
+            int n = snprintf(list + used, sizeof(list) - used, "%s%d", used ? ", " : "", r);
+            if (n > 0) used += (size_t)n;
+        } else if (used + 5 < sizeof(list) && list[used - 1] != '.') {
+            used += (size_t)snprintf(list + used, sizeof(list) - used, ", ...");
+        }
+    }
+    TLOG(s, MR_LOG_ERROR,
+         "TCP substrate: rank %d timed out after %u s waiting for connections with %d of %d "
+         "peers: ranks %s (ranks below %d connect to it, it connects to the others%s%s).",
+         s->rank, s->timeout_s, missing, s->size - 1, list, s->rank,
+         last_err ? "; last error: " : "", last_err ? strerror(last_err) : "");
+}
+
+static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
+{
+    uint64_t start = now_ns(), deadline;
+    struct epoll_event evs[TCP_MAX_EVENTS];
+
+    if (s == NULL || s->connect_started) return MR_ERR_INVALID_PARAM;
+    s->connect_started = true;
+    if (s->size > 1 && (addrs == NULL || addr_len < sizeof(tcp_wire_addr_t))) {
+        TLOG(s, MR_LOG_ERROR, "TCP substrate: the address table holds %zu-byte entries, fewer "
+             "than the %zu bytes of a TCP address.", addr_len, sizeof(tcp_wire_addr_t));
+        return MR_ERR_PROTOCOL;
+    }
+    for (int r = 0; r < s->size && s->size > 1; r++) {
+        const uint8_t *blob = (const uint8_t *)addrs + (size_t)r * addr_len;
+        tcp_conn_t *c = &s->conns[r];
+        if (!wire_addr_parse(blob, addr_len, &c->addr) || c->addr.sin_port == 0 ||
+            c->addr.sin_addr.s_addr == htonl(INADDR_ANY)) {
+            TLOG(s, MR_LOG_ERROR, "TCP substrate: the address of rank %d is not a valid TCP "
+                 "substrate address (wrong magic, version, port or IP address).", r);
+            return MR_ERR_PROTOCOL;
+        }
+        if (r > s->rank) {
+            c->state = C_RETRY;
+            c->retry_at = 0;
+        }
+    }
+    deadline = s->timeout_s ? start + (uint64_t)s->timeout_s * NS_PER_S : UINT64_MAX;
+
+    while (s->nestablished < s->size - 1) {
+        uint64_t now = now_ns();
+        int n;
+
+        if (now >= deadline) {
+            log_missing(s);
+            return MR_ERR_TIMEOUT;
+        }
+        for (int r = s->rank + 1; r < s->size; r++) {
+            tcp_conn_t *c = &s->conns[r];
+            if (c->state == C_RETRY && c->retry_at <= now) {
+                if (!connector_start(s, c, now)) return MR_ERR_TRANSPORT;
+            } else if ((c->state == C_CONNECTING || c->state == C_NONCE ||
+                        c->state == C_AUTH) && c->hs_deadline <= now) {
+                connector_retry(s, c, ETIMEDOUT, "authenticating");
+            }
+        }
+        pending_expire(s, now);
+        listener_maybe_resume(s, now);
+        n = epoll_wait(s->epfd, evs, TCP_MAX_EVENTS, TCP_CONNECT_POLL_MS);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            TLOG(s, MR_LOG_ERROR, "TCP substrate: epoll_wait failed: %s.", strerror(errno));
+            return MR_ERR_TRANSPORT;
+        }
+        for (int i = 0; i < n; i++) dispatch(s, &evs[i]);
+    }
+    s->connected = true;
+    for (int r = 0; r < s->size; r++) {
+        if (s->conns[r].state == C_ESTABLISHED) conn_update_interest(s, &s->conns[r]);
+    }
+    if (*s->log_threshold >= MR_LOG_DEBUG) {
+        TLOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d connected to its %d peers in %.3f s.",
+             s->rank, s->size - 1, (double)(now_ns() - start) / 1e9);
+    }
+    return MR_OK;
+}
+
+/* The connection to `dest` if it can take output, or the status saying why not. */
+static mr_status_t conn_for_send(mr_substrate_t *s, int dest, tcp_conn_t **out)
+{
+    if (s == NULL) return MR_ERR_INVALID_PARAM;
+    if (dest < 0 || dest >= s->size || dest == s->rank) return MR_ERR_INVALID_RANK;
+    tcp_conn_t *c = &s->conns[dest];
+    if (c->state == C_FAILED) return MR_ERR_PEER_FAILED;
+    if (c->state != C_ESTABLISHED || !s->connected) return MR_ERR_INVALID_RANK;
+    *out = c;
+    return MR_OK;
+}
+
+static mr_status_t tcp_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
+                            const void *data, size_t length, void *cookie)
+{
+    tcp_conn_t *c = NULL;
+    mr_status_t st = conn_for_send(s, dest, &c);
+    tcp_req_t *r;
+    bool idle;
+
+    if (st != MR_OK) return st;
+    if (length > s->datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
+    if (kind > UINT8_MAX || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
+    r = req_alloc(s);
+    if (r == NULL) return MR_AGAIN;
+    put_le32(r->hdr, (uint32_t)length);
+    put_le32(r->hdr + 4, imm);
+    r->hdr[8] = (uint8_t)kind;
+    r->hdr[9] = TCP_CH_DATA;
+    put_le16(r->hdr + 10, 0);
+    r->data = data;
+    r->length = length;
+    r->cookie = cookie;
+    r->next = NULL;
+    idle = !conn_has_output(c);
+    if (c->sq_tail != NULL) c->sq_tail->next = r;
+    else c->sq_head = r;
+    c->sq_tail = r;
+    /* Completions and failures found here are reported by the next progress call. */
+    if (idle) conn_flush(s, c);
+    return MR_OK;
+}
+
+static mr_status_t tcp_send_control(mr_substrate_t *s, int dest, uint32_t imm)
+{
+    tcp_conn_t *c = NULL;
+    mr_status_t st = conn_for_send(s, dest, &c);
+    uint8_t *h;
+    bool idle;
+
+    if (st != MR_OK) return st;
+    if (c->ctrl_count == TCP_CTRL_RING) return MR_AGAIN;
+    idle = !conn_has_output(c);
+    h = c->ctrl + (size_t)((c->ctrl_head + c->ctrl_count) % TCP_CTRL_RING) * TCP_HDR_LEN;
+    put_le32(h, 0);
+    put_le32(h + 4, imm);
+    h[8] = 0;
+    h[9] = TCP_CH_CONTROL;
+    put_le16(h + 10, 0);
+    c->ctrl_count++;
+    if (idle) conn_flush(s, c);
+    return MR_OK;
+}
+
+static int tcp_progress(mr_substrate_t *s, int timeout_ms)
+{
+    struct epoll_event evs[TCP_MAX_EVENTS];
+    int events = 0, wait, n;
+    uint64_t now, next;
+
+    if (s == NULL) return MR_ERR_INVALID_PARAM;
+    events += drain_failed(s);
+    events += drain_done(s);
+    events += retry_rx(s);
+
+    now = now_ns();
+    listener_maybe_resume(s, now);
+    next = pending_expire(s, now);
+    if (s->listen_resume_at != 0 && s->listen_resume_at < next) next = s->listen_resume_at;
+
+    wait = timeout_ms;
+    if (events > 0 || s->done_head != NULL || s->fail_head != NULL || rx_list_busy(s)) wait = 0;
+    if (wait != 0 && next != UINT64_MAX) {
+        uint64_t until = next > now ? (next - now + NS_PER_MS - 1) / NS_PER_MS : 0;
+        if (wait < 0 || until < (uint64_t)wait) wait = (int)(until < INT32_MAX ? until : INT32_MAX);
+    }
+    n = epoll_wait(s->epfd, evs, TCP_MAX_EVENTS, wait);
+    if (n < 0) {
+        if (errno != EINTR) {
+            TLOG(s, MR_LOG_ERROR, "TCP substrate: epoll_wait failed: %s.", strerror(errno));
+            return MR_ERR_TRANSPORT;
+        }
+        n = 0;
+    }
+    for (int i = 0; i < n; i++) events += dispatch(s, &evs[i]);
+    if (n > 0) pending_expire(s, now_ns());
+
+    events += drain_failed(s);
+    events += drain_done(s);
+    return events;
+}
+
+static void tcp_stats(mr_substrate_t *s, mr_stats_t *stats)
+{
+    if (s == NULL || stats == NULL) return;
+    if (stats->size >= offsetof(mr_stats_t, connections_rejected) + sizeof(uint64_t)) {
+        stats->connections_rejected += s->rejected;
+    }
+}
+
+static void tcp_close(mr_substrate_t *s)
+{
+    if (s == NULL) return;
+    /* No upcalls here: queued sends and held slots go away with the core's pools. */
+    if (s->conns != NULL) {
+        for (int r = 0; r < s->size; r++) {
+            if (s->conns[r].fd >= 0) close(s->conns[r].fd);
+        }
+    }
+    for (unsigned k = 0; k < TCP_MAX_PENDING; k++) {
+        if (s->pending[k].fd >= 0) close(s->pending[k].fd);
+    }
+    if (s->lfd >= 0) close(s->lfd);
+    if (s->epfd >= 0) close(s->epfd);
+    free(s->conns);
+    free(s->reqs);
+    free(s->bufs);
+    free(s);
+}
+
+static const mr_substrate_ops_t tcp_ops = {
+    .abi_version = MR_SUBSTRATE_ABI_VERSION,
+    .ops_size = sizeof(mr_substrate_ops_t),
+    .name = "tcp",
+    .description = "TCP sockets: one authenticated connection per pair of ranks, epoll-driven",
+    .config_table = tcp_config_table,
+    .config_size = sizeof(tcp_config_t),
+    .open = tcp_open,
+    .get_address = tcp_get_address,
+    .connect = tcp_connect,
+    .send = tcp_send,
+    .send_control = tcp_send_control,
+    .progress = tcp_progress,
+    .release_recv = NULL,
+    .format_address = tcp_format_address,
+    .stats = tcp_stats,
+    .close = tcp_close,
+};
+
+__attribute__((visibility("default"))) const mr_substrate_ops_t *mr_substrate_get_ops(void)
+{
+    return &tcp_ops;
+}

@@ -1,0 +1,665 @@
+/*
+ * Multi-rank conformance tests, run under mpiexec with 2 and 4 ranks for the
+ * substrate and flow-control policy named by MAILRAIL_SUBSTRATE and
+ * MAILRAIL_FLOWCTL. Every test is collective: each rank runs the same
+ * sequence, and each test initializes and finalizes MailRail on its own, on
+ * the application's communicator.
+ *
+ * Messages carry a header (source, destination, sequence number, length)
+ * followed by bytes derived from it, so that every receive checks the
+ * payload and the source, and a bitmap per source checks exactly-once
+ * delivery.
+ */
+#include "mailrail.h"
+
+#include <arpa/inet.h>
+#include <check.h>
+#include <mpi.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WAIT_LIMIT_S 30.0
+
+static int world_rank, world_size;
+
+typedef struct msg_header {
+    int32_t source, dest;
+    uint32_t seq, length;
+} msg_header_t;
+
+static uint8_t pattern_byte(int source, uint32_t seq, size_t i)
+{
+    return (uint8_t)(source * 31 + seq * 7 + i * 13 + 1);
+}
+
+/* Fills a message of `length` bytes (>= sizeof header, or 0 for an empty one). */
+static void fill_message(void *buf, size_t length, int source, int dest, uint32_t seq)
+{
+    msg_header_t h = {source, dest, seq, (uint32_t)length};
+    uint8_t *p = buf;
+
+    if (length < sizeof(h)) return;
+    memcpy(p, &h, sizeof(h));
+    for (size_t i = sizeof(h); i < length; i++) p[i] = pattern_byte(source, seq, i);
+}
+
+/* Checks a received message against its header and the sender. Returns its seq. */
+static uint32_t check_message(const mr_message_t *m)
+{
+    msg_header_t h;
+    const uint8_t *p = m->data;
+
+    ck_assert_uint_ge(m->length, sizeof(h));
+    memcpy(&h, p, sizeof(h));
+    ck_assert_int_eq(h.source, m->source);
+    ck_assert_int_eq(h.dest, mr_rank());
+    ck_assert_uint_eq(h.length, m->length);
+    for (size_t i = sizeof(h); i < m->length; i++) {
+        ck_assert_msg(p[i] == pattern_byte(h.source, h.seq, i),
+                      "byte %zu of message %u from %d is corrupt", i, h.seq, h.source);
+    }
+    return h.seq;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void setup_env(const char *send_slots, const char *recv_slots, const char *dgram)
+{
+    if (send_slots) setenv("MAILRAIL_SEND_SLOTS", send_slots, 1);
+    else unsetenv("MAILRAIL_SEND_SLOTS");
+    if (recv_slots) setenv("MAILRAIL_RECV_SLOTS", recv_slots, 1);
+    else unsetenv("MAILRAIL_RECV_SLOTS");
+    if (dgram) setenv("MAILRAIL_DATAGRAM_SIZE", dgram, 1);
+    else unsetenv("MAILRAIL_DATAGRAM_SIZE");
+}
+
+static void init_on_world(void)
+{
+    MPI_Comm comm = MPI_COMM_WORLD;
+    ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), MR_OK);
+    ck_assert_int_eq(mr_rank(), world_rank);
+    ck_assert_int_eq(mr_size(), world_size);
+}
+
+/* Exactly-once bookkeeping: seen[source * per_source + seq]. */
+typedef struct tally {
+    uint8_t *seen;
+    uint32_t per_source;
+    uint64_t count;
+} tally_t;
+
+static void tally_init(tally_t *t, uint32_t per_source)
+{
+    t->seen = calloc((size_t)world_size * per_source, 1);
+    t->per_source = per_source;
+    t->count = 0;
+    ck_assert_ptr_nonnull(t->seen);
+}
+
+/* Receives whatever is there, checking each message; returns how many arrived. */
+static int drain(tally_t *t)
+{
+    mr_message_t m;
+    int n = 0;
+    mr_status_t st;
+
+    while ((st = mr_receive(&m)) == MR_OK) {
+        uint32_t seq = check_message(&m);
+        ck_assert_uint_lt(seq, t->per_source);
+        uint8_t *slot = &t->seen[(size_t)m.source * t->per_source + seq];
+        ck_assert_msg(*slot == 0, "message %u from %d delivered twice", seq, m.source);
+        *slot = 1;
+        t->count++;
+        n++;
+        ck_assert_int_eq(mr_release(m.data), MR_OK);
+    }
+    ck_assert_int_eq(st, MR_AGAIN);
+    return n;
+}
+
+/* Reserves a buffer, receiving while backpressured. */
+static void *reserve_or_progress(tally_t *t)
+{
+    void *buf = NULL;
+    double start = now_s();
+    mr_status_t st;
+
+    while ((st = mr_reserve(&buf)) == MR_AGAIN) {
+        drain(t);
+        ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "backpressure never released");
+    }
+    ck_assert_int_eq(st, MR_OK);
+    ck_assert_ptr_nonnull(buf);
+    return buf;
+}
+
+static void quiesce(tally_t *t)
+{
+    double start = now_s();
+    mr_status_t st;
+
+    do {
+        drain(t);
+        st = mr_quiesce();
+        ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "quiescence never reached");
+    } while (st == MR_AGAIN);
+    ck_assert_int_eq(st, MR_OK);
+}
+
+/* Sends `per_dest` messages from this rank to each rank in `dests` with varying lengths. */
+static void exchange(const int *dests, int ndest, uint32_t per_dest, tally_t *t)
+{
+    size_t dgram = mr_datagram_size();
+
+    for (uint32_t seq = 0; seq < per_dest; seq++) {
+        for (int k = 0; k < ndest; k++) {
+            void *buf = reserve_or_progress(t);
+            size_t len = sizeof(msg_header_t) + (seq * 37 + (uint32_t)k) %
+                                                    (dgram - sizeof(msg_header_t) + 1);
+            fill_message(buf, len, world_rank, dests[k], seq);
+            ck_assert_int_eq(mr_send(buf, len, dests[k]), MR_OK);
+            drain(t);
+        }
+    }
+}
+
+static void expect_all_from(const tally_t *t, const int *sources, int nsrc, uint32_t per_src)
+{
+    for (int k = 0; k < nsrc; k++) {
+        for (uint32_t seq = 0; seq < per_src; seq++) {
+            ck_assert_msg(t->seen[(size_t)sources[k] * t->per_source + seq] == 1,
+                          "message %u from %d never arrived", seq, sources[k]);
+        }
+    }
+    ck_assert_uint_eq(t->count, (uint64_t)nsrc * per_src);
+}
+
+/* ---- Delivery ------------------------------------------------------------------------ */
+
+START_TEST(all_to_all_exactly_once)
+{
+    const uint32_t per_dest = 60;
+    int all[64];
+    tally_t t;
+    mr_stats_t stats = {.size = sizeof(stats)};
+
+    setup_env("16", "32", "1024");
+    init_on_world();
+    for (int r = 0; r < world_size; r++) all[r] = r;
+    tally_init(&t, per_dest);
+    exchange(all, world_size, per_dest, &t);
+    quiesce(&t);
+    expect_all_from(&t, all, world_size, per_dest);
+
+    ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    ck_assert_uint_eq(stats.messages_sent, (uint64_t)per_dest * world_size);
+    ck_assert_uint_eq(stats.messages_received, (uint64_t)per_dest * world_size);
+    ck_assert_uint_le(stats.peak_recv_slots_in_use, 32);
+    ck_assert_uint_eq(stats.recv_slots_in_use, 0);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
+/* Every other rank floods rank 0, which has only 4 receive slots. */
+START_TEST(incast_exactly_once)
+{
+    const uint32_t per_sender = 200;
+    int victim = 0, senders[64], nsend = 0;
+    tally_t t;
+    mr_stats_t stats = {.size = sizeof(stats)};
+
+    setup_env("8", "4", "512");
+    init_on_world();
+    for (int r = 1; r < world_size; r++) senders[nsend++] = r;
+    tally_init(&t, per_sender);
+    if (world_rank != victim) exchange(&victim, 1, per_sender, &t);
+    quiesce(&t);
+    if (world_rank == victim) {
+        expect_all_from(&t, senders, nsend, per_sender);
+        ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+        ck_assert_uint_le(stats.peak_recv_slots_in_use, 4);
+        ck_assert_uint_eq(stats.bytes_received > 0, 1);
+    } else {
+        ck_assert_uint_eq(t.count, 0);
+    }
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
+/* Messages from one sender to one receiver arrive in the order they were sent. */
+START_TEST(order_per_destination)
+{
+    const uint32_t count = 300;
+    int next_dest = (world_rank + 1) % world_size;
+    uint32_t expected[64] = {0};
+    mr_message_t m;
+    uint32_t got = 0;
+    double start = now_s();
+
+    setup_env("4", "4", "256");
+    init_on_world();
+    for (uint32_t seq = 0; seq < count || got < count;) {
+        if (seq < count) {
+            void *buf;
+            if (mr_reserve(&buf) == MR_OK) {
+                fill_message(buf, 64, world_rank, next_dest, seq);
+                ck_assert_int_eq(mr_send(buf, 64, next_dest), MR_OK);
+                seq++;
+            }
+        }
+        while (mr_receive(&m) == MR_OK) {
+            uint32_t s = check_message(&m);
+            ck_assert_uint_eq(s, expected[m.source]);
+            expected[m.source]++;
+            got++;
+            mr_release(m.data);
+        }
+        ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "stalled at %u/%u", got, count);
+    }
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+}
+END_TEST
+
+START_TEST(zero_and_max_length)
+{
+    size_t dgram;
+    int dest = (world_rank + 1) % world_size;
+    int src = (world_rank + world_size - 1) % world_size;
+    mr_message_t m;
+    void *buf;
+    int got_empty = 0, got_full = 0;
+    double start = now_s();
+
+    setup_env(NULL, NULL, "8K");
+    init_on_world();
+    dgram = mr_datagram_size();
+    ck_assert_uint_eq(dgram, 8192);
+    ck_assert_int_eq(mr_reserve(&buf), MR_OK);
+    ck_assert_int_eq(mr_send(buf, 0, dest), MR_OK);
+    ck_assert_int_eq(mr_reserve(&buf), MR_OK);
+    fill_message(buf, dgram, world_rank, dest, 1);
+    ck_assert_int_eq(mr_send(buf, dgram, dest), MR_OK);
+    while (got_empty + got_full < 2) {
+        if (mr_receive(&m) == MR_OK) {
+            ck_assert_int_eq(m.source, src);
+            ck_assert_ptr_nonnull(m.data);
+            if (m.length == 0) {
+                got_empty++;
+                ck_assert_int_eq(got_full, 0); /* Sent first, so it arrives first. */
+            } else {
+                ck_assert_uint_eq(m.length, dgram);
+                ck_assert_uint_eq(check_message(&m), 1);
+                got_full++;
+            }
+            ck_assert_int_eq(mr_release(m.data), MR_OK);
+        }
+        ck_assert(now_s() - start < WAIT_LIMIT_S);
+    }
+    ck_assert_int_eq(got_empty, 1);
+    ck_assert_int_eq(got_full, 1);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+}
+END_TEST
+
+/* ---- Backpressure and quiescence ----------------------------------------------------- */
+
+START_TEST(backpressure)
+{
+    void *a, *b, *c;
+    mr_stats_t stats = {.size = sizeof(stats)};
+    int dest = (world_rank + 1) % world_size;
+    tally_t t;
+    double start;
+
+    setup_env("2", NULL, "128");
+    init_on_world();
+    tally_init(&t, 8);
+    ck_assert_int_eq(mr_reserve(&a), MR_OK);
+    ck_assert_int_eq(mr_reserve(&b), MR_OK);
+    ck_assert_ptr_ne(a, b);
+    c = (void *)0x1;
+    ck_assert_int_eq(mr_reserve(&c), MR_AGAIN);
+    ck_assert_ptr_eq(c, (void *)0x1); /* Untouched on MR_AGAIN. */
+    ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    ck_assert_uint_eq(stats.reserve_failures, 1);
+
+    fill_message(a, 64, world_rank, dest, 0);
+    fill_message(b, 64, world_rank, dest, 1);
+    ck_assert_int_eq(mr_send(a, 64, dest), MR_OK);
+    ck_assert_int_eq(mr_send(b, 64, dest), MR_OK);
+    /* Progress gives the buffers back once the substrate is done with them. */
+    start = now_s();
+    while (mr_reserve(&c) == MR_AGAIN) {
+        drain(&t);
+        ck_assert(now_s() - start < WAIT_LIMIT_S);
+    }
+    ck_assert_int_eq(mr_release(c), MR_OK);
+    quiesce(&t);
+    ck_assert_uint_eq(t.count, 2);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
+/*
+ * Messages that spawn messages: a token hops `hops` times around the ring.
+ * Quiescence may only return once the last hop was received.
+ */
+START_TEST(quiescence_waits_for_chains)
+{
+    const uint32_t hops = 25 * (uint32_t)world_size;
+    uint64_t received = 0, total = 0;
+    mr_message_t m;
+    mr_status_t st;
+    double start = now_s();
+    void *buf;
+
+    setup_env(NULL, NULL, "64");
+    init_on_world();
+    if (world_rank == 0) {
+        ck_assert_int_eq(mr_reserve(&buf), MR_OK);
+        memcpy(buf, &hops, sizeof(hops));
+        ck_assert_int_eq(mr_send(buf, sizeof(hops), 1 % world_size), MR_OK);
+    }
+    do {
+        while (mr_receive(&m) == MR_OK) {
+            uint32_t left;
+            ck_assert_uint_eq(m.length, sizeof(left));
+            ck_assert_int_eq(m.source, (world_rank + world_size - 1) % world_size);
+            memcpy(&left, m.data, sizeof(left));
+            mr_release(m.data);
+            received++;
+            if (left > 1) {
+                while (mr_reserve(&buf) != MR_OK) ck_assert(now_s() - start < WAIT_LIMIT_S);
+                left--;
+                memcpy(buf, &left, sizeof(left));
+                ck_assert_int_eq(mr_send(buf, sizeof(left), (world_rank + 1) % world_size),
+                                 MR_OK);
+            }
+        }
+        st = mr_quiesce();
+        ck_assert(now_s() - start < WAIT_LIMIT_S);
+    } while (st == MR_AGAIN);
+    ck_assert_int_eq(st, MR_OK);
+    /* Nothing may arrive after quiescence. */
+    ck_assert_int_eq(mr_receive(&m), MR_AGAIN);
+    MPI_Allreduce(&received, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    ck_assert_uint_eq(total, hops);
+    /* A second quiescence with no traffic also completes. */
+    tally_t t;
+    tally_init(&t, 1);
+    quiesce(&t);
+    ck_assert_uint_eq(t.count, 0);
+    free(t.seen);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+}
+END_TEST
+
+/* ---- Bad input ----------------------------------------------------------------------- */
+
+START_TEST(bad_input_loses_nothing)
+{
+    int dest = (world_rank + 1) % world_size;
+    void *buf, *other;
+    char stack_buf[64];
+    mr_message_t m;
+    tally_t t;
+
+    setup_env(NULL, NULL, "256");
+    init_on_world();
+    tally_init(&t, 4);
+    ck_assert_int_eq(mr_init(), MR_ERR_ALREADY_INITIALIZED);
+    ck_assert_int_eq(mr_reserve(NULL), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_receive(NULL), MR_ERR_INVALID_PARAM);
+
+    ck_assert_int_eq(mr_reserve(&buf), MR_OK);
+    fill_message(buf, 100, world_rank, dest, 0);
+    ck_assert_int_eq(mr_send(buf, 100, -1), MR_ERR_INVALID_RANK);
+    ck_assert_int_eq(mr_send(buf, 100, world_size), MR_ERR_INVALID_RANK);
+    ck_assert_int_eq(mr_send(buf, 257, dest), MR_ERR_MESSAGE_TOO_LONG);
+    ck_assert_int_eq(mr_send(stack_buf, 10, dest), MR_ERR_INVALID_BUFFER);
+    ck_assert_int_eq(mr_send((char *)buf + 1, 10, dest), MR_ERR_INVALID_BUFFER);
+    /* The buffer survived every refusal and still goes out intact. */
+    ck_assert_int_eq(mr_send(buf, 100, dest), MR_OK);
+    ck_assert_int_eq(mr_send(buf, 100, dest), MR_ERR_BUFFER_STATE);
+    ck_assert_int_eq(mr_release(buf), MR_ERR_BUFFER_STATE);
+
+    /* A reserved buffer can be given back unsent. */
+    ck_assert_int_eq(mr_reserve(&other), MR_OK);
+    ck_assert_int_eq(mr_release(other), MR_OK);
+    ck_assert_int_eq(mr_release(other), MR_ERR_BUFFER_STATE);
+
+    ck_assert_int_eq(mr_release(stack_buf), MR_ERR_INVALID_BUFFER);
+    ck_assert_int_eq(mr_release(NULL), MR_ERR_INVALID_BUFFER);
+
+    double start = now_s();
+    while (mr_receive(&m) != MR_OK) ck_assert(now_s() - start < WAIT_LIMIT_S);
+    ck_assert_uint_eq(check_message(&m), 0);
+    ck_assert_uint_eq(m.length, 100);
+    ck_assert_int_eq(mr_release((char *)m.data + 8), MR_ERR_INVALID_BUFFER);
+    ck_assert_int_eq(mr_release(m.data), MR_OK);
+    ck_assert_int_eq(mr_release(m.data), MR_ERR_BUFFER_STATE);
+    quiesce(&t);
+    ck_assert_uint_eq(t.count, 0);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+
+    /* After finalize every call says so. */
+    ck_assert_int_eq(mr_reserve(&buf), MR_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(mr_send(buf, 1, 0), MR_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(mr_receive(&m), MR_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(mr_release(m.data), MR_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(mr_quiesce(), MR_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(mr_finalize(), MR_ERR_NOT_INITIALIZED);
+    mr_stats_t stats = {.size = sizeof(stats)};
+    ck_assert_int_eq(mr_get_stats(&stats), MR_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(mr_rank(), -1);
+    ck_assert_int_eq(mr_size(), -1);
+    ck_assert_int_eq(mr_node_of(0), -1);
+    ck_assert_ptr_null(mr_substrate_name());
+}
+END_TEST
+
+/* A bad setting fails init with MR_ERR_CONFIG or MR_ERR_PLUGIN and leaves nothing behind. */
+START_TEST(bad_settings_fail_init)
+{
+    static const struct {
+        const char *name, *value;
+        mr_status_t expect;
+    } cases[] = {
+        {"MAILRAIL_DATAGRAM_SIZE", "huge", MR_ERR_CONFIG},
+        {"MAILRAIL_RECV_SLOTS", "0", MR_ERR_CONFIG},
+        {"MAILRAIL_FLOWCTL", "fast", MR_ERR_CONFIG},
+        {"MAILRAIL_LOG_LEVEL", "7", MR_ERR_CONFIG},
+        {"MAILRAIL_SUBSTRATE", "carrier-pigeon", MR_ERR_PLUGIN},
+        {"MAILRAIL_SUBSTRATE", "../tcp", MR_ERR_PLUGIN},
+        {"MAILRAIL_PLUGIN_PATH", "/nonexistent", MR_ERR_PLUGIN},
+    };
+    MPI_Comm comm = MPI_COMM_WORLD;
+
+    setup_env(NULL, NULL, NULL);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *saved = getenv(cases[i].name) ? strdup(getenv(cases[i].name)) : NULL;
+        setenv(cases[i].name, cases[i].value, 1);
+        ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), cases[i].expect);
+        ck_assert_int_eq(mr_rank(), -1);
+        if (saved) setenv(cases[i].name, saved, 1);
+        else unsetenv(cases[i].name);
+        free(saved);
+    }
+    ck_assert_int_eq(mr_init_mpi(NULL, 0), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_init_mpi(&comm, 1), MR_ERR_INVALID_PARAM);
+    /* After all those failures a good init still works. */
+    ck_assert_int_eq(mr_init(), MR_OK);
+    ck_assert_int_eq(mr_size(), world_size);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+}
+END_TEST
+
+/* ---- Topology ------------------------------------------------------------------------ */
+
+START_TEST(virtual_nodes)
+{
+    setup_env(NULL, NULL, NULL);
+    init_on_world();
+    ck_assert_int_eq(mr_node_count(), 1);
+    for (int r = 0; r < world_size; r++) ck_assert_int_eq(mr_node_of(r), 0);
+    ck_assert_int_eq(mr_node_of(world_size), -1);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+
+    setenv("MAILRAIL_RANKS_PER_NODE", "2", 1);
+    init_on_world();
+    ck_assert_int_eq(mr_node_count(), (world_size + 1) / 2);
+    for (int r = 0; r < world_size; r++) ck_assert_int_eq(mr_node_of(r), r / 2);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    unsetenv("MAILRAIL_RANKS_PER_NODE");
+}
+END_TEST
+
+/* ---- A stranger on the TCP port ------------------------------------------------------ */
+
+/* Connects to "tcp A.B.C.D:PORT" and returns the socket. */
+static int connect_to(const char *address)
+{
+    char ip[64];
+    unsigned port;
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    int fd;
+
+    ck_assert_int_eq(sscanf(address, "tcp %63[0-9.]:%u", ip, &port), 2);
+    ck_assert_int_eq(inet_pton(AF_INET, ip, &sa.sin_addr), 1);
+    sa.sin_port = htons((uint16_t)port);
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+START_TEST(stranger_is_rejected)
+{
+    const int victim = world_size - 1, attacker = 0;
+    tally_t t;
+    mr_stats_t stats = {.size = sizeof(stats)};
+    double start;
+
+    setup_env(NULL, NULL, "256");
+    setenv("MAILRAIL_TCP_AUTH_TIMEOUT", "1", 1);
+    init_on_world();
+    unsetenv("MAILRAIL_TCP_AUTH_TIMEOUT");
+    tally_init(&t, 10);
+    if (world_rank == attacker) {
+        char address[128];
+        uint8_t nonce[16], junk[64];
+        ck_assert_int_eq(mr_peer_address(victim, address, sizeof(address)), MR_OK);
+        ck_assert_ptr_nonnull(strstr(address, "127.0.0.1"));
+
+        /* 1. Garbage instead of a handshake. */
+        int fd = connect_to(address);
+        memset(junk, 0xab, sizeof(junk));
+        send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
+        /* 2. A handshake with the right shape and a wrong MAC. */
+        int fd2 = connect_to(address);
+        ck_assert_int_eq(recv(fd2, nonce, sizeof(nonce), MSG_WAITALL), (ssize_t)sizeof(nonce));
+        uint8_t auth[24] = {0};
+        memcpy(auth, "MRTA", 4);
+        send(fd2, auth, sizeof(auth), MSG_NOSIGNAL);
+        /* 3. A data frame as if authenticated, with an absurd length. */
+        int fd3 = connect_to(address);
+        uint32_t frame[3] = {0xffffffffu, 0, 1};
+        send(fd3, frame, sizeof(frame), MSG_NOSIGNAL);
+        /* The victim closes every one of them. */
+        int closed = 0;
+        start = now_s();
+        for (int *f = (int[]){fd, fd2, fd3}, k = 0; k < 3; k++) {
+            char c;
+            while (recv(f[k], &c, 1, 0) > 0) ck_assert(now_s() - start < WAIT_LIMIT_S);
+            closed++;
+            close(f[k]);
+        }
+        ck_assert_int_eq(closed, 3);
+    }
+    if (world_rank == victim) {
+        start = now_s();
+        do {
+            drain(&t);
+            ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+            ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "rejected %llu of 3 strangers",
+                          (unsigned long long)stats.connections_rejected);
+        } while (stats.connections_rejected < 3);
+        ck_assert_uint_eq(t.count, 0);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    /* The job goes on: everybody sends to the victim, which gets exactly that. */
+    int senders[64];
+    for (int r = 0; r < world_size; r++) senders[r] = r;
+    exchange(&victim, 1, 10, &t);
+    quiesce(&t);
+    if (world_rank == victim) expect_all_from(&t, senders, world_size, 10);
+    else ck_assert_uint_eq(t.count, 0);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
+static Suite *conformance_suite(void)
+{
+    Suite *s = suite_create("conformance");
+    TCase *tc = tcase_create("core");
+    const char *substrate = getenv("MAILRAIL_SUBSTRATE");
+
+    tcase_set_timeout(tc, 0);
+    tcase_add_test(tc, all_to_all_exactly_once);
+    tcase_add_test(tc, incast_exactly_once);
+    tcase_add_test(tc, order_per_destination);
+    tcase_add_test(tc, zero_and_max_length);
+    tcase_add_test(tc, backpressure);
+    tcase_add_test(tc, quiescence_waits_for_chains);
+    tcase_add_test(tc, bad_input_loses_nothing);
+    tcase_add_test(tc, bad_settings_fail_init);
+    tcase_add_test(tc, virtual_nodes);
+    if (substrate == NULL || strcmp(substrate, "tcp") == 0) {
+        tcase_add_test(tc, stranger_is_rejected);
+    }
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(int argc, char **argv)
+{
+    SRunner *sr;
+    int failed;
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    if (world_size > 64) {
+        fprintf(stderr, "These tests run on at most 64 ranks.\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    sr = srunner_create(conformance_suite());
+    /* Collective tests cannot run in forked children. */
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, world_rank == 0 ? CK_NORMAL : CK_SILENT);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    /* Every rank's verdict counts. */
+    int any_failed = 0;
+    MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any_failed && world_rank == 0 && failed == 0) {
+        fprintf(stderr, "A test failed on another rank.\n");
+    }
+    MPI_Finalize();
+    return any_failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,284 @@
+/*
+ * Unit tests of the core's building blocks: the settings parser, the pools and
+ * the deferred send queue. Single process, no MPI.
+ */
+#include "mr_config.h"
+#include "mr_flowctl.h"
+#include "mr_log.h"
+#include "mr_pool.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- Settings ------------------------------------------------------------------------ */
+
+static const mr_config_entry_t *find_entry(const char *name)
+{
+    for (const mr_config_entry_t *e = mr_core_config_table; e->name; e++) {
+        if (strcmp(e->name, name) == 0) return e;
+    }
+    return NULL;
+}
+
+START_TEST(config_defaults)
+{
+    mr_core_config_t cfg;
+
+    for (const mr_config_entry_t *e = mr_core_config_table; e->name; e++) unsetenv(e->name);
+    memset(&cfg, 0xff, sizeof(cfg));
+    ck_assert_int_eq(mr_config_parse(mr_core_config_table, &cfg), MR_OK);
+    ck_assert_str_eq(cfg.substrate, "tcp");
+    ck_assert_str_eq(mr_flowctl_names[cfg.flowctl], "none");
+    ck_assert_uint_eq(cfg.datagram_size, 4096);
+    ck_assert_uint_eq(cfg.send_slots, 256);
+    ck_assert_uint_eq(cfg.recv_slots, 1024);
+    ck_assert_str_eq(cfg.plugin_path, "");
+    ck_assert_uint_eq(cfg.log_level, MR_LOG_WARN);
+    ck_assert_uint_eq(cfg.ranks_per_node, 0);
+    ck_assert(cfg.numa);
+}
+END_TEST
+
+START_TEST(config_good_values)
+{
+    mr_core_config_t cfg;
+    char err[256];
+
+    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_DATAGRAM_SIZE"), "64K", &cfg,
+                                           err, sizeof(err)), MR_OK);
+    ck_assert_uint_eq(cfg.datagram_size, 65536);
+    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_DATAGRAM_SIZE"), "1m", &cfg,
+                                           err, sizeof(err)), MR_OK);
+    ck_assert_uint_eq(cfg.datagram_size, 1u << 20);
+    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_DATAGRAM_SIZE"), "100", &cfg,
+                                           err, sizeof(err)), MR_OK);
+    ck_assert_uint_eq(cfg.datagram_size, 100);
+    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_FLOWCTL"), "NODE", &cfg, err,
+                                           sizeof(err)), MR_OK);
+    ck_assert_str_eq(mr_flowctl_names[cfg.flowctl], "node");
+    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_NUMA"), "off", &cfg, err,
+                                           sizeof(err)), MR_OK);
+    ck_assert(!cfg.numa);
+    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_LOG_LEVEL"), "debug", &cfg, err,
+                                           sizeof(err)), MR_OK);
+    ck_assert_uint_eq(cfg.log_level, MR_LOG_DEBUG);
+
+    setenv("MAILRAIL_SEND_SLOTS", "7", 1);
+    setenv("MAILRAIL_SUBSTRATE", "mpi", 1);
+    ck_assert_int_eq(mr_config_parse(mr_core_config_table, &cfg), MR_OK);
+    ck_assert_uint_eq(cfg.send_slots, 7);
+    ck_assert_str_eq(cfg.substrate, "mpi");
+    unsetenv("MAILRAIL_SEND_SLOTS");
+    unsetenv("MAILRAIL_SUBSTRATE");
+}
+END_TEST
+
+/* Each bad value must fail, name the variable and the value, and leave the field alone. */
+static const struct {
+    const char *name, *value, *allowed;
+} bad_values[] = {
+    {"MAILRAIL_DATAGRAM_SIZE", "abc", "a size from 16 to 67108864"},
+    {"MAILRAIL_DATAGRAM_SIZE", "", "a size from 16"},
+    {"MAILRAIL_DATAGRAM_SIZE", "8", "a size from 16"},
+    {"MAILRAIL_DATAGRAM_SIZE", "128M", "to 67108864 bytes"},
+    {"MAILRAIL_DATAGRAM_SIZE", "4KX", "suffixes K, M, G"},
+    {"MAILRAIL_DATAGRAM_SIZE", "-4096", "a size from"},
+    {"MAILRAIL_DATAGRAM_SIZE", "99999999999999999999999", "a size from"},
+    {"MAILRAIL_SEND_SLOTS", "0", "an integer from 1 to"},
+    {"MAILRAIL_SEND_SLOTS", "12k", "an integer from 1"},
+    {"MAILRAIL_SEND_SLOTS", " 12", "an integer"},
+    {"MAILRAIL_RECV_SLOTS", "1e3", "an integer"},
+    {"MAILRAIL_FLOWCTL", "credit", "none|rank|node"},
+    {"MAILRAIL_LOG_LEVEL", "loud", "error|warn|info|debug|trace"},
+    {"MAILRAIL_NUMA", "maybe", "yes|no"},
+};
+
+START_TEST(config_bad_values)
+{
+    const mr_config_entry_t *e = find_entry(bad_values[_i].name);
+    mr_core_config_t cfg, before;
+    char err[512] = "";
+    char expect[128];
+
+    ck_assert_ptr_nonnull(e);
+    memset(&cfg, 0x5a, sizeof(cfg));
+    before = cfg;
+    ck_assert_int_eq(mr_config_parse_value(e, bad_values[_i].value, &cfg, err, sizeof(err)),
+                     MR_ERR_CONFIG);
+    ck_assert(memcmp(&cfg, &before, sizeof(cfg)) == 0);
+    snprintf(expect, sizeof(expect), "%s=\"%s\"", bad_values[_i].name, bad_values[_i].value);
+    ck_assert_msg(strstr(err, expect) != NULL, "message \"%s\" lacks \"%s\"", err, expect);
+    ck_assert_msg(strstr(err, bad_values[_i].allowed) != NULL, "message \"%s\" lacks \"%s\"",
+                  err, bad_values[_i].allowed);
+
+    /* The same through the environment fails the whole parse. */
+    setenv(bad_values[_i].name, bad_values[_i].value, 1);
+    ck_assert_int_eq(mr_config_parse(mr_core_config_table, &cfg), MR_ERR_CONFIG);
+    unsetenv(bad_values[_i].name);
+}
+END_TEST
+
+START_TEST(config_string_too_long)
+{
+    char value[MR_CONFIG_STRING_MAX + 10];
+    mr_core_config_t cfg;
+    char err[512];
+
+    memset(value, 'a', sizeof(value) - 1);
+    value[sizeof(value) - 1] = '\0';
+    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_PLUGIN_PATH"), value, &cfg, err,
+                                           sizeof(err)), MR_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(err, "MAILRAIL_PLUGIN_PATH"));
+}
+END_TEST
+
+START_TEST(config_table_is_documented)
+{
+    for (const mr_config_entry_t *e = mr_core_config_table; e->name; e++) {
+        ck_assert_msg(strncmp(e->name, "MAILRAIL_", 9) == 0, "%s lacks the prefix", e->name);
+        ck_assert_msg(e->doc != NULL && strlen(e->doc) > 20, "%s has no doc", e->name);
+        ck_assert_msg(e->type != MR_CONFIG_ENUM || e->choices != NULL, "%s has no choices",
+                      e->name);
+    }
+}
+END_TEST
+
+/* ---- Pools --------------------------------------------------------------------------- */
+
+START_TEST(pool_get_put_index)
+{
+    mr_pool_t pool;
+    uint32_t got[8];
+
+    ck_assert_int_eq(mr_pool_init(&pool, 8, 100, _i == 1), MR_OK);
+    ck_assert_uint_eq(pool.stride % 64, 0);
+    ck_assert_uint_ge(pool.stride, 100);
+    for (int i = 0; i < 8; i++) {
+        got[i] = mr_pool_get(&pool);
+        ck_assert_uint_eq(got[i], (uint32_t)i);
+        memset(mr_pool_slot(&pool, got[i]), i, 100); /* Every byte is writable. */
+    }
+    ck_assert_uint_eq(mr_pool_get(&pool), MR_NIL);
+    ck_assert_uint_eq(mr_pool_in_use(&pool), 8);
+    for (int i = 0; i < 8; i++) {
+        char *slot = mr_pool_slot(&pool, (uint32_t)i);
+        ck_assert_uint_eq(mr_pool_index(&pool, slot), (uint32_t)i);
+        ck_assert_uint_eq(mr_pool_index(&pool, slot + 1), MR_NIL);
+        ck_assert_int_eq(slot[99], i);
+    }
+    ck_assert_uint_eq(mr_pool_index(&pool, pool.base + pool.mapped_bytes), MR_NIL);
+    ck_assert_uint_eq(mr_pool_index(&pool, pool.base - pool.stride), MR_NIL);
+    ck_assert(!mr_pool_contains(&pool, &pool));
+    mr_pool_put(&pool, 5);
+    mr_pool_put(&pool, 2);
+    ck_assert_uint_eq(mr_pool_in_use(&pool), 6);
+    ck_assert_uint_eq(mr_pool_get(&pool), 2);
+    ck_assert_uint_eq(mr_pool_get(&pool), 5);
+    mr_pool_fini(&pool);
+    ck_assert_ptr_null(pool.base);
+}
+END_TEST
+
+/* ---- Deferred send queue ------------------------------------------------------------- */
+
+START_TEST(deferq_fifo_per_destination)
+{
+    mr_deferq_t q;
+
+    ck_assert_int_eq(mr_deferq_init(&q, 4, 16), MR_OK);
+    ck_assert_int_eq(mr_deferq_first(&q), -1);
+    mr_deferq_push(&q, 2, 10);
+    mr_deferq_push(&q, 0, 3);
+    mr_deferq_push(&q, 2, 11);
+    mr_deferq_push(&q, 2, 4);
+    mr_deferq_push(&q, 0, 7);
+    ck_assert_uint_eq(q.depth, 5);
+    ck_assert_uint_eq(q.peak_depth, 5);
+    ck_assert_int_eq(q.ring_count, 2);
+    ck_assert_uint_eq(mr_deferq_peek(&q, 1), MR_NIL);
+    ck_assert_uint_eq(mr_deferq_pop(&q, 1), MR_NIL);
+    ck_assert_uint_eq(mr_deferq_pop(&q, 2), 10);
+    ck_assert_uint_eq(mr_deferq_pop(&q, 2), 11);
+    ck_assert_uint_eq(mr_deferq_pop(&q, 0), 3);
+    mr_deferq_push(&q, 2, 12);
+    ck_assert_uint_eq(mr_deferq_pop(&q, 2), 4);
+    ck_assert_uint_eq(mr_deferq_pop(&q, 2), 12);
+    ck_assert_uint_eq(mr_deferq_pop(&q, 2), MR_NIL);
+    ck_assert_int_eq(q.ring_count, 1);
+    ck_assert_int_eq(mr_deferq_first(&q), 0);
+    ck_assert_uint_eq(mr_deferq_pop(&q, 0), 7);
+    ck_assert_int_eq(mr_deferq_first(&q), -1);
+    ck_assert_uint_eq(q.depth, 0);
+    ck_assert_uint_eq(q.peak_depth, 5);
+    mr_deferq_fini(&q);
+}
+END_TEST
+
+/* Visiting the ring while destinations leave it sees each remaining one once, in order. */
+START_TEST(deferq_ring_round_robin)
+{
+    mr_deferq_t q;
+    int order[8], n = 0;
+
+    ck_assert_int_eq(mr_deferq_init(&q, 6, 16), MR_OK);
+    mr_deferq_push(&q, 3, 0);
+    mr_deferq_push(&q, 1, 1);
+    mr_deferq_push(&q, 5, 2);
+    mr_deferq_push(&q, 1, 3);
+    mr_deferq_push(&q, 0, 4);
+    ck_assert_int_eq(q.ring_count, 4);
+    /* One pass popping one message per destination, as the core's drain does. */
+    int count = q.ring_count, dest = mr_deferq_first(&q);
+    for (int i = 0; i < count && dest >= 0; i++) {
+        int next = mr_deferq_next(&q, dest);
+        order[n++] = dest;
+        mr_deferq_pop(&q, dest);
+        dest = next;
+    }
+    ck_assert_int_eq(n, 4);
+    ck_assert_int_eq(order[0], 3);
+    ck_assert_int_eq(order[1], 1);
+    ck_assert_int_eq(order[2], 5);
+    ck_assert_int_eq(order[3], 0);
+    ck_assert_int_eq(q.ring_count, 1);
+    ck_assert_int_eq(mr_deferq_first(&q), 1);
+    ck_assert_uint_eq(mr_deferq_pop(&q, 1), 3);
+    ck_assert_int_eq(q.ring_count, 0);
+    mr_deferq_fini(&q);
+}
+END_TEST
+
+static Suite *unit_suite(void)
+{
+    Suite *s = suite_create("unit");
+    TCase *tc = tcase_create("config");
+
+    tcase_add_test(tc, config_defaults);
+    tcase_add_test(tc, config_good_values);
+    tcase_add_loop_test(tc, config_bad_values, 0, sizeof(bad_values) / sizeof(bad_values[0]));
+    tcase_add_test(tc, config_string_too_long);
+    tcase_add_test(tc, config_table_is_documented);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("pool");
+    tcase_add_loop_test(tc, pool_get_put_index, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("deferq");
+    tcase_add_test(tc, deferq_fifo_per_destination);
+    tcase_add_test(tc, deferq_ring_round_robin);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(unit_suite());
+    int failed;
+
+    mr_log_threshold = MR_LOG_ERROR;
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
