@@ -58,6 +58,7 @@ static uint32_t check_message(const mr_message_t *m)
     memcpy(&h, p, sizeof(h));
     ck_assert_int_eq(h.source, m->source);
     ck_assert_int_eq(h.dest, mr_rank());
+    ck_assert_int_lt(h.source, world_size);
     ck_assert_uint_eq(h.length, m->length);
     for (size_t i = sizeof(h); i < m->length; i++) {
         ck_assert_msg(p[i] == pattern_byte(h.source, h.seq, i),
@@ -510,6 +511,43 @@ END_TEST
 
 /* ---- Topology ------------------------------------------------------------------------ */
 
+/*
+ * MailRail on a sub-communicator: even and odd world ranks form two separate
+ * jobs (of one rank each with two processes, which exercises sending to
+ * oneself only), with their own ranks, and traffic stays inside each.
+ */
+START_TEST(sub_communicator)
+{
+    MPI_Comm half;
+    int half_rank, half_size;
+    const uint32_t per_dest = 20;
+    int all[64];
+    tally_t t;
+
+    setup_env("8", "8", "256");
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, world_rank, &half);
+    MPI_Comm_rank(half, &half_rank);
+    MPI_Comm_size(half, &half_size);
+    ck_assert_int_eq(mr_init_mpi(&half, sizeof(half)), MR_OK);
+    ck_assert_int_eq(mr_rank(), half_rank);
+    ck_assert_int_eq(mr_size(), half_size);
+    for (int r = 0; r < half_size; r++) all[r] = r;
+    tally_init(&t, per_dest);
+    for (uint32_t seq = 0; seq < per_dest; seq++) {
+        for (int r = 0; r < half_size; r++) {
+            void *buf = reserve_or_progress(&t);
+            fill_message(buf, 64, half_rank, r, seq);
+            ck_assert_int_eq(mr_send(buf, 64, r), MR_OK);
+        }
+    }
+    quiesce(&t);
+    expect_all_from(&t, all, half_size, per_dest);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    MPI_Comm_free(&half);
+    free(t.seen);
+}
+END_TEST
+
 START_TEST(virtual_nodes)
 {
     setup_env(NULL, NULL, NULL);
@@ -629,6 +667,7 @@ static Suite *conformance_suite(void)
     tcase_add_test(tc, bad_input_loses_nothing);
     tcase_add_test(tc, bad_settings_fail_init);
     tcase_add_test(tc, virtual_nodes);
+    tcase_add_test(tc, sub_communicator);
     if (substrate == NULL || strcmp(substrate, "tcp") == 0) {
         tcase_add_test(tc, stranger_is_rejected);
     }

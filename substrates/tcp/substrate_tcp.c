@@ -30,6 +30,11 @@
  * 1 control), u16 reserved (0). Data frames carry `length` payload bytes, at
  * most the datagram size; control frames carry none. A control frame is
  * written before the next data frame, never inside a partly written one.
+ *
+ * Failures. End of stream or a socket error on an established connection is
+ * a peer failure, reported once through peer_failed() by the next progress
+ * call, unless the core has called closing(): from then on it closes that
+ * connection quietly.
  */
 #include "mr_substrate.h"
 #include "siphash.h"
@@ -80,6 +85,7 @@
 #define TCP_CONNECT_POLL_MS 50    /* epoll wait per round of the connect() loop. */
 #define TCP_RETRY_MS 100          /* Base back-off between connection attempts. */
 #define TCP_LISTEN_PAUSE_MS 100   /* Listener rest after running out of descriptors. */
+#define TCP_DROP_LOG_BURST 10     /* Dropped-connection warnings per second. */
 
 #define NS_PER_MS UINT64_C(1000000)
 #define NS_PER_S UINT64_C(1000000000)
@@ -158,7 +164,8 @@ typedef enum tcp_conn_state {
     C_NONCE,       /* Connector: reading the acceptor's nonce. */
     C_AUTH,        /* Connector: writing its AUTH message. */
     C_ESTABLISHED, /* Authenticated: frames flow. */
-    C_FAILED       /* Closed after a failure; never reopened. */
+    C_FAILED,      /* Closed after a failure; never reopened. */
+    C_CLOSED       /* Closed by the peer after closing(); never reopened. */
 } tcp_conn_state_t;
 
 typedef enum tcp_rx_phase {
@@ -180,7 +187,6 @@ typedef struct tcp_conn {
     /* Connector handshake. */
     uint8_t hs[TCP_NONCE_LEN > TCP_AUTH_LEN ? TCP_NONCE_LEN : TCP_AUTH_LEN];
     size_t hs_off;
-    uint64_t hs_deadline;
     uint64_t retry_at;
     unsigned attempts;
     int last_err;              /* errno of the last failed attempt, for the timeout log. */
@@ -242,6 +248,7 @@ struct mr_substrate {
     uint64_t listen_resume_at;  /* Nonzero: the listener rests until then. */
 
     bool connect_started, connected;
+    bool closing;               /* closing() was called: end of stream is expected. */
     int nestablished;
 
     tcp_conn_t *conns;          /* size entries, indexed by rank. */
@@ -254,6 +261,9 @@ struct mr_substrate {
     unsigned npending;
 
     uint64_t rejected;          /* Strangers dropped and peers cut for protocol errors. */
+    uint64_t drop_log_window;   /* Start of the current second of drop warnings. */
+    unsigned drop_log_count;
+    uint64_t drop_log_suppressed;
 };
 
 static const mr_log_level_t tcp_default_threshold = MR_LOG_WARN;
@@ -488,9 +498,23 @@ static void conn_fail_errno(mr_substrate_t *s, tcp_conn_t *c, int err, const cha
     char a[40];
 
     if (c->state != C_ESTABLISHED) return;
+    if (s->closing && !conn_has_output(c) && c->rx_phase == RX_HEADER &&
+        c->rx_end == c->rx_start) {
+        /* Every rank is finalizing: an orderly close, between frames, with nothing owed. */
+        TLOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d (%s) closed its connection while "
+             "finalizing (%s).", c->rank, sin_str(&c->addr, a, sizeof(a)),
+             err ? strerror(err) : "end of stream");
+        close_fd(s, &c->fd, &c->registered);
+        c->interest = 0;
+        c->state = C_CLOSED;
+        return;
+    }
     if (err == 0) {
-        TLOG(s, MR_LOG_WARN, "TCP substrate: rank %d (%s) closed its connection (end of stream).",
-             c->rank, sin_str(&c->addr, a, sizeof(a)));
+        TLOG(s, MR_LOG_WARN,
+             "TCP substrate: rank %d (%s) closed its connection (end of stream%s).",
+             c->rank, sin_str(&c->addr, a, sizeof(a)),
+             c->rx_phase != RX_HEADER || c->rx_end > c->rx_start ? " in the middle of a frame"
+                                                                 : "");
     } else {
         TLOG(s, MR_LOG_WARN, "TCP substrate: the connection to rank %d (%s) failed while %s: %s.",
              c->rank, sin_str(&c->addr, a, sizeof(a)), what, strerror(err));
@@ -798,6 +822,30 @@ static int conn_event(mr_substrate_t *s, tcp_conn_t *c, uint32_t ev)
 /* ------------------------------------------------------------------------ */
 /* Incoming connections and their authentication.                           */
 
+/* Whether a dropped connection may be logged: a flood must not flood the log too. */
+static bool drop_log_allowed(mr_substrate_t *s)
+{
+    uint64_t now = now_ns();
+
+    if (now - s->drop_log_window >= NS_PER_S) {
+        if (s->drop_log_suppressed > 0) {
+            TLOG(s, MR_LOG_WARN,
+                 "TCP substrate: %llu more incoming connections were dropped without a log "
+                 "line of their own.",
+                 (unsigned long long)s->drop_log_suppressed);
+        }
+        s->drop_log_window = now;
+        s->drop_log_count = 0;
+        s->drop_log_suppressed = 0;
+    }
+    if (s->drop_log_count < TCP_DROP_LOG_BURST) {
+        s->drop_log_count++;
+        return true;
+    }
+    s->drop_log_suppressed++;
+    return false;
+}
+
 static void pending_drop(mr_substrate_t *s, tcp_pending_t *p, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -807,11 +855,13 @@ static void pending_drop(mr_substrate_t *s, tcp_pending_t *p, const char *fmt, .
     char a[40], why[160];
     va_list ap;
 
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof(why), fmt, ap);
-    va_end(ap);
-    TLOG(s, MR_LOG_WARN, "TCP substrate: dropped an incoming connection from %s: %s.",
-         sin_str(&p->peer, a, sizeof(a)), why);
+    if (MR_LOG_WARN <= *s->log_threshold && drop_log_allowed(s)) {
+        va_start(ap, fmt);
+        vsnprintf(why, sizeof(why), fmt, ap);
+        va_end(ap);
+        TLOG(s, MR_LOG_WARN, "TCP substrate: dropped an incoming connection from %s: %s.",
+             sin_str(&p->peer, a, sizeof(a)), why);
+    }
     s->rejected++;
     close_fd(s, &p->fd, &p->registered);
     p->interest = 0;
@@ -985,10 +1035,12 @@ static void listener_event(mr_substrate_t *s)
         }
         if (p == NULL) {
             char a[40];
-            TLOG(s, MR_LOG_WARN,
-                 "TCP substrate: dropped an incoming connection from %s: %d connections are "
-                 "already authenticating.",
-                 sin_str(&sa, a, sizeof(a)), TCP_MAX_PENDING);
+            if (MR_LOG_WARN <= *s->log_threshold && drop_log_allowed(s)) {
+                TLOG(s, MR_LOG_WARN,
+                     "TCP substrate: dropped an incoming connection from %s: %d connections "
+                     "are already authenticating.",
+                     sin_str(&sa, a, sizeof(a)), TCP_MAX_PENDING);
+            }
             s->rejected++;
             close(fd);
             continue;
@@ -1137,7 +1189,7 @@ static void connector_event(mr_substrate_t *s, tcp_conn_t *c, uint32_t ev)
 }
 
 /* Starts one connection attempt; false on a local failure. */
-static bool connector_start(mr_substrate_t *s, tcp_conn_t *c, uint64_t now)
+static bool connector_start(mr_substrate_t *s, tcp_conn_t *c)
 {
     int one = 1;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -1154,7 +1206,6 @@ static bool connector_start(mr_substrate_t *s, tcp_conn_t *c, uint64_t now)
     c->interest = 0;
     c->attempts++;
     c->hs_off = 0;
-    c->hs_deadline = now + s->auth_timeout_ns;
     if (connect(fd, (const struct sockaddr *)&c->addr, sizeof(c->addr)) == 0) {
         c->state = C_NONCE;
         if (conn_set_interest(s, c, EPOLLIN) != 0) connector_retry(s, c, errno, "connecting");
@@ -1498,31 +1549,49 @@ static void tcp_format_address(const void *addr, size_t length, char *buf, size_
     snprintf(buf, len, "tcp %s", sin_str(&sin, a, sizeof(a)));
 }
 
-/* Logs the ranks that connect() is still waiting for. */
+/* Logs the ranks that connect() is still waiting for, and at what stage. */
 static void log_missing(mr_substrate_t *s)
 {
-    char list[512];
+    char list[768];
     size_t used = 0;
-    int missing = 0, last_err = 0;
+    int missing = 0, listed = 0;
 
     list[0] = '\0';
     for (int r = 0; r < s->size; r++) {
         tcp_conn_t *c = &s->conns[r];
+        char a[40], what[160];
+        int n;
+
         if (r == s->rank || c->state == C_ESTABLISHED) continue;
         missing++;
-        if (r > s->rank && c->last_err != 0) last_err = c->last_err;
-        if (used + 16 < sizeof(list)) {
-            int n = snprintf(list + used, sizeof(list) - used, "%s%d", used ? ", " : "", r);
-            if (n > 0) used += (size_t)n;
-        } else if (used + 5 < sizeof(list) && list[used - 1] != '.') {
-            used += (size_t)snprintf(list + used, sizeof(list) - used, ", ...");
+        if (listed == 8) continue;
+        listed++;
+        sin_str(&c->addr, a, sizeof(a));
+        switch (c->state) {
+        case C_NONE:
+            snprintf(what, sizeof(what), "rank %d (%s) never connected to it", r, a);
+            break;
+        case C_CONNECTING:
+            snprintf(what, sizeof(what), "rank %d (%s) did not answer the TCP connection", r, a);
+            break;
+        case C_NONCE:
+        case C_AUTH:
+            snprintf(what, sizeof(what), "rank %d (%s) accepted the connection but did not "
+                     "run the handshake", r, a);
+            break;
+        default:
+            snprintf(what, sizeof(what), "rank %d (%s) could not be reached (%s)", r, a,
+                     c->last_err ? strerror(c->last_err) : "closed during the handshake");
+            break;
         }
+        n = snprintf(list + used, sizeof(list) - used, "%s%s", used ? "; " : "", what);
+        if (n > 0) used += (size_t)n;
+        if (used >= sizeof(list)) used = sizeof(list) - 1;
     }
     TLOG(s, MR_LOG_ERROR,
-         "TCP substrate: rank %d timed out after %u s waiting for connections with %d of %d "
-         "peers: ranks %s (ranks below %d connect to it, it connects to the others%s%s).",
-         s->rank, s->timeout_s, missing, s->size - 1, list, s->rank,
-         last_err ? "; last error: " : "", last_err ? strerror(last_err) : "");
+         "TCP substrate: rank %d timed out after %u s with %d of its %d peers not connected: "
+         "%s%s.",
+         s->rank, s->timeout_s, missing, s->size - 1, list, missing > listed ? "; ..." : "");
 }
 
 static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
@@ -1563,11 +1632,12 @@ static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr
         }
         for (int r = s->rank + 1; r < s->size; r++) {
             tcp_conn_t *c = &s->conns[r];
+            /*
+             * An attempt in progress is not timed out on its own: the acceptor
+             * may enter connect() late, and it closes the socket if it rejects us.
+             */
             if (c->state == C_RETRY && c->retry_at <= now) {
-                if (!connector_start(s, c, now)) return MR_ERR_TRANSPORT;
-            } else if ((c->state == C_CONNECTING || c->state == C_NONCE ||
-                        c->state == C_AUTH) && c->hs_deadline <= now) {
-                connector_retry(s, c, ETIMEDOUT, "authenticating");
+                if (!connector_start(s, c)) return MR_ERR_TRANSPORT;
             }
         }
         pending_expire(s, now);
@@ -1597,7 +1667,7 @@ static mr_status_t conn_for_send(mr_substrate_t *s, int dest, tcp_conn_t **out)
     if (s == NULL) return MR_ERR_INVALID_PARAM;
     if (dest < 0 || dest >= s->size || dest == s->rank) return MR_ERR_INVALID_RANK;
     tcp_conn_t *c = &s->conns[dest];
-    if (c->state == C_FAILED) return MR_ERR_PEER_FAILED;
+    if (c->state == C_FAILED || c->state == C_CLOSED) return MR_ERR_PEER_FAILED;
     if (c->state != C_ESTABLISHED || !s->connected) return MR_ERR_INVALID_RANK;
     *out = c;
     return MR_OK;
@@ -1693,6 +1763,11 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
     return events;
 }
 
+static void tcp_closing(mr_substrate_t *s)
+{
+    if (s != NULL) s->closing = true;
+}
+
 static void tcp_stats(mr_substrate_t *s, mr_stats_t *stats)
 {
     if (s == NULL || stats == NULL) return;
@@ -1736,6 +1811,7 @@ static const mr_substrate_ops_t tcp_ops = {
     .progress = tcp_progress,
     .release_recv = NULL,
     .format_address = tcp_format_address,
+    .closing = tcp_closing,
     .stats = tcp_stats,
     .close = tcp_close,
 };

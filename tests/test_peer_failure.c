@@ -1,0 +1,151 @@
+/*
+ * A peer that dies turns into an error, not a hang. Run under
+ * `mpiexec -disable-auto-cleanup -n 3`: rank 1 sends five messages to rank 0
+ * and dies at once with _exit(), without finalizing; ranks 0 and 2 must get MR_ERR_PEER_FAILED
+ * from mr_receive() within a few seconds, keep every message that arrived
+ * before the failure, still talk to each other, and get MR_ERR_PEER_FAILED
+ * (not a hang) from mr_quiesce() and mr_finalize(). Each survivor prints
+ * "survivor <rank>: ok" for tests/run_peer_failure.sh to check.
+ *
+ * Why _exit() and not SIGKILL: MPICH's hydra kills the whole job when a rank
+ * dies of a signal, even with -disable-auto-cleanup, while it lets the others
+ * run on after an exit. Seen from the peers both are the same: the kernel
+ * closes the dead process's sockets with nothing flushed or shut down.
+ */
+#include "mailrail.h"
+
+#include <check.h>
+#include <stdbool.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DETECT_LIMIT_S 5.0
+#define VICTIM 1
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void send_byte(int dest, uint8_t value, size_t length)
+{
+    void *buf;
+    double start = now_s();
+
+    while (mr_reserve(&buf) != MR_OK) {
+        mr_message_t m;
+        if (mr_receive(&m) == MR_OK) mr_release(m.data);
+        ck_assert(now_s() - start < DETECT_LIMIT_S);
+    }
+    memset(buf, value, length);
+    ck_assert_int_eq(mr_send(buf, length, dest), MR_OK);
+}
+
+START_TEST(survivors_see_the_failure)
+{
+    MPI_Comm comm = MPI_COMM_WORLD;
+    int rank, got = 0, other;
+    mr_message_t m;
+    mr_status_t st;
+    double start, detected;
+
+    ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), MR_OK);
+    rank = mr_rank();
+    ck_assert_int_eq(mr_size(), 3);
+    if (rank == VICTIM) {
+        for (int i = 0; i < 5; i++) send_byte(0, (uint8_t)(100 + i), 32);
+        /* Let the messages leave, then die without a word, as a crash would. */
+        start = now_s();
+        while (now_s() - start < 0.2) {
+            if (mr_receive(&m) == MR_OK) mr_release(m.data);
+        }
+        _exit(7);
+    }
+    other = rank == 0 ? 2 : 0;
+    start = now_s();
+    while ((st = mr_receive(&m)) != MR_ERR_PEER_FAILED) {
+        ck_assert_msg(now_s() - start < DETECT_LIMIT_S, "no error %.1f s after the peer died",
+                      now_s() - start);
+        if (st == MR_OK) {
+            ck_assert_int_eq(rank, 0);
+            ck_assert_int_eq(m.source, VICTIM);
+            ck_assert_uint_eq(m.length, 32);
+            ck_assert_uint_eq(((uint8_t *)m.data)[31], 100 + got);
+            got++;
+            mr_release(m.data);
+        } else {
+            ck_assert_int_eq(st, MR_AGAIN);
+        }
+    }
+    detected = now_s() - start;
+    printf("rank %d: peer failure reported after %.3f s\n", rank, detected);
+    /* Sending to the dead rank is refused; the buffer stays the caller's. */
+    void *buf;
+    ck_assert_int_eq(mr_reserve(&buf), MR_OK);
+    ck_assert_int_eq(mr_send(buf, 8, VICTIM), MR_ERR_PEER_FAILED);
+    ck_assert_int_eq(mr_release(buf), MR_OK);
+
+    /*
+     * The survivors still talk to each other, and messages from the dead
+     * rank that arrived before the failure are all kept.
+     */
+    send_byte(other, (uint8_t)(200 + rank), 16);
+    bool got_other = false, other_left = false;
+    start = now_s();
+    while (!got_other) {
+        st = mr_receive(&m);
+        ck_assert(now_s() - start < DETECT_LIMIT_S);
+        if (st == MR_AGAIN) continue;
+        /* The other survivor may already have finalized and left: that is reported too. */
+        if (st == MR_ERR_PEER_FAILED && !other_left) {
+            other_left = true;
+            continue;
+        }
+        ck_assert_int_eq(st, MR_OK);
+        if (m.source == VICTIM) {
+            ck_assert_uint_eq(((uint8_t *)m.data)[31], 100 + got);
+            got++;
+        } else {
+            ck_assert_int_eq(m.source, other);
+            ck_assert_uint_eq(m.length, 16);
+            ck_assert_uint_eq(((uint8_t *)m.data)[0], 200 + other);
+            got_other = true;
+        }
+        mr_release(m.data);
+    }
+    ck_assert_int_eq(got, rank == 0 ? 5 : 0);
+
+    ck_assert_int_eq(mr_quiesce(), MR_ERR_PEER_FAILED);
+    start = now_s();
+    ck_assert_int_eq(mr_finalize(), MR_ERR_PEER_FAILED);
+    ck_assert(now_s() - start < DETECT_LIMIT_S);
+    ck_assert_int_eq(mr_rank(), -1);
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+    Suite *s = suite_create("peer-failure");
+    TCase *tc = tcase_create("sigkill");
+    SRunner *sr;
+    int rank, failed;
+
+    setvbuf(stdout, NULL, _IONBF, 0);
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    tcase_add_test(tc, survivors_see_the_failure);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    if (failed == 0) printf("survivor %d: ok\n", rank);
+    /* MPI cannot finalize with a dead rank in the job: leave without it. */
+    _exit(failed ? 1 : 0);
+}
