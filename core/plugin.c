@@ -77,7 +77,12 @@ static mr_status_t plugin_open(const mr_plugin_dirs_t *dirs, const char *kind, c
         if (f == NULL) continue;
         fclose(f);
         found = true;
-        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        /*
+         * The MPI bootstrap is never unloaded: MPI libraries cannot be
+         * unloaded safely (they keep handlers and state past MPI_Finalize).
+         */
+        int flags = RTLD_NOW | RTLD_LOCAL | (strcmp(kind, "bootstrap") == 0 ? RTLD_NODELETE : 0);
+        void *h = dlopen(path, flags);
         if (h == NULL) {
             snprintf(why, why_len, "%s", dlerror());
             return MR_ERR_PLUGIN;
