@@ -24,7 +24,10 @@ extern mr_log_level_t mr_log_threshold;
 /* Sets the rank shown in every line (-1 before the bootstrap knows it). */
 void mr_log_set_rank(int rank);
 
-/* Prints "mailrail[rank] level: message" to stderr. */
+/*
+ * Prints "mailrail[rank] level: message" to stderr when `level` is within the
+ * threshold. Plugins get it as their log function.
+ */
 void mr_log_write(mr_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

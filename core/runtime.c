@@ -21,7 +21,6 @@
 #include "mr_substrate.h"
 
 #include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -353,21 +352,6 @@ static int rt_progress(int timeout_ms)
 
 /* ---- Init and finalize --------------------------------------------------------------- */
 
-static void rt_log_plugin(mr_log_level_t level, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void rt_log_plugin(mr_log_level_t level, const char *fmt, ...)
-{
-    char line[1024];
-    va_list ap;
-
-    if (level > mr_log_threshold) return;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    mr_log_write(level, "%s", line);
-}
-
 typedef struct rt_found {
     char list[512];
     size_t used;
@@ -595,7 +579,7 @@ static mr_status_t rt_open_substrate(void)
         .config = rt.substrate_config,
         .core = &rt,
         .upcalls = &rt_upcalls,
-        .log = rt_log_plugin,
+        .log = mr_log_write,
         .log_threshold = &mr_log_threshold,
     };
     uint8_t addr[MR_SUBSTRATE_ADDR_MAX] = {0};
@@ -674,7 +658,7 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
                                     &rt.substrate_config);
     if (status != MR_OK) goto err_plugins;
 
-    status = rt.bootstrap->init(user_comm, user_comm_size, rt_log_plugin, &rt.bs, &rt.rank,
+    status = rt.bootstrap->init(user_comm, user_comm_size, mr_log_write, &rt.bs, &rt.rank,
                                 &rt.size);
     if (status != MR_OK) goto err_substrate_config;
     mr_log_set_rank(rt.rank);
