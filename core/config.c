@@ -51,6 +51,15 @@ const mr_config_entry_t mr_core_config_table[] = {
      NULL,
      "Seconds that init may wait for peers to connect and finalize may wait for in-flight "
      "sends, before giving up with MR_ERR_TIMEOUT."},
+    {"MAILRAIL_CREDIT_RETURN_THRESHOLD", "2", MR_CONFIG_UINT,
+     offsetof(mr_core_config_t, credit_return_threshold), 1, 65536, NULL,
+     "Under the rank and node policies, a receiver returns credits to a sender (rank or node) "
+     "once it has consumed 1/this of the credits it granted it: 2 returns them after half. "
+     "Larger values return sooner, in more and smaller control messages."},
+    {"MAILRAIL_PIGGYBACK", "yes", MR_CONFIG_BOOL, offsetof(mr_core_config_t, piggyback), 0, 0,
+     NULL,
+     "Under the rank and node policies, a data message to a rank also carries the credits "
+     "owed to it (to its node, under node), so that fewer control messages are needed."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 

@@ -71,6 +71,8 @@ typedef struct mr_core_config {
     uint64_t ranks_per_node;   /* 0: group ranks by host. */
     bool numa;
     uint64_t timeout_s;        /* Bound on collective waits in init and finalize. */
+    uint64_t credit_return_threshold; /* Return credits after 1/this of them were consumed. */
+    bool piggyback;            /* Carry owed credits on data messages. */
 } mr_core_config_t;
 
 extern const mr_config_entry_t mr_core_config_table[];

@@ -286,23 +286,28 @@ static mr_status_t rt_deliver_self(uint32_t idx)
     return MR_OK;
 }
 
-/* Hands a message to the substrate if flow control grants a credit. */
+/*
+ * Hands a message to the substrate, or to oneself, if flow control grants a
+ * credit. Messages to oneself take a credit too, since they take a receive
+ * slot that flow control may have promised to a peer.
+ */
 static mr_status_t rt_transmit(uint32_t idx)
 {
     rt_send_t *s = &rt.sends[idx];
+    int dest = s->dest;
     uint32_t imm;
     mr_status_t status;
 
-    if (s->dest == rt.rank) return rt_deliver_self(idx);
-    if (!rt.flowctl->acquire(rt.fc, s->dest, &imm)) return MR_AGAIN;
-    status = rt.substrate->send(rt.sub, s->dest, MR_KIND_DATA, imm,
-                                mr_pool_slot(&rt.send_pool, idx), s->length, s);
-    if (status != MR_OK) {
-        rt.flowctl->unacquire(rt.fc, s->dest, imm);
-        return status;
+    if (!rt.flowctl->acquire(rt.fc, dest, &imm)) return MR_AGAIN;
+    if (dest == rt.rank) {
+        status = rt_deliver_self(idx);
+    } else {
+        status = rt.substrate->send(rt.sub, dest, MR_KIND_DATA, imm,
+                                    mr_pool_slot(&rt.send_pool, idx), s->length, s);
+        if (status == MR_OK) s->state = SEND_INFLIGHT;
     }
-    s->state = SEND_INFLIGHT;
-    return MR_OK;
+    if (status != MR_OK) rt.flowctl->unacquire(rt.fc, dest, imm);
+    return status;
 }
 
 /*
@@ -546,6 +551,18 @@ static void rt_free_pools(void)
     mr_pool_fini(&rt.send_pool);
 }
 
+/* A blocking barrier over the bootstrap, for flow-control policies at init. */
+static mr_status_t rt_barrier(void *core)
+{
+    mr_status_t status;
+
+    (void)core;
+    status = rt.bootstrap->ibarrier(rt.bs);
+    if (status != MR_OK) return status;
+    while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) sched_yield();
+    return status;
+}
+
 static mr_status_t rt_open_flowctl(void)
 {
     mr_flowctl_params_t params = {
@@ -554,10 +571,13 @@ static mr_status_t rt_open_flowctl(void)
         .node_count = rt.node_count,
         .node_of_rank = rt.node_of,
         .recv_slots = rt.cfg.recv_slots,
+        .return_threshold = (unsigned)rt.cfg.credit_return_threshold,
+        .piggyback = rt.cfg.piggyback,
         .job_id = rt.job_id,
         .config = rt.flowctl_config,
         .core = &rt,
         .send_control = rt_send_control,
+        .barrier = rt_barrier,
     };
     return rt.flowctl->init(&params, &rt.fc);
 }
@@ -644,8 +664,7 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     flowctl_name = mr_flowctl_names[rt.cfg.flowctl];
     rt.flowctl = mr_flowctl_find(flowctl_name);
     if (rt.flowctl == NULL) {
-        mr_error("MAILRAIL_FLOWCTL=\"%s\" is not available in this build (available: none).",
-                 flowctl_name);
+        mr_error("MAILRAIL_FLOWCTL=\"%s\" is not available in this build.", flowctl_name);
         return MR_ERR_CONFIG;
     }
     status = rt_parse_module_config(rt.flowctl->config_table, rt.flowctl->config_size,

@@ -8,9 +8,13 @@
 const char *const mr_flowctl_names[] = {"none", "rank", "node", NULL};
 
 extern const mr_flowctl_ops_t mr_flowctl_none_ops;
+extern const mr_flowctl_ops_t mr_flowctl_rank_ops;
+extern const mr_flowctl_ops_t mr_flowctl_node_ops;
 
 static const mr_flowctl_ops_t *const flowctl_builtin[] = {
     &mr_flowctl_none_ops,
+    &mr_flowctl_rank_ops,
+    &mr_flowctl_node_ops,
 };
 
 const mr_flowctl_ops_t *mr_flowctl_find(const char *name)

@@ -29,11 +29,15 @@ typedef struct mr_flowctl_params {
     int node_count;
     const int *node_of_rank;
     size_t recv_slots;
+    unsigned return_threshold;   /* MAILRAIL_CREDIT_RETURN_THRESHOLD. */
+    bool piggyback;              /* MAILRAIL_PIGGYBACK. */
     const char *job_id;
     const void *config;     /* The policy's settings, parsed from its table. */
     void *core;
     /* Sends a control message (zero payload, `imm` only) to `dest`. */
     mr_status_t (*send_control)(void *core, int dest, uint32_t imm);
+    /* Blocks until every rank called it (for shared set-up at init only). */
+    mr_status_t (*barrier)(void *core);
 } mr_flowctl_params_t;
 
 typedef struct mr_flowctl_ops {
@@ -48,9 +52,9 @@ typedef struct mr_flowctl_ops {
     mr_status_t (*init)(const mr_flowctl_params_t *params, mr_flowctl_t **out);
 
     /*
-     * Takes one credit for a data message to `dest` (never this rank) and sets
-     * *imm to what travels with it. Returns false when there is no credit: the
-     * message stays deferred.
+     * Takes one credit for a data message to `dest` and sets *imm to what
+     * travels with it (piggybacked credits; 0 for this rank). Returns false
+     * when there is no credit: the message stays deferred.
      */
     bool (*acquire)(mr_flowctl_t *fc, int dest, uint32_t *imm);
 

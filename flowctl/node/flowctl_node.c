@@ -1,0 +1,231 @@
+/*
+ * The `node` policy: all ranks of a sending node share one pool of credits
+ * per receiving rank.
+ *
+ * Every receiver grants every node, its own included, `per_node` credits:
+ * per_node = MAILRAIL_RECV_SLOTS / nodes, or MAILRAIL_NODE_CREDITS. The pool
+ * of a node lives in a shared-memory segment (mr_node_segment_t), so a rank
+ * spends credits that its neighbours freed without waiting for the receiver.
+ * The receiver counts released slots per sending node and, once
+ * 1/MAILRAIL_CREDIT_RETURN_THRESHOLD of the node's credits are consumed,
+ * returns them to the rank whose message it released last (or piggybacks them
+ * on a data message to any rank of that node); that rank deposits them in its
+ * node's pool. Credits of the receiver's own node go straight back into the
+ * shared pool: intra-node credit updates never touch the network.
+ */
+#include "mr_credit.h"
+#include "mr_log.h"
+#include "mr_node_segment.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct node_config {
+    uint64_t credits;    /* MAILRAIL_NODE_CREDITS; 0 derives it from the pool. */
+} node_config_t;
+
+static const mr_config_entry_t node_config_table[] = {
+    {"MAILRAIL_NODE_CREDITS", "0", MR_CONFIG_UINT, offsetof(node_config_t, credits), 0,
+     1u << 24, NULL,
+     "Under MAILRAIL_FLOWCTL=node, the credits each receiver grants each sending node, shared "
+     "by all ranks of that node (the paper used 512). 0 divides the receive pool evenly: "
+     "MAILRAIL_RECV_SLOTS / nodes. Credits times nodes may not exceed MAILRAIL_RECV_SLOTS."},
+    {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
+};
+
+struct mr_flowctl {
+    int rank, node;
+    const int *node_of;
+    uint32_t per_node;
+    bool piggyback;
+    bool creator;
+    bool overflow_logged;
+    char segment_name[128];
+    mr_node_segment_t *seg;
+    mr_credit_owed_t owed;    /* Per sending node: consumed credits not yet returned. */
+    mr_credit_clock_t clock;
+    uint64_t piggybacked;
+};
+
+static void node_finalize(mr_flowctl_t *fc)
+{
+    mr_node_segment_unmap(fc->seg);
+    mr_credit_owed_fini(&fc->owed);
+    mr_credit_clock_fini(&fc->clock);
+    free(fc);
+}
+
+static mr_status_t node_credits(const mr_flowctl_params_t *params, uint32_t *out)
+{
+    const node_config_t *cfg = params->config;
+    uint64_t per_node =
+        cfg->credits ? cfg->credits : params->recv_slots / (uint64_t)params->node_count;
+
+    if (per_node == 0) {
+        mr_error("MAILRAIL_FLOWCTL=node: MAILRAIL_RECV_SLOTS=%zu / %d nodes = 0 credits per "
+                 "node; raise MAILRAIL_RECV_SLOTS to at least %d.",
+                 params->recv_slots, params->node_count, params->node_count);
+        return MR_ERR_CONFIG;
+    }
+    if (per_node * (uint64_t)params->node_count > params->recv_slots) {
+        mr_error("MAILRAIL_FLOWCTL=node: MAILRAIL_NODE_CREDITS=%llu x %d nodes = %llu credits, "
+                 "more than MAILRAIL_RECV_SLOTS=%zu receive slots.",
+                 (unsigned long long)per_node, params->node_count,
+                 (unsigned long long)(per_node * (uint64_t)params->node_count),
+                 params->recv_slots);
+        return MR_ERR_CONFIG;
+    }
+    *out = (uint32_t)per_node;
+    return MR_OK;
+}
+
+/*
+ * The node's lowest rank creates the segment; after a barrier the others map
+ * it; after a second barrier the creator unlinks its name. Every rank goes
+ * through both barriers whatever happened, so that a failure cannot hang the
+ * others here.
+ */
+static mr_status_t node_attach(mr_flowctl_t *fc, const mr_flowctl_params_t *params)
+{
+    mr_status_t status = MR_OK, barrier;
+    int leader = 0;
+
+    while (params->node_of_rank[leader] != fc->node) leader++;
+    fc->creator = leader == fc->rank;
+    mr_node_segment_name(fc->segment_name, sizeof(fc->segment_name), params->job_id, fc->node);
+    if (fc->creator) {
+        mr_node_segment_cleanup_stale();
+        status = mr_node_segment_create(fc->segment_name, params->job_id, fc->node,
+                                        params->size, fc->per_node, &fc->seg);
+    }
+    barrier = params->barrier(params->core);
+    if (!fc->creator && status == MR_OK && barrier == MR_OK) {
+        status = mr_node_segment_open(fc->segment_name, params->job_id, fc->node, params->size,
+                                      fc->per_node, &fc->seg);
+    }
+    if (barrier == MR_OK) barrier = params->barrier(params->core);
+    /* Every rank of the node has mapped it (or failed): the name is no longer needed. */
+    if (fc->creator && fc->seg != NULL) mr_node_segment_unlink(fc->segment_name);
+    return status != MR_OK ? status : barrier;
+}
+
+static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **out)
+{
+    mr_flowctl_t *fc;
+    uint32_t per_node;
+    mr_status_t status;
+
+    status = node_credits(params, &per_node);
+    if (status != MR_OK) return status;
+    fc = calloc(1, sizeof(*fc));
+    if (fc == NULL) {
+        mr_error("Cannot allocate the node flow-control state.");
+        return MR_ERR_NO_MEMORY;
+    }
+    fc->rank = params->rank;
+    fc->node = params->node_of_rank[params->rank];
+    fc->node_of = params->node_of_rank;
+    fc->per_node = per_node;
+    fc->piggyback = params->piggyback;
+    status = mr_credit_owed_init(&fc->owed, params->node_count,
+                                 mr_credit_return_at(per_node, params->return_threshold),
+                                 params);
+    if (status == MR_OK) status = mr_credit_clock_init(&fc->clock, params->size);
+    /* Every rank must reach the barriers in node_attach, even after a local failure. */
+    mr_status_t attached = node_attach(fc, params);
+    if (status == MR_OK) status = attached;
+    if (status != MR_OK) {
+        node_finalize(fc);
+        return status;
+    }
+    mr_info("Node flow control: %u credits per sending node, returned after %u are consumed; "
+            "segment %s.", per_node, fc->owed.return_at, fc->segment_name);
+    *out = fc;
+    return MR_OK;
+}
+
+static bool node_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
+{
+    _Atomic uint32_t *pool = &fc->seg->credits[dest];
+    uint32_t have = atomic_load_explicit(pool, memory_order_relaxed);
+    int dest_node = fc->node_of[dest];
+
+    do {
+        if (have == 0) {
+            mr_credit_clock_blocked(&fc->clock, dest);
+            return false;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(pool, &have, have - 1, memory_order_acq_rel,
+                                                    memory_order_relaxed));
+    mr_credit_clock_granted(&fc->clock, dest);
+    /* Credits owed to the destination's node ride along (never to one's own node). */
+    *imm = fc->piggyback && dest_node != fc->node ? mr_credit_owed_take(&fc->owed, dest_node) : 0;
+    fc->piggybacked += *imm;
+    return true;
+}
+
+/* Puts credits for receiver `dest` into this node's shared pool. */
+static void node_deposit(mr_flowctl_t *fc, int dest, uint32_t n)
+{
+    uint32_t before = atomic_fetch_add_explicit(&fc->seg->credits[dest], n, memory_order_acq_rel);
+
+    if (before + n > fc->per_node && !fc->overflow_logged) {
+        mr_error("Rank %d's credits for this node reached %u, more than the %u it grants; a "
+                 "peer returned credits it was not owed.", dest, before + n, fc->per_node);
+        fc->overflow_logged = true;
+    }
+}
+
+static void node_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
+{
+    node_deposit(fc, dest, 1);
+    mr_credit_owed_put_back(&fc->owed, fc->node_of[dest], imm);
+    fc->piggybacked -= imm;
+}
+
+static void node_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
+{
+    if (imm != 0) node_deposit(fc, source, imm);
+}
+
+static void node_on_release(mr_flowctl_t *fc, int source)
+{
+    int source_node = fc->node_of[source];
+
+    if (source_node == fc->node) node_deposit(fc, fc->rank, 1);
+    else mr_credit_owed_consume(&fc->owed, source_node, source);
+}
+
+static void node_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
+{
+    node_deposit(fc, source, imm);
+}
+
+static int node_progress(mr_flowctl_t *fc)
+{
+    return fc->owed.nretry ? mr_credit_owed_progress(&fc->owed) : 0;
+}
+
+static void node_stats(mr_flowctl_t *fc, mr_stats_t *stats)
+{
+    stats->piggybacked_credits += fc->piggybacked;
+    stats->zero_credit_ns += fc->clock.total_ns;
+}
+
+const mr_flowctl_ops_t mr_flowctl_node_ops = {
+    .abi_version = MR_FLOWCTL_ABI_VERSION,
+    .ops_size = sizeof(mr_flowctl_ops_t),
+    .name = "node",
+    .description = "Credits per sending node, shared in memory by its ranks (MAILRAIL_NODE_CREDITS).",
+    .config_table = node_config_table,
+    .config_size = sizeof(node_config_t),
+    .init = node_init,
+    .acquire = node_acquire,
+    .unacquire = node_unacquire,
+    .on_arrival = node_on_arrival,
+    .on_release = node_on_release,
+    .on_control = node_on_control,
+    .progress = node_progress,
+    .stats = node_stats,
+    .finalize = node_finalize,
+};

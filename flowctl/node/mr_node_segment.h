@@ -1,0 +1,58 @@
+/*
+ * The per-node credit segment of the `node` policy. Internal.
+ *
+ * One POSIX shared-memory segment per (job, node) holds, for every receiving
+ * rank of the job, the credits that the ranks of this node may still spend
+ * on it. The node's lowest rank creates it (owner-only permissions), every
+ * rank of the node maps it, and the creator unlinks the name as soon as all
+ * have mapped it, so that nothing is left behind even if the job is killed.
+ */
+#ifndef MR_NODE_SEGMENT_H
+#define MR_NODE_SEGMENT_H
+
+#include "mailrail.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MR_NODE_SEGMENT_MAGIC 0x31304e4f4e524d00ull /* "\0MRNON01" */
+#define MR_NODE_SEGMENT_VERSION 1
+#define MR_NODE_SEGMENT_PREFIX "mailrail-"
+
+typedef struct mr_node_segment {
+    uint64_t magic;
+    uint32_t version;
+    int32_t node;
+    int32_t ranks;           /* Entries in credits[]. */
+    int32_t creator_pid;     /* Lets a later run see that the creator is gone. */
+    uint32_t per_node;       /* Credits granted by each receiver to this node. */
+    uint32_t reserved;
+    char job_id[48];
+    _Atomic uint32_t credits[]; /* Per receiving rank. */
+} mr_node_segment_t;
+
+/* The segment's name for a job and node: "/mailrail-<job>-n<node>". */
+void mr_node_segment_name(char *buf, size_t len, const char *job_id, int node);
+
+/* Creates, sizes and fills the segment; sets *out only on MR_OK. */
+mr_status_t mr_node_segment_create(const char *name, const char *job_id, int node, int ranks,
+                                   uint32_t per_node, mr_node_segment_t **out);
+
+/* Maps a segment another rank created, checking that it is this job's. */
+mr_status_t mr_node_segment_open(const char *name, const char *job_id, int node, int ranks,
+                                 uint32_t per_node, mr_node_segment_t **out);
+
+/* Removes a segment's name; mappings stay valid. */
+void mr_node_segment_unlink(const char *name);
+
+/* Unmaps a segment. */
+void mr_node_segment_unmap(mr_node_segment_t *seg);
+
+/*
+ * Removes the segments of this user whose creator process is dead: what a
+ * killed run left behind. Returns how many were removed.
+ */
+int mr_node_segment_cleanup_stale(void);
+
+#endif /* MR_NODE_SEGMENT_H */

@@ -1,0 +1,187 @@
+/*
+ * The `rank` policy: credits per (sender rank, receiver rank) pair.
+ *
+ * Every receiver grants every sender, itself included, `per_pair` credits,
+ * each one a slot of its receive pool: per_pair = MAILRAIL_RECV_SLOTS / ranks,
+ * or MAILRAIL_RANK_CREDITS. A sender spends one credit per message and defers
+ * the message when it has none. The receiver counts the slots it releases per
+ * sender and gives them back once 1/MAILRAIL_CREDIT_RETURN_THRESHOLD of the
+ * sender's credits are consumed: in a control message, or piggybacked on a
+ * data message going to that sender. Credits for oneself are returned at once.
+ */
+#include "mr_credit.h"
+#include "mr_log.h"
+
+#include <stdlib.h>
+
+typedef struct rank_config {
+    uint64_t credits;    /* MAILRAIL_RANK_CREDITS; 0 derives it from the pool. */
+} rank_config_t;
+
+static const mr_config_entry_t rank_config_table[] = {
+    {"MAILRAIL_RANK_CREDITS", "0", MR_CONFIG_UINT, offsetof(rank_config_t, credits), 0,
+     1u << 24, NULL,
+     "Under MAILRAIL_FLOWCTL=rank, the credits each receiver grants each sender (the paper "
+     "used 8). 0 divides the receive pool evenly: MAILRAIL_RECV_SLOTS / ranks. Credits times "
+     "ranks may not exceed MAILRAIL_RECV_SLOTS."},
+    {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
+};
+
+struct mr_flowctl {
+    int rank, size;
+    uint32_t per_pair;
+    bool piggyback;
+    bool overflow_logged;
+    uint32_t *credits;        /* Per destination: credits this rank may spend. */
+    mr_credit_owed_t owed;    /* Per sender: consumed credits not yet returned. */
+    mr_credit_clock_t clock;
+    uint64_t piggybacked;
+};
+
+static void rank_finalize(mr_flowctl_t *fc)
+{
+    mr_credit_owed_fini(&fc->owed);
+    mr_credit_clock_fini(&fc->clock);
+    free(fc->credits);
+    free(fc);
+}
+
+/* Works out the credits per pair, or explains why the pool cannot hold them. */
+static mr_status_t rank_credits(const mr_flowctl_params_t *params, uint32_t *out)
+{
+    const rank_config_t *cfg = params->config;
+    uint64_t per_pair = cfg->credits ? cfg->credits : params->recv_slots / (uint64_t)params->size;
+
+    if (per_pair == 0) {
+        mr_error("MAILRAIL_FLOWCTL=rank: MAILRAIL_RECV_SLOTS=%zu / %d ranks = 0 credits per "
+                 "sender; raise MAILRAIL_RECV_SLOTS to at least %d.",
+                 params->recv_slots, params->size, params->size);
+        return MR_ERR_CONFIG;
+    }
+    if (per_pair * (uint64_t)params->size > params->recv_slots) {
+        mr_error("MAILRAIL_FLOWCTL=rank: MAILRAIL_RANK_CREDITS=%llu x %d ranks = %llu credits, "
+                 "more than MAILRAIL_RECV_SLOTS=%zu receive slots.",
+                 (unsigned long long)per_pair, params->size,
+                 (unsigned long long)(per_pair * (uint64_t)params->size), params->recv_slots);
+        return MR_ERR_CONFIG;
+    }
+    *out = (uint32_t)per_pair;
+    return MR_OK;
+}
+
+static mr_status_t rank_init(const mr_flowctl_params_t *params, mr_flowctl_t **out)
+{
+    mr_flowctl_t *fc;
+    uint32_t per_pair;
+    mr_status_t status;
+
+    status = rank_credits(params, &per_pair);
+    if (status != MR_OK) return status;
+    fc = calloc(1, sizeof(*fc));
+    if (fc == NULL) {
+        mr_error("Cannot allocate the rank flow-control state.");
+        return MR_ERR_NO_MEMORY;
+    }
+    fc->rank = params->rank;
+    fc->size = params->size;
+    fc->per_pair = per_pair;
+    fc->piggyback = params->piggyback;
+    fc->credits = malloc((size_t)params->size * sizeof(*fc->credits));
+    if (fc->credits == NULL) {
+        mr_error("Cannot allocate credits for %d ranks.", params->size);
+        free(fc);
+        return MR_ERR_NO_MEMORY;
+    }
+    for (int r = 0; r < params->size; r++) fc->credits[r] = per_pair;
+    status = mr_credit_owed_init(&fc->owed, params->size,
+                                 mr_credit_return_at(per_pair, params->return_threshold),
+                                 params);
+    if (status == MR_OK) status = mr_credit_clock_init(&fc->clock, params->size);
+    if (status != MR_OK) {
+        rank_finalize(fc);
+        return status;
+    }
+    mr_info("Rank flow control: %u credits per sender, returned after %u are consumed.",
+            per_pair, fc->owed.return_at);
+    *out = fc;
+    return MR_OK;
+}
+
+static bool rank_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
+{
+    if (fc->credits[dest] == 0) {
+        mr_credit_clock_blocked(&fc->clock, dest);
+        return false;
+    }
+    mr_credit_clock_granted(&fc->clock, dest);
+    fc->credits[dest]--;
+    *imm = fc->piggyback && dest != fc->rank ? mr_credit_owed_take(&fc->owed, dest) : 0;
+    fc->piggybacked += *imm;
+    return true;
+}
+
+static void rank_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
+{
+    fc->credits[dest]++;
+    mr_credit_owed_put_back(&fc->owed, dest, imm);
+    fc->piggybacked -= imm;
+}
+
+/* Credits come back from `source`; more than it ever granted is a peer's bug. */
+static void rank_refill(mr_flowctl_t *fc, int source, uint32_t n)
+{
+    if (n > fc->per_pair - fc->credits[source]) {
+        if (!fc->overflow_logged) {
+            mr_error("Rank %d returned %u credits but only %u were outstanding; ignoring the "
+                     "excess.", source, n, fc->per_pair - fc->credits[source]);
+            fc->overflow_logged = true;
+        }
+        n = fc->per_pair - fc->credits[source];
+    }
+    fc->credits[source] += n;
+}
+
+static void rank_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
+{
+    if (imm != 0) rank_refill(fc, source, imm);
+}
+
+static void rank_on_release(mr_flowctl_t *fc, int source)
+{
+    if (source == fc->rank) fc->credits[source]++;
+    else mr_credit_owed_consume(&fc->owed, source, source);
+}
+
+static void rank_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
+{
+    rank_refill(fc, source, imm);
+}
+
+static int rank_progress(mr_flowctl_t *fc)
+{
+    return fc->owed.nretry ? mr_credit_owed_progress(&fc->owed) : 0;
+}
+
+static void rank_stats(mr_flowctl_t *fc, mr_stats_t *stats)
+{
+    stats->piggybacked_credits += fc->piggybacked;
+    stats->zero_credit_ns += fc->clock.total_ns;
+}
+
+const mr_flowctl_ops_t mr_flowctl_rank_ops = {
+    .abi_version = MR_FLOWCTL_ABI_VERSION,
+    .ops_size = sizeof(mr_flowctl_ops_t),
+    .name = "rank",
+    .description = "Credits per sender and receiver pair (MAILRAIL_RANK_CREDITS).",
+    .config_table = rank_config_table,
+    .config_size = sizeof(rank_config_t),
+    .init = rank_init,
+    .acquire = rank_acquire,
+    .unacquire = rank_unacquire,
+    .on_arrival = rank_on_arrival,
+    .on_release = rank_on_release,
+    .on_control = rank_on_control,
+    .progress = rank_progress,
+    .stats = rank_stats,
+    .finalize = rank_finalize,
+};

@@ -1,0 +1,187 @@
+/*
+ * Helpers shared by the multi-rank tests (see mr_test.h).
+ */
+#include "mr_test.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int world_rank, world_size;
+
+
+static uint8_t pattern_byte(int source, uint32_t seq, size_t i)
+{
+    return (uint8_t)(source * 31 + seq * 7 + i * 13 + 1);
+}
+
+/* Fills a message of `length` bytes (>= sizeof header, or 0 for an empty one). */
+void fill_message(void *buf, size_t length, int source, int dest, uint32_t seq)
+{
+    msg_header_t h = {source, dest, seq, (uint32_t)length};
+    uint8_t *p = buf;
+
+    if (length < sizeof(h)) return;
+    memcpy(p, &h, sizeof(h));
+    for (size_t i = sizeof(h); i < length; i++) p[i] = pattern_byte(source, seq, i);
+}
+
+/* Checks a received message against its header and the sender. Returns its seq. */
+uint32_t check_message(const mr_message_t *m)
+{
+    msg_header_t h;
+    const uint8_t *p = m->data;
+
+    ck_assert_uint_ge(m->length, sizeof(h));
+    memcpy(&h, p, sizeof(h));
+    ck_assert_int_eq(h.source, m->source);
+    ck_assert_int_eq(h.dest, mr_rank());
+    ck_assert_int_lt(h.source, world_size);
+    ck_assert_uint_eq(h.length, m->length);
+    for (size_t i = sizeof(h); i < m->length; i++) {
+        ck_assert_msg(p[i] == pattern_byte(h.source, h.seq, i),
+                      "byte %zu of message %u from %d is corrupt", i, h.seq, h.source);
+    }
+    return h.seq;
+}
+
+double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void setup_env(const char *send_slots, const char *recv_slots, const char *dgram)
+{
+    if (send_slots) setenv("MAILRAIL_SEND_SLOTS", send_slots, 1);
+    else unsetenv("MAILRAIL_SEND_SLOTS");
+    if (recv_slots) setenv("MAILRAIL_RECV_SLOTS", recv_slots, 1);
+    else unsetenv("MAILRAIL_RECV_SLOTS");
+    if (dgram) setenv("MAILRAIL_DATAGRAM_SIZE", dgram, 1);
+    else unsetenv("MAILRAIL_DATAGRAM_SIZE");
+}
+
+void init_on_world(void)
+{
+    MPI_Comm comm = MPI_COMM_WORLD;
+    ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), MR_OK);
+    ck_assert_int_eq(mr_rank(), world_rank);
+    ck_assert_int_eq(mr_size(), world_size);
+}
+
+
+void tally_init(tally_t *t, uint32_t per_source)
+{
+    t->seen = calloc((size_t)world_size * per_source, 1);
+    t->per_source = per_source;
+    t->count = 0;
+    ck_assert_ptr_nonnull(t->seen);
+}
+
+/* Receives whatever is there, checking each message; returns how many arrived. */
+int drain(tally_t *t)
+{
+    mr_message_t m;
+    int n = 0;
+    mr_status_t st;
+
+    while ((st = mr_receive(&m)) == MR_OK) {
+        uint32_t seq = check_message(&m);
+        ck_assert_uint_lt(seq, t->per_source);
+        uint8_t *slot = &t->seen[(size_t)m.source * t->per_source + seq];
+        ck_assert_msg(*slot == 0, "message %u from %d delivered twice", seq, m.source);
+        *slot = 1;
+        t->count++;
+        n++;
+        ck_assert_int_eq(mr_release(m.data), MR_OK);
+    }
+    ck_assert_int_eq(st, MR_AGAIN);
+    return n;
+}
+
+/* Reserves a buffer, receiving while backpressured. */
+void *reserve_or_progress(tally_t *t)
+{
+    void *buf = NULL;
+    double start = now_s();
+    mr_status_t st;
+
+    while ((st = mr_reserve(&buf)) == MR_AGAIN) {
+        drain(t);
+        ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "backpressure never released");
+    }
+    ck_assert_int_eq(st, MR_OK);
+    ck_assert_ptr_nonnull(buf);
+    return buf;
+}
+
+void quiesce(tally_t *t)
+{
+    double start = now_s();
+    mr_status_t st;
+
+    do {
+        drain(t);
+        st = mr_quiesce();
+        ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "quiescence never reached");
+    } while (st == MR_AGAIN);
+    ck_assert_int_eq(st, MR_OK);
+}
+
+/* Sends `per_dest` messages from this rank to each rank in `dests` with varying lengths. */
+void exchange(const int *dests, int ndest, uint32_t per_dest, tally_t *t)
+{
+    size_t dgram = mr_datagram_size();
+
+    for (uint32_t seq = 0; seq < per_dest; seq++) {
+        for (int k = 0; k < ndest; k++) {
+            void *buf = reserve_or_progress(t);
+            size_t len = sizeof(msg_header_t) + (seq * 37 + (uint32_t)k) %
+                                                    (dgram - sizeof(msg_header_t) + 1);
+            fill_message(buf, len, world_rank, dests[k], seq);
+            ck_assert_int_eq(mr_send(buf, len, dests[k]), MR_OK);
+            drain(t);
+        }
+    }
+}
+
+void expect_all_from(const tally_t *t, const int *sources, int nsrc, uint32_t per_src)
+{
+    for (int k = 0; k < nsrc; k++) {
+        for (uint32_t seq = 0; seq < per_src; seq++) {
+            ck_assert_msg(t->seen[(size_t)sources[k] * t->per_source + seq] == 1,
+                          "message %u from %d never arrived", seq, sources[k]);
+        }
+    }
+    ck_assert_uint_eq(t->count, (uint64_t)nsrc * per_src);
+}
+
+int run_suite_on_all_ranks(int argc, char **argv, Suite *(*make_suite)(void))
+{
+    SRunner *sr;
+    int failed, any_failed = 0;
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    if (world_size > 64) {
+        fprintf(stderr, "These tests run on at most 64 ranks.\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    sr = srunner_create(make_suite());
+    /* Collective tests cannot run in forked children. */
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, world_rank == 0 ? CK_NORMAL : CK_SILENT);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    /* Every rank's verdict counts. */
+    MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any_failed && world_rank == 0 && failed == 0) {
+        fprintf(stderr, "A test failed on another rank.\n");
+    }
+    MPI_Finalize();
+    return any_failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

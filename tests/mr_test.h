@@ -1,0 +1,69 @@
+/*
+ * Helpers shared by the multi-rank tests: messages whose bytes derive from
+ * (source, sequence number) so that every receive checks payload and source,
+ * exactly-once bookkeeping, and the receive/reserve/quiesce loops, each bounded
+ * in time so that a stall fails the test instead of hanging it.
+ */
+#ifndef MR_TEST_H
+#define MR_TEST_H
+
+#include "mailrail.h"
+
+#include <check.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define WAIT_LIMIT_S 30.0
+
+extern int world_rank, world_size;
+
+typedef struct msg_header {
+    int32_t source, dest;
+    uint32_t seq, length;
+} msg_header_t;
+
+/* Exactly-once bookkeeping: seen[source * per_source + seq]. */
+typedef struct tally {
+    uint8_t *seen;
+    uint32_t per_source;
+    uint64_t count;
+} tally_t;
+
+double now_s(void);
+
+/* Fills a message of `length` bytes (>= sizeof header; shorter ones are left as they are). */
+void fill_message(void *buf, size_t length, int source, int dest, uint32_t seq);
+
+/* Checks a received message against its header and the sender. Returns its seq. */
+uint32_t check_message(const mr_message_t *m);
+
+/* Sets or clears the pool settings for the next mr_init(). */
+void setup_env(const char *send_slots, const char *recv_slots, const char *dgram);
+
+/* mr_init_mpi() on MPI_COMM_WORLD, checking rank and size. */
+void init_on_world(void);
+
+void tally_init(tally_t *t, uint32_t per_source);
+
+/* Receives whatever is there, checking each message; returns how many arrived. */
+int drain(tally_t *t);
+
+/* Reserves a buffer, receiving while backpressured. */
+void *reserve_or_progress(tally_t *t);
+
+/* Receives until mr_quiesce() returns MR_OK. */
+void quiesce(tally_t *t);
+
+/* Sends `per_dest` messages of varying lengths to each of `dests`. */
+void exchange(const int *dests, int ndest, uint32_t per_dest, tally_t *t);
+
+/* Checks that exactly the messages 0..per_src-1 of each source arrived. */
+void expect_all_from(const tally_t *t, const int *sources, int nsrc, uint32_t per_src);
+
+/*
+ * Initializes MPI, runs the suite with every test collective (no fork),
+ * combines every rank's verdict, finalizes MPI and returns the exit status.
+ */
+int run_suite_on_all_ranks(int argc, char **argv, Suite *(*make_suite)(void));
+
+#endif /* MR_TEST_H */

@@ -1,0 +1,395 @@
+/*
+ * Flow-control tests, run under mpiexec with 8 ranks (7:1 incast) for the
+ * policy in MAILRAIL_FLOWCTL. Pools are tiny (1 or 2 credits per pair) so
+ * that the deferred path is exercised hard. The ranks are grouped into two
+ * virtual nodes of four (MAILRAIL_RANKS_PER_NODE=4) so that node-based
+ * credits are shared for real.
+ */
+#include "mr_node_segment.h"
+#include "mr_test.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The policy the suite runs under (MAILRAIL_FLOWCTL when it started). */
+static char initial_policy[16];
+
+static const char *policy(void)
+{
+    const char *p = getenv("MAILRAIL_FLOWCTL");
+    return p ? p : "none";
+}
+
+static bool credit_policy(void)
+{
+    return strcmp(initial_policy, "none") != 0;
+}
+
+static uint64_t sum_over_ranks(uint64_t value)
+{
+    uint64_t total = 0;
+    MPI_Allreduce(&value, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    return total;
+}
+
+/* Sets up `credits_per_pair` receive slots per rank of the job. */
+static void tiny_pools(int credits_per_pair, const char *send_slots)
+{
+    char recv[32];
+    snprintf(recv, sizeof(recv), "%d", credits_per_pair * world_size);
+    setup_env(send_slots, recv, "256");
+    setenv("MAILRAIL_RANKS_PER_NODE", "4", 1);
+}
+
+/* 7:1 incast: every other rank floods rank 0, with one credit per pair. */
+START_TEST(incast_exactly_once)
+{
+    const uint32_t per_sender = 150;
+    int victim = 0, senders[64], nsend = 0;
+    tally_t t;
+    mr_stats_t stats = {.size = sizeof(stats)};
+
+    tiny_pools(1, "8");
+    init_on_world();
+    for (int r = 1; r < world_size; r++) senders[nsend++] = r;
+    tally_init(&t, per_sender);
+    if (world_rank != victim) exchange(&victim, 1, per_sender, &t);
+    quiesce(&t);
+    ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    if (world_rank == victim) {
+        expect_all_from(&t, senders, nsend, per_sender);
+        /* The receiver never holds more messages than its pool has slots. */
+        ck_assert_uint_le(stats.peak_recv_slots_in_use, (uint64_t)world_size);
+        ck_assert_uint_eq(stats.recv_slots_in_use, 0);
+        if (credit_policy()) ck_assert_uint_gt(stats.credit_returns_sent, 0);
+    } else {
+        ck_assert_uint_eq(t.count, 0);
+        ck_assert_uint_eq(stats.messages_sent, per_sender);
+    }
+    /* With a handful of credits and 150 messages each, senders had to defer. */
+    uint64_t deferred = sum_over_ranks(stats.deferred_sends);
+    if (credit_policy()) ck_assert_uint_gt(deferred, 0);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
+/*
+ * All-to-all with two credits per pair: everyone defers. Then with four, so
+ * that credits are returned after two and some are owed when a data message
+ * leaves: piggybacking pays them back, unless it is turned off.
+ */
+START_TEST(all_to_all_exactly_once)
+{
+    const uint32_t per_dest = 40;
+    int all[64];
+    tally_t t;
+    mr_stats_t stats = {.size = sizeof(stats)};
+
+    tiny_pools(2, "8");
+    init_on_world();
+    for (int r = 0; r < world_size; r++) all[r] = r;
+    tally_init(&t, per_dest);
+    exchange(all, world_size, per_dest, &t);
+    quiesce(&t);
+    expect_all_from(&t, all, world_size, per_dest);
+    ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    ck_assert_uint_le(stats.peak_recv_slots_in_use, 2u * world_size);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+
+    tiny_pools(4, "8");
+    init_on_world();
+    tally_init(&t, per_dest);
+    exchange(all, world_size, per_dest, &t);
+    quiesce(&t);
+    expect_all_from(&t, all, world_size, per_dest);
+    ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    ck_assert_uint_le(stats.peak_recv_slots_in_use, 4u * world_size);
+    ck_assert_uint_eq(stats.messages_sent, (uint64_t)per_dest * world_size);
+    uint64_t piggybacked = sum_over_ranks(stats.piggybacked_credits);
+    if (credit_policy()) ck_assert_uint_gt(piggybacked, 0);
+    else ck_assert_uint_eq(piggybacked, 0);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+
+    /* Without piggybacking every credit goes back in a control message. */
+    setenv("MAILRAIL_PIGGYBACK", "no", 1);
+    init_on_world();
+    tally_init(&t, per_dest);
+    exchange(all, world_size, per_dest, &t);
+    quiesce(&t);
+    expect_all_from(&t, all, world_size, per_dest);
+    ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    ck_assert_uint_eq(sum_over_ranks(stats.piggybacked_credits), 0);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    unsetenv("MAILRAIL_PIGGYBACK");
+    free(t.seen);
+}
+END_TEST
+
+/*
+ * Every rank sends to every other as fast as it can and receives only while
+ * mr_reserve() says MR_AGAIN: with one credit per pair and four send buffers
+ * this must still finish.
+ */
+START_TEST(no_deadlock_when_receiving_only_under_backpressure)
+{
+    const uint32_t per_dest = 60;
+    int others[64], n = 0;
+    tally_t t;
+    double start = now_s();
+
+    tiny_pools(1, "4");
+    init_on_world();
+    for (int r = 0; r < world_size; r++) {
+        if (r != world_rank) others[n++] = r;
+    }
+    tally_init(&t, per_dest);
+    for (uint32_t seq = 0; seq < per_dest; seq++) {
+        for (int k = 0; k < n; k++) {
+            void *buf;
+            while (mr_reserve(&buf) == MR_AGAIN) {
+                drain(&t);
+                ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "deadlock at message %u", seq);
+            }
+            fill_message(buf, 32, world_rank, others[k], seq);
+            ck_assert_int_eq(mr_send(buf, 32, others[k]), MR_OK);
+        }
+    }
+    quiesce(&t);
+    expect_all_from(&t, others, n, per_dest);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
+/* Messages from one sender to one receiver keep their order under the policy. */
+START_TEST(fifo_per_destination)
+{
+    const uint32_t count = 200;
+    uint32_t next_seq[64] = {0};
+    uint32_t got = 0, expected = 0;
+    mr_message_t m;
+    double start = now_s();
+
+    tiny_pools(1, "6");
+    init_on_world();
+    /* Rank 0 is the victim of everybody, everybody else also sends to rank 1. */
+    for (uint32_t seq = 0; seq < count; seq++) {
+        for (int dest = 0; dest < 2 && dest < world_size; dest++) {
+            void *buf;
+            if (dest == world_rank) continue;
+            while (mr_reserve(&buf) == MR_AGAIN) {
+                while (mr_receive(&m) == MR_OK) {
+                    ck_assert_uint_eq(check_message(&m), next_seq[m.source]++);
+                    got++;
+                    mr_release(m.data);
+                }
+                ck_assert(now_s() - start < WAIT_LIMIT_S);
+            }
+            fill_message(buf, 48, world_rank, dest, seq);
+            ck_assert_int_eq(mr_send(buf, 48, dest), MR_OK);
+        }
+    }
+    if (world_rank < 2) expected = (uint32_t)(world_size - 1) * count;
+    while (got < expected) {
+        if (mr_receive(&m) == MR_OK) {
+            ck_assert_uint_eq(check_message(&m), next_seq[m.source]++);
+            got++;
+            mr_release(m.data);
+        }
+        ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "got %u of %u", got, expected);
+    }
+    tally_t t;
+    tally_init(&t, 1);
+    quiesce(&t);
+    ck_assert_uint_eq(t.count, 0);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
+/* Runs the 7:1 incast under `flowctl` and returns the credit returns sent by all ranks. */
+static uint64_t incast_credit_returns(const char *flowctl)
+{
+    const uint32_t per_sender = 200;
+    int victim = 0;
+    tally_t t;
+    mr_stats_t stats = {.size = sizeof(stats)};
+
+    setenv("MAILRAIL_FLOWCTL", flowctl, 1);
+    /* Eight credits per pair under rank; 32 per node under node. */
+    tiny_pools(8, "16");
+    init_on_world();
+    tally_init(&t, per_sender);
+    if (world_rank != victim) exchange(&victim, 1, per_sender, &t);
+    quiesce(&t);
+    ck_assert_uint_eq(t.count, world_rank == victim ? (uint64_t)(world_size - 1) * per_sender : 0);
+    ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+    return sum_over_ranks(stats.credit_returns_sent);
+}
+
+/*
+ * Node-based credits need fewer credit-return messages than rank-based ones
+ * on the same incast: the node's pool is larger, so is the return threshold,
+ * and credits of the victim's own node never cross the network.
+ */
+START_TEST(node_returns_fewer_credits_than_rank)
+{
+    uint64_t by_rank = incast_credit_returns("rank");
+    uint64_t by_node = incast_credit_returns("node");
+
+    setenv("MAILRAIL_FLOWCTL", initial_policy, 1);
+    if (world_rank == 0) {
+        printf("credit-return messages on a %d:1 incast, 2 nodes of 4 ranks: rank %llu, node "
+               "%llu, node/rank = %.3f\n", world_size - 1, (unsigned long long)by_rank,
+               (unsigned long long)by_node, (double)by_node / (double)by_rank);
+    }
+    ck_assert_uint_gt(by_rank, 0);
+    /* Expected (4/7 of the senders are remote) x (return after 16, not 4) = 1/7; allow 1/2. */
+    ck_assert_uint_le(by_node * 2, by_rank);
+}
+END_TEST
+
+/* Counts /dev/shm entries that are MailRail node segments. */
+static int count_segments(void)
+{
+    DIR *d = opendir("/dev/shm");
+    struct dirent *e;
+    int n = 0;
+
+    ck_assert_ptr_nonnull(d);
+    while ((e = readdir(d)) != NULL) {
+        n += strncmp(e->d_name, MR_NODE_SEGMENT_PREFIX, strlen(MR_NODE_SEGMENT_PREFIX)) == 0;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Writes a segment with a valid header that claims `pid` as its creator. */
+static void plant_segment(const char *name, pid_t pid)
+{
+    mr_node_segment_t head = {.magic = MR_NODE_SEGMENT_MAGIC,
+                              .version = MR_NODE_SEGMENT_VERSION,
+                              .creator_pid = (int32_t)pid};
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_TRUNC, 0600);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, &head, sizeof(head)), (ssize_t)sizeof(head));
+    close(fd);
+}
+
+/*
+ * The node segment exists only while the ranks map it: its name is gone
+ * after init and after finalize, it is owner-only, and a segment left by a
+ * killed run (creator dead) is removed by the next run while a live one is
+ * left alone.
+ */
+START_TEST(segments_cleaned_up)
+{
+    const char *stale = "/mailrail-mr-stale0000test-n0", *live = "/mailrail-mr-live00000test-n0";
+    pid_t dead;
+    struct stat st;
+    int fd;
+
+    setenv("MAILRAIL_FLOWCTL", "node", 1);
+    tiny_pools(2, NULL);
+    if (world_rank == 0) {
+        /* A process that has exited stands for the creator of a killed run. */
+        dead = fork();
+        if (dead == 0) _exit(0);
+        waitpid(dead, NULL, 0);
+        plant_segment(stale, dead);
+        plant_segment(live, getpid());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    init_on_world();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank == 0) {
+        ck_assert_int_lt(shm_open(stale, O_RDONLY, 0), 0);
+        fd = shm_open(live, O_RDONLY, 0);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(fstat(fd, &st), 0);
+        close(fd);
+        shm_unlink(live);
+        /* No node segment name is left while the job runs. */
+        ck_assert_int_eq(count_segments(), 0);
+    }
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank == 0) ck_assert_int_eq(count_segments(), 0);
+    setenv("MAILRAIL_FLOWCTL", initial_policy, 1);
+}
+END_TEST
+
+/* Credit settings that the pool cannot back fail init with MR_ERR_CONFIG. */
+START_TEST(impossible_credit_settings)
+{
+    static const struct {
+        const char *flowctl, *name, *value;
+    } cases[] = {
+        {"rank", "MAILRAIL_RANK_CREDITS", "9"},   /* 9 x 8 ranks > 64 slots */
+        {"node", "MAILRAIL_NODE_CREDITS", "33"},  /* 33 x 2 nodes > 64 slots */
+        {"rank", "MAILRAIL_RECV_SLOTS", "7"},     /* 7 / 8 ranks = 0 per pair */
+        {"node", "MAILRAIL_RECV_SLOTS", "1"},     /* 1 / 2 nodes = 0 per node */
+        {"rank", "MAILRAIL_CREDIT_RETURN_THRESHOLD", "0"},
+        {"rank", "MAILRAIL_RANK_CREDITS", "x"},
+        {"node", "MAILRAIL_NODE_CREDITS", "-1"},
+    };
+    MPI_Comm comm = MPI_COMM_WORLD;
+
+    ck_assert_int_eq(world_size, 8);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        tiny_pools(8, NULL);
+        setenv("MAILRAIL_FLOWCTL", cases[i].flowctl, 1);
+        setenv(cases[i].name, cases[i].value, 1);
+        ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), MR_ERR_CONFIG);
+        unsetenv(cases[i].name);
+        ck_assert_int_eq(count_segments(), 0);
+    }
+    /* The exact fit works. */
+    setenv("MAILRAIL_FLOWCTL", "rank", 1);
+    setenv("MAILRAIL_RANK_CREDITS", "8", 1);
+    init_on_world();
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    unsetenv("MAILRAIL_RANK_CREDITS");
+    setenv("MAILRAIL_FLOWCTL", initial_policy, 1);
+}
+END_TEST
+
+static Suite *flowctl_suite(void)
+{
+    Suite *s = suite_create("flowctl");
+    TCase *tc = tcase_create("credits");
+
+    snprintf(initial_policy, sizeof(initial_policy), "%s", policy());
+    tcase_add_test(tc, incast_exactly_once);
+    tcase_add_test(tc, all_to_all_exactly_once);
+    tcase_add_test(tc, no_deadlock_when_receiving_only_under_backpressure);
+    tcase_add_test(tc, fifo_per_destination);
+    /* These switch policies themselves: run them once, with the node run. */
+    if (strcmp(initial_policy, "node") == 0) {
+        tcase_add_test(tc, node_returns_fewer_credits_than_rank);
+        tcase_add_test(tc, segments_cleaned_up);
+        tcase_add_test(tc, impossible_credit_settings);
+    }
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(int argc, char **argv)
+{
+    return run_suite_on_all_ranks(argc, argv, flowctl_suite);
+}
