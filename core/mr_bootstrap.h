@@ -12,6 +12,7 @@
 #include "mailrail.h"
 #include "mr_log.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,8 +60,12 @@ typedef struct mr_bootstrap_ops {
     /* The duplicated MPI_Comm the bootstrap uses, for the MPI substrate. */
     const void *(*comm)(mr_bootstrap_t *b);
 
-    /* Frees the communicator; finalizes MPI when init() initialized it. */
-    void (*finalize)(mr_bootstrap_t *b);
+    /*
+     * Frees the communicator and finalizes MPI when init() initialized it.
+     * With `clean` false (a peer died, a collective was abandoned) MPI is
+     * left as it is: MPI_Finalize would wait for the dead forever.
+     */
+    void (*finalize)(mr_bootstrap_t *b, bool clean);
 } mr_bootstrap_ops_t;
 
 typedef const mr_bootstrap_ops_t *(*mr_bootstrap_entry_fn)(void);

@@ -20,6 +20,7 @@
 #include "mr_pool.h"
 #include "mr_substrate.h"
 
+#include <errno.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,10 +92,13 @@ typedef struct rt_runtime {
     int failures_unreported;
     bool any_failure;
 
-    /* Quiescence: the pending wave's counters and the last completed wave's. */
+    /* Quiescence: whether a wave is pending (in rt_reduce_*) and the last completed one. */
     bool wave_pending;
     bool have_last_wave;
-    uint64_t wave_local[2], wave_global[2], last_wave[2];
+    uint64_t last_wave[2];
+    bool unclean;          /* A collective was abandoned: MPI cannot be finalized. */
+    size_t inflight;       /* Sends accepted by the substrate and not completed. */
+    uint64_t dropped_at_finalize;
 
     unsigned receive_calls;
     unsigned idle_polls;
@@ -103,6 +107,13 @@ typedef struct rt_runtime {
 
 static rt_runtime_t rt;
 static enum rt_state rt_state = RT_UNINITIALIZED;
+
+/*
+ * Buffers of the bootstrap's non-blocking reductions. They live outside `rt`
+ * and are never freed: a reduction abandoned because a peer died may still
+ * be completed by MPI later, and must not write into reused memory.
+ */
+static uint64_t rt_reduce_in[2], rt_reduce_out[2];
 
 static const char *rt_who(void)
 {
@@ -233,6 +244,7 @@ static void rt_send_free(uint32_t idx)
 static void up_send_complete(void *core, void *cookie)
 {
     (void)core;
+    rt.inflight--;
     rt_send_free((uint32_t)((rt_send_t *)cookie - rt.sends));
 }
 
@@ -304,18 +316,22 @@ static mr_status_t rt_transmit(uint32_t idx)
     } else {
         status = rt.substrate->send(rt.sub, dest, MR_KIND_DATA, imm,
                                     mr_pool_slot(&rt.send_pool, idx), s->length, s);
-        if (status == MR_OK) s->state = SEND_INFLIGHT;
+        if (status == MR_OK) {
+            s->state = SEND_INFLIGHT;
+            rt.inflight++;
+        }
     }
     if (status != MR_OK) rt.flowctl->unacquire(rt.fc, dest, imm);
     return status;
 }
 
 /*
- * Visits every destination with deferred messages, sending the oldest one to
- * each that can take it, and repeats while that moved something. Returns the
- * number of messages that left the queue.
+ * Visits every destination with deferred messages once, sending the oldest
+ * message of each that can take one, as the paper's deferred queue does on
+ * every send. With `until_stuck`, repeats while that moved something.
+ * Returns the number of messages that left the queue.
  */
-static int rt_drain(void)
+static int rt_drain(bool until_stuck)
 {
     int moved = 0, pass;
 
@@ -340,7 +356,7 @@ static int rt_drain(void)
             dest = next;
         }
         moved += pass;
-    } while (pass > 0 && rt.deferq.depth > 0);
+    } while (until_stuck && pass > 0 && rt.deferq.depth > 0);
     return moved;
 }
 
@@ -351,7 +367,7 @@ static int rt_progress(int timeout_ms)
 
     if (events < 0) return events;
     events += rt.flowctl->progress(rt.fc);
-    if (rt.deferq.depth > 0) events += rt_drain();
+    if (rt.deferq.depth > 0) events += rt_drain(true);
     return events;
 }
 
@@ -435,6 +451,52 @@ out:
     return status;
 }
 
+/* Waits for the bootstrap's pending collective, up to `deadline`, without progress. */
+static mr_status_t rt_wait_bootstrap(uint64_t deadline)
+{
+    mr_status_t status;
+
+    while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) {
+        if (rt_now_ns() > deadline) {
+            mr_error("A collective of the bootstrap did not complete within %u s "
+                     "(MAILRAIL_TIMEOUT); another rank is stuck or gone.",
+                     (unsigned)rt.cfg.timeout_s);
+            rt.unclean = true;
+            return MR_ERR_TIMEOUT;
+        }
+        sched_yield();
+    }
+    return status;
+}
+
+/*
+ * Every rank learns whether any rank failed a step of init, so that all of
+ * them fail together instead of some waiting forever in the next collective.
+ * Returns the local status when it is an error, MR_ERR_PEER_FAILED when only
+ * another rank failed, MR_OK when none did.
+ */
+static mr_status_t rt_agree(mr_status_t local)
+{
+    mr_status_t status;
+
+    rt_reduce_in[0] = local != MR_OK;
+    status = rt.bootstrap->iallreduce_sum(rt.bs, rt_reduce_in, rt_reduce_out, 1);
+    if (status == MR_OK) {
+        status = rt_wait_bootstrap(rt_now_ns() + rt.cfg.timeout_s * 1000000000ull);
+    }
+    if (status != MR_OK) {
+        rt.unclean = true;
+        return local != MR_OK ? local : status;
+    }
+    if (local != MR_OK) return local;
+    if (rt_reduce_out[0] > 0) {
+        mr_error("%llu other rank(s) failed to initialize; see their messages.",
+                 (unsigned long long)rt_reduce_out[0]);
+        return MR_ERR_PEER_FAILED;
+    }
+    return MR_OK;
+}
+
 /* Numbers the nodes: real hosts, split into virtual nodes by MAILRAIL_RANKS_PER_NODE. */
 static mr_status_t rt_map_nodes(void)
 {
@@ -487,19 +549,39 @@ out:
     return status;
 }
 
-/* Rank 0 draws the job secret and name; every rank gets them. */
+/* Fills `buf` from the kernel's random source, or fails. */
+static bool rt_random(uint8_t *buf, size_t len)
+{
+    size_t got = 0;
+
+    while (got < len) {
+        ssize_t n = getrandom(buf + got, len - got, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        got += (size_t)n;
+    }
+    return true;
+}
+
+/*
+ * Rank 0 draws the job secret and name; every rank gets them. The last byte
+ * says whether drawing worked, so that all ranks fail together if not.
+ */
 static mr_status_t rt_share_job_key(void)
 {
-    uint8_t bytes[MR_JOB_KEY_LEN + 8];
+    uint8_t bytes[MR_JOB_KEY_LEN + 8 + 1] = {0};
     mr_status_t status;
 
-    if (rt.rank == 0 && getrandom(bytes, sizeof(bytes), 0) != (ssize_t)sizeof(bytes)) {
-        mr_error("getrandom failed: cannot draw the job secret.");
-        memset(bytes, 0, sizeof(bytes));
-        /* Every rank must still take part in the broadcast; fail after it. */
+    if (rt.rank == 0) {
+        bytes[sizeof(bytes) - 1] = rt_random(bytes, sizeof(bytes) - 1);
+        if (!bytes[sizeof(bytes) - 1]) mr_error("getrandom failed: cannot draw the job secret.");
     }
     status = rt.bootstrap->bcast(rt.bs, bytes, sizeof(bytes), 0);
     if (status != MR_OK) return status;
+    if (!bytes[sizeof(bytes) - 1]) {
+        if (rt.rank != 0) mr_error("Rank 0 could not draw the job secret.");
+        return MR_ERR_BOOTSTRAP;
+    }
     memcpy(rt.job_key, bytes, MR_JOB_KEY_LEN);
     snprintf(rt.job_id, sizeof(rt.job_id), "mr-%02x%02x%02x%02x%02x%02x%02x%02x",
              bytes[32], bytes[33], bytes[34], bytes[35], bytes[36], bytes[37], bytes[38],
@@ -508,47 +590,45 @@ static mr_status_t rt_share_job_key(void)
     return MR_OK;
 }
 
-static mr_status_t rt_alloc_pools(void)
-{
-    mr_status_t status;
-
-    status = mr_pool_init(&rt.send_pool, rt.cfg.send_slots, rt.cfg.datagram_size, rt.cfg.numa);
-    if (status != MR_OK) return status;
-    status = mr_pool_init(&rt.recv_pool, rt.cfg.recv_slots, rt.cfg.datagram_size, rt.cfg.numa);
-    if (status != MR_OK) goto err_send;
-    status = mr_deferq_init(&rt.deferq, rt.size, rt.cfg.send_slots);
-    if (status != MR_OK) goto err_recv;
-    rt.sends = calloc(rt.cfg.send_slots, sizeof(*rt.sends));
-    rt.recvs = calloc(rt.cfg.recv_slots, sizeof(*rt.recvs));
-    rt.peer = calloc((size_t)rt.size, sizeof(*rt.peer));
-    if (!rt.sends || !rt.recvs || !rt.peer) {
-        mr_error("Cannot allocate the slot tables.");
-        status = MR_ERR_NO_MEMORY;
-        goto err_tables;
-    }
-    rt.arrival_head = rt.arrival_tail = MR_NIL;
-    return MR_OK;
-
-err_tables:
-    free(rt.sends);
-    free(rt.recvs);
-    free(rt.peer);
-    mr_deferq_fini(&rt.deferq);
-err_recv:
-    mr_pool_fini(&rt.recv_pool);
-err_send:
-    mr_pool_fini(&rt.send_pool);
-    return status;
-}
-
+/* Frees the pools and slot tables; safe on partly allocated state. */
 static void rt_free_pools(void)
 {
     free(rt.sends);
     free(rt.recvs);
     free(rt.peer);
+    rt.sends = NULL;
+    rt.recvs = NULL;
+    rt.peer = NULL;
     mr_deferq_fini(&rt.deferq);
     mr_pool_fini(&rt.recv_pool);
     mr_pool_fini(&rt.send_pool);
+}
+
+static mr_status_t rt_alloc_pools(void)
+{
+    mr_status_t status;
+
+    status = mr_pool_init(&rt.send_pool, rt.cfg.send_slots, rt.cfg.datagram_size, rt.cfg.numa);
+    if (status == MR_OK) {
+        status = mr_pool_init(&rt.recv_pool, rt.cfg.recv_slots, rt.cfg.datagram_size,
+                              rt.cfg.numa);
+    }
+    if (status == MR_OK) status = mr_deferq_init(&rt.deferq, rt.size, rt.cfg.send_slots);
+    if (status == MR_OK) {
+        rt.sends = calloc(rt.cfg.send_slots, sizeof(*rt.sends));
+        rt.recvs = calloc(rt.cfg.recv_slots, sizeof(*rt.recvs));
+        rt.peer = calloc((size_t)rt.size, sizeof(*rt.peer));
+        if (!rt.sends || !rt.recvs || !rt.peer) {
+            mr_error("Cannot allocate the slot tables.");
+            status = MR_ERR_NO_MEMORY;
+        }
+    }
+    if (status != MR_OK) {
+        rt_free_pools();
+        return status;
+    }
+    rt.arrival_head = rt.arrival_tail = MR_NIL;
+    return MR_OK;
 }
 
 /* A blocking barrier over the bootstrap, for flow-control policies at init. */
@@ -582,8 +662,8 @@ static mr_status_t rt_open_flowctl(void)
     return rt.flowctl->init(&params, &rt.fc);
 }
 
-/* Opens the substrate, exchanges addresses and connects every pair. */
-static mr_status_t rt_open_substrate(void)
+/* Opens the substrate and reads this rank's address. */
+static mr_status_t rt_open_substrate(uint8_t *addr, size_t *len)
 {
     mr_substrate_params_t params = {
         .rank = rt.rank,
@@ -602,47 +682,49 @@ static mr_status_t rt_open_substrate(void)
         .log = mr_log_write,
         .log_threshold = &mr_log_threshold,
     };
-    uint8_t addr[MR_SUBSTRATE_ADDR_MAX] = {0};
-    size_t len = sizeof(addr);
-    uint64_t mylen, maxlen = 0, *lens;
     mr_status_t status;
 
     status = rt.substrate->open(&params, &rt.sub);
     if (status != MR_OK) return status;
-    status = rt.substrate->get_address(rt.sub, addr, &len);
-    if (status != MR_OK) goto err_close;
-    mylen = len;
+    status = rt.substrate->get_address(rt.sub, addr, len);
+    if (status != MR_OK) {
+        rt.substrate->close(rt.sub);
+        rt.sub = NULL;
+    }
+    return status;
+}
+
+/* All-gathers the substrate addresses, padded to the longest. */
+static mr_status_t rt_exchange_addresses(const uint8_t *addr, size_t len)
+{
+    uint64_t mylen = len, maxlen = 0, *lens;
+    uint8_t padded[MR_SUBSTRATE_ADDR_MAX] = {0};
+    mr_status_t status;
+
     lens = calloc((size_t)rt.size, sizeof(*lens));
     if (lens == NULL) {
         mr_error("Cannot allocate the address lengths.");
-        status = MR_ERR_NO_MEMORY;
-        goto err_close;
+        return MR_ERR_NO_MEMORY;
     }
     status = rt.bootstrap->allgather(rt.bs, &mylen, lens, sizeof(mylen));
     for (int r = 0; status == MR_OK && r < rt.size; r++) {
         if (lens[r] > maxlen) maxlen = lens[r];
     }
     free(lens);
-    if (status != MR_OK) goto err_close;
+    if (status != MR_OK) return status;
     rt.addr_len = maxlen ? maxlen : 1;
     rt.addrs = calloc((size_t)rt.size, rt.addr_len);
     if (rt.addrs == NULL) {
+        /* Every rank allocates the same amount, so every rank fails here. */
         mr_error("Cannot allocate %d addresses of %zu bytes.", rt.size, rt.addr_len);
-        status = MR_ERR_NO_MEMORY;
-        goto err_close;
+        return MR_ERR_NO_MEMORY;
     }
-    status = rt.bootstrap->allgather(rt.bs, addr, rt.addrs, rt.addr_len);
-    if (status != MR_OK) goto err_addrs;
-    status = rt.substrate->connect(rt.sub, rt.addrs, rt.addr_len);
-    if (status != MR_OK) goto err_addrs;
-    return MR_OK;
-
-err_addrs:
-    free(rt.addrs);
-    rt.addrs = NULL;
-err_close:
-    rt.substrate->close(rt.sub);
-    rt.sub = NULL;
+    memcpy(padded, addr, len);
+    status = rt.bootstrap->allgather(rt.bs, padded, rt.addrs, rt.addr_len);
+    if (status != MR_OK) {
+        free(rt.addrs);
+        rt.addrs = NULL;
+    }
     return status;
 }
 
@@ -681,16 +763,30 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
                                 &rt.size);
     if (status != MR_OK) goto err_substrate_config;
     mr_log_set_rank(rt.rank);
+    /*
+     * From here on every rank must fail together: rt_agree() after each step
+     * that can fail on some ranks only.
+     */
     status = rt_map_nodes();
-    if (status != MR_OK) goto err_bootstrap;
+    if (status != MR_OK) goto err_nodes;
     status = rt_share_job_key();
     if (status != MR_OK) goto err_nodes;
-    status = rt_alloc_pools();
-    if (status != MR_OK) goto err_nodes;
-    status = rt_open_flowctl();
+    /*
+     * After a failed agreement a rank's own step may have worked: the labels
+     * below undo whatever exists.
+     */
+    status = rt_agree(rt_alloc_pools());
     if (status != MR_OK) goto err_pools;
-    status = rt_open_substrate();
+    status = rt_agree(rt_open_flowctl());
     if (status != MR_OK) goto err_flowctl;
+    uint8_t addr[MR_SUBSTRATE_ADDR_MAX];
+    size_t addr_len = sizeof(addr);
+    status = rt_agree(rt_open_substrate(addr, &addr_len));
+    if (status != MR_OK) goto err_substrate;
+    status = rt_exchange_addresses(addr, addr_len);
+    if (status != MR_OK) goto err_substrate;
+    status = rt_agree(rt.substrate->connect(rt.sub, rt.addrs, rt.addr_len));
+    if (status != MR_OK) goto err_addrs;
 
     rt.stats.size = sizeof(rt.stats);
     rt_state = RT_READY;
@@ -701,14 +797,17 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
             (size_t)rt.cfg.recv_slots);
     return MR_OK;
 
+err_addrs:
+    free(rt.addrs);
+err_substrate:
+    if (rt.sub != NULL) rt.substrate->close(rt.sub);
 err_flowctl:
-    rt.flowctl->finalize(rt.fc);
+    if (rt.fc != NULL) rt.flowctl->finalize(rt.fc);
 err_pools:
     rt_free_pools();
 err_nodes:
     free(rt.node_of);
-err_bootstrap:
-    rt.bootstrap->finalize(rt.bs);
+    rt.bootstrap->finalize(rt.bs, !rt.unclean);
 err_substrate_config:
     free(rt.substrate_config);
 err_plugins:
@@ -739,7 +838,7 @@ mr_status_t mr_init_mpi(const void *mpi_comm, size_t mpi_comm_size)
 static void rt_drop_arrivals(void)
 {
     for (uint32_t idx; (idx = rt_arrival_pop()) != MR_NIL;) {
-        rt.stats.dropped_at_finalize++;
+        rt.dropped_at_finalize++;
         rt_recv_release(idx);
     }
 }
@@ -753,8 +852,12 @@ static mr_status_t rt_wait_collective(uint64_t deadline)
     mr_status_t status;
 
     while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) {
-        if (rt.any_failure) return MR_ERR_PEER_FAILED;
+        if (rt.any_failure) {
+            rt.unclean = true;
+            return MR_ERR_PEER_FAILED;
+        }
         if (rt_now_ns() > deadline) {
+            rt.unclean = true;
             mr_error("mr_finalize(): other ranks did not reach finalize within %u s.",
                      (unsigned)rt.cfg.timeout_s);
             return MR_ERR_TIMEOUT;
@@ -767,11 +870,7 @@ static mr_status_t rt_wait_collective(uint64_t deadline)
 
 static bool rt_sends_pending(void)
 {
-    if (rt.deferq.depth > 0) return true;
-    for (size_t i = 0; i < rt.cfg.send_slots; i++) {
-        if (rt.sends[i].state == SEND_INFLIGHT) return true;
-    }
-    return false;
+    return rt.deferq.depth > 0 || rt.inflight > 0;
 }
 
 mr_status_t mr_finalize(void)
@@ -819,9 +918,9 @@ mr_status_t mr_finalize(void)
     }
     rt_drop_arrivals();
     if (rt.any_failure) status = MR_ERR_PEER_FAILED;
-    if (rt.stats.dropped_at_finalize > 0) {
+    if (rt.dropped_at_finalize > 0) {
         mr_warn("mr_finalize(): %llu arrived messages were never received and are discarded.",
-                (unsigned long long)rt.stats.dropped_at_finalize);
+                (unsigned long long)rt.dropped_at_finalize);
     }
 
     rt.substrate->close(rt.sub);
@@ -829,7 +928,8 @@ mr_status_t mr_finalize(void)
     free(rt.addrs);
     rt_free_pools();
     free(rt.node_of);
-    rt.bootstrap->finalize(rt.bs);
+    /* MPI cannot be finalized when a peer is gone or a collective was abandoned. */
+    rt.bootstrap->finalize(rt.bs, !rt.unclean && !rt.any_failure);
     free(rt.substrate_config);
     free(rt.flowctl_config);
     mr_plugin_unload(rt.substrate_dl);
@@ -958,7 +1058,7 @@ mr_status_t mr_send(void *buffer, size_t length, int dest)
     s->length = (uint32_t)length;
 
     /* Older deferred messages go first; a new one never overtakes them. */
-    if (rt.deferq.depth > 0) rt_drain();
+    if (rt.deferq.depth > 0) rt_drain(false);
     if (mr_deferq_peek(&rt.deferq, dest) == MR_NIL) {
         status = rt_transmit(idx);
         if (status < 0) {
@@ -1066,38 +1166,39 @@ mr_status_t mr_release(void *buffer)
 mr_status_t mr_quiesce(void)
 {
     mr_status_t status;
+    int events;
 
     RT_CHECK_READY("mr_quiesce()");
-    if (rt_progress(0) < 0) return MR_ERR_TRANSPORT;
+    events = rt_progress(0);
+    if (events < 0) return (mr_status_t)events;
     if (rt.any_failure) {
-        rt_report_failure();
         mr_error("mr_quiesce(): a peer has failed; quiescence cannot be reached.");
         return MR_ERR_PEER_FAILED;
     }
     if (!rt.wave_pending) {
         /* Each wave sums messages sent and received over all ranks. */
-        rt.wave_local[0] = rt.stats.messages_sent;
-        rt.wave_local[1] = rt.stats.messages_received;
-        status = rt.bootstrap->iallreduce_sum(rt.bs, rt.wave_local, rt.wave_global, 2);
+        rt_reduce_in[0] = rt.stats.messages_sent;
+        rt_reduce_in[1] = rt.stats.messages_received;
+        status = rt.bootstrap->iallreduce_sum(rt.bs, rt_reduce_in, rt_reduce_out, 2);
         if (status != MR_OK) return status;
         rt.wave_pending = true;
     }
     status = rt.bootstrap->test(rt.bs);
     if (status == MR_AGAIN) return MR_AGAIN;
-    if (status != MR_OK) return status;
     rt.wave_pending = false;
+    if (status != MR_OK) return status;
     /*
      * Two consecutive waves with equal sums, sent == received, mean nothing
      * was in flight between them: every rank sees the same sums and stops in
      * the same round.
      */
-    if (rt.wave_global[0] == rt.wave_global[1] && rt.have_last_wave &&
-        rt.last_wave[0] == rt.wave_global[0] && rt.last_wave[1] == rt.wave_global[1]) {
+    if (rt_reduce_out[0] == rt_reduce_out[1] && rt.have_last_wave &&
+        rt.last_wave[0] == rt_reduce_out[0] && rt.last_wave[1] == rt_reduce_out[1]) {
         rt.have_last_wave = false;
         return MR_OK;
     }
-    rt.last_wave[0] = rt.wave_global[0];
-    rt.last_wave[1] = rt.wave_global[1];
+    rt.last_wave[0] = rt_reduce_out[0];
+    rt.last_wave[1] = rt_reduce_out[1];
     rt.have_last_wave = true;
     return MR_AGAIN;
 }
@@ -1108,7 +1209,7 @@ mr_status_t mr_get_stats(mr_stats_t *stats)
     size_t size;
 
     RT_CHECK_READY("mr_get_stats()");
-    if (stats == NULL || stats->size < offsetof(mr_stats_t, dropped_at_finalize)) {
+    if (stats == NULL || stats->size < offsetof(mr_stats_t, connections_rejected)) {
         mr_error("mr_get_stats(): NULL or stats->size not set to sizeof(mr_stats_t).");
         return MR_ERR_INVALID_PARAM;
     }

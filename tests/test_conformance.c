@@ -489,6 +489,50 @@ START_TEST(stranger_is_rejected)
 }
 END_TEST
 
+/*
+ * A failure on one rank during init fails init on every rank, promptly,
+ * instead of leaving the others waiting in a collective: rank 1's TCP port
+ * is taken before it can listen.
+ */
+START_TEST(init_fails_everywhere_when_one_rank_fails)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t len = sizeof(sa);
+    int taken = -1, base = 0;
+    char port[16];
+    MPI_Comm comm = MPI_COMM_WORLD;
+    mr_status_t st;
+    double start;
+
+    setup_env(NULL, NULL, NULL);
+    if (world_rank == 0) {
+        /* Any free port P; rank r will listen on (P - 1) + r, so rank 1 collides. */
+        taken = socket(AF_INET, SOCK_STREAM, 0);
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ck_assert_int_eq(bind(taken, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        ck_assert_int_eq(listen(taken, 1), 0);
+        ck_assert_int_eq(getsockname(taken, (struct sockaddr *)&sa, &len), 0);
+        base = ntohs(sa.sin_port) - 1;
+    }
+    MPI_Bcast(&base, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    snprintf(port, sizeof(port), "%d", base);
+    setenv("MAILRAIL_TCP_PORT", port, 1);
+    setenv("MAILRAIL_TIMEOUT", "20", 1);
+    start = now_s();
+    st = mr_init_mpi(&comm, sizeof(comm));
+    unsetenv("MAILRAIL_TCP_PORT");
+    unsetenv("MAILRAIL_TIMEOUT");
+    ck_assert_int_ne(st, MR_OK);
+    ck_assert_int_eq(mr_rank(), -1);
+    if (world_rank == 1) ck_assert_int_ne(st, MR_ERR_PEER_FAILED);
+    ck_assert_msg(now_s() - start < 10.0, "init took %.1f s to fail", now_s() - start);
+    if (taken >= 0) close(taken);
+    /* MPI is still usable and a good init works. */
+    init_on_world();
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+}
+END_TEST
+
 static Suite *conformance_suite(void)
 {
     Suite *s = suite_create("conformance");
@@ -508,6 +552,7 @@ static Suite *conformance_suite(void)
     tcase_add_test(tc, sub_communicator);
     if (substrate == NULL || strcmp(substrate, "tcp") == 0) {
         tcase_add_test(tc, stranger_is_rejected);
+        tcase_add_test(tc, init_fails_everywhere_when_one_rank_fails);
     }
     suite_add_tcase(s, tc);
     return s;

@@ -123,14 +123,19 @@ static const void *bootstrap_comm(mr_bootstrap_t *b)
     return &b->comm;
 }
 
-static void bootstrap_finalize(mr_bootstrap_t *b)
+static void bootstrap_finalize(mr_bootstrap_t *b, bool clean)
 {
     /*
      * A collective still pending here means a peer failed during it; MPI does
      * not allow freeing or cancelling it, so it is left behind.
      */
-    MPI_Comm_free(&b->comm);
-    if (b->initialized_mpi) MPI_Finalize();
+    if (clean) {
+        MPI_Comm_free(&b->comm);
+        if (b->initialized_mpi) MPI_Finalize();
+    } else if (b->initialized_mpi) {
+        b->log(MR_LOG_WARN, "MPI is left unfinalized: a peer failed or a collective could "
+                            "not complete.");
+    }
     free(b);
 }
 

@@ -92,9 +92,12 @@ MR_API const char *mr_status_string(mr_status_t status);
  *                               (the log lists the substrates that were found).
  *   MR_ERR_BOOTSTRAP            MPI could not be initialized or used.
  *   MR_ERR_NO_MEMORY            the pools could not be allocated.
- *   MR_ERR_TRANSPORT, MR_ERR_TIMEOUT, MR_ERR_PEER_FAILED
+ *   MR_ERR_TRANSPORT, MR_ERR_TIMEOUT, MR_ERR_PROTOCOL
  *                               the substrate could not connect the ranks.
- * On failure nothing is left allocated and mr_init() may be called again.
+ *   MR_ERR_PEER_FAILED          another rank failed to initialize (its log says why).
+ * All ranks fail together: once the bootstrap is up, every step that can fail
+ * on some ranks only is followed by an agreement. On failure nothing is left
+ * allocated and mr_init() may be called again while MPI is still usable.
  */
 MR_API mr_status_t mr_init(void);
 
@@ -115,13 +118,20 @@ MR_API mr_status_t mr_init_mpi(const void *mpi_comm, size_t mpi_comm_size);
 /*
  * Collective. Sends what is still deferred or in flight, waits until every
  * rank has done the same, discards messages that arrived but were never
- * returned by mr_receive() (they are counted in mr_stats_t.dropped_at_finalize),
- * closes the substrate and frees every pool. Buffers handed out earlier become
- * invalid. After it, every call but mr_init()/mr_init_mpi() returns
+ * returned by mr_receive() (a warning gives their number), closes the
+ * substrate and frees every pool. Buffers handed out earlier become invalid.
+ * After it, every call but mr_init()/mr_init_mpi() returns
  * MR_ERR_NOT_INITIALIZED.
  *
- * Returns MR_OK, MR_ERR_NOT_INITIALIZED, or MR_ERR_PEER_FAILED when a peer
- * died (resources are still released).
+ * Returns:
+ *   MR_OK
+ *   MR_ERR_NOT_INITIALIZED
+ *   MR_ERR_PEER_FAILED   a peer died; MailRail's resources are still released,
+ *                        but MPI, if MailRail initialized it, is not finalized
+ *                        (MPI_Finalize would wait for the dead rank).
+ *   MR_ERR_TIMEOUT       sends or other ranks did not finish within
+ *                        MAILRAIL_TIMEOUT; resources are released as above.
+ *   MR_ERR_BOOTSTRAP     an MPI call failed.
  */
 MR_API mr_status_t mr_finalize(void);
 
@@ -192,7 +202,9 @@ typedef struct mr_message {
  *   MR_OK                   *message holds a message; release it with mr_release().
  *   MR_AGAIN                no message now.
  *   MR_ERR_PEER_FAILED      a peer failed (the log names it). Returned once per
- *                           failed peer; later calls go on serving the others.
+ *                           failed peer; later calls go on serving the others,
+ *                           and messages that arrived before are still returned.
+ *   MR_ERR_TRANSPORT        the substrate failed locally (the log says how).
  *   MR_ERR_INVALID_PARAM    `message` is NULL.
  *   MR_ERR_NOT_INITIALIZED  called before mr_init() or after mr_finalize().
  * *message is written only on MR_OK.
@@ -224,7 +236,11 @@ MR_API mr_status_t mr_release(void *buffer);
  *         while (mr_receive(&m) == MR_OK) { handle(&m); mr_release(m.data); }
  *     } while (mr_quiesce() == MR_AGAIN);
  *
- * Returns MR_OK, MR_AGAIN, MR_ERR_PEER_FAILED, MR_ERR_BOOTSTRAP or
+ * Messages sent after another rank's mr_quiesce() returned MR_OK belong to
+ * the next phase; they may reach a rank still waiting in this one.
+ *
+ * Returns MR_OK, MR_AGAIN, MR_ERR_PEER_FAILED (a peer failed: quiescence can
+ * never be reached), MR_ERR_TRANSPORT, MR_ERR_BOOTSTRAP or
  * MR_ERR_NOT_INITIALIZED.
  */
 MR_API mr_status_t mr_quiesce(void);
@@ -249,7 +265,6 @@ typedef struct mr_stats {
     uint64_t piggybacked_credits;     /* Credits carried on data messages. */
     uint64_t zero_credit_ns;          /* Time spent with a send blocked on credit. */
     uint64_t connections_rejected;    /* Peers dropped for a bad handshake or frame. */
-    uint64_t dropped_at_finalize;     /* Arrived messages never received. */
 } mr_stats_t;
 
 /*
