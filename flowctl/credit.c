@@ -68,6 +68,7 @@ int mr_credit_owed_progress(mr_credit_owed_t *o)
 {
     int sent = 0, kept = 0;
 
+    if (o->nretry == 0) return 0;
     for (int i = 0; i < o->nretry; i++) {
         int key = o->retry[i];
         mr_status_t status;

@@ -203,7 +203,7 @@ static void node_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 
 static int node_progress(mr_flowctl_t *fc)
 {
-    return fc->owed.nretry ? mr_credit_owed_progress(&fc->owed) : 0;
+    return mr_credit_owed_progress(&fc->owed);
 }
 
 static void node_stats(mr_flowctl_t *fc, mr_stats_t *stats)

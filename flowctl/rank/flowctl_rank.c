@@ -159,7 +159,7 @@ static void rank_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 
 static int rank_progress(mr_flowctl_t *fc)
 {
-    return fc->owed.nretry ? mr_credit_owed_progress(&fc->owed) : 0;
+    return mr_credit_owed_progress(&fc->owed);
 }
 
 static void rank_stats(mr_flowctl_t *fc, mr_stats_t *stats)
