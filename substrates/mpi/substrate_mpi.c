@@ -1,0 +1,1182 @@
+/*
+ * The MPI substrate: MailRail over MPICH point-to-point messages, as in the
+ * paper's implementation (section IV-A/IV-B).
+ *
+ * Communicators. open() duplicates the bootstrap's communicator twice: a
+ * data communicator and a control communicator for credit returns, so that
+ * control messages are never matched behind data. Both return errors as codes
+ * (MPI_ERRORS_RETURN). MPI addresses ranks itself: the address blob only
+ * carries a magic number, a version, the datagram size and, for log
+ * messages, the process id and host name. connect() checks that every rank
+ * has the same datagram size (see Failures for why).
+ *
+ * Sends. A data message is one MPI_Isend on the data communicator whose tag
+ * is the 32-bit immediate (flow control's piggybacked credits). A control
+ * message is a zero-byte MPI_Isend on the control communicator whose tag is
+ * the immediate. Requests come from pools allocated at open(): as many data
+ * requests as the core has send slots, and a fixed number of control
+ * requests; send() and send_control() return MR_AGAIN when none is free and
+ * never allocate. MPI_Testsome in progress() completes them, and only there
+ * does send_complete() run.
+ *
+ * Tags and MPI_TAG_UB. A tag may not exceed MPI_TAG_UB (2^28 - 1 with
+ * MPICH's ch4:ucx device; the standard only promises 32767), but the
+ * immediate is 32 bits wide. An immediate above the bound cannot ride in the
+ * tag of a data message; since the immediate is a count of credits, which
+ * the receiver only adds up, it is sent instead as control messages whose
+ * tags add up to it, each at most MPI_TAG_UB, and the data message leaves
+ * with tag 0. send_control() splits a large immediate the same way. The
+ * control request pool always has room for one whole split.
+ *
+ * Receives and arrival order. The substrate keeps MAILRAIL_MAX_RECVS (at most
+ * MAILRAIL_RECV_SLOTS) MPI_Irecv(MPI_ANY_SOURCE, MPI_ANY_TAG) posted on the
+ * data communicator, in a ring kept in the order they were posted. MPI matches an arriving message
+ * to the oldest posted receive that fits, and a message that finds none waits
+ * in MPI's unexpected queue until the next receive is posted, which then
+ * takes the oldest waiting message; so the receives of the ring are matched
+ * in ring order, and that is the arrival order (per sender it is also the
+ * send order: MPI does not let messages of one sender overtake each other).
+ * progress() therefore only ever tests the head of the ring, delivers it,
+ * re-posts it (it becomes the newest, at the tail) and moves on, stopping at
+ * the first receive that has not completed, even if later ones have.
+ *
+ * Staging buffers. Each posted receive lands in a staging buffer of the
+ * datagram size owned by the substrate, and its payload is copied into a
+ * receive-pool slot taken with recv_slot_acquire() only once it has arrived,
+ * as the TCP substrate does. Receiving straight into pool slots would hold
+ * one pool slot per empty posted receive, which the core counts as in use
+ * (recv_slots_in_use, peak_recv_slots_in_use) and which a message a rank
+ * sends to itself needs: with the pool taken by empty receives, such a
+ * message would wait until another rank happened to send something. When no
+ * slot is free, the completed head waits (later arrivals queue behind it, in
+ * the ring and inside MPI) and the next progress call tries again.
+ *
+ * Control receives. A few zero-byte receives are kept posted on the control
+ * communicator; each completion is one control() upcall with the tag as its
+ * immediate, and the receive is posted again. Their order does not matter:
+ * credits add up.
+ *
+ * Failures. MPICH cannot, in general, survive a dead process: there is no
+ * end-of-stream to see, a receive from MPI_ANY_SOURCE does not fail when a
+ * sender dies, and MPICH's own reaction to a lost connection is often to
+ * abort the whole job. Worse, MPICH 4.0 raises an error found while
+ * completing a request (MPI_Test, MPI_Testsome) on MPI_COMM_WORLD's error
+ * handler, not on the request's communicator, and that handler is fatal
+ * unless the application changed it: a truncated receive or a failed send
+ * completion then aborts the job before this code sees a return code. So
+ * truncation is ruled out up front, by the datagram-size check in
+ * connect(), and this substrate reports peer_failed() when an MPI call does
+ * return an error for a known rank: a send (MR_ERR_PEER_FAILED), or, where
+ * the MPI library returns request errors, a failed send completion, a
+ * message longer than the datagram size or a control message with a payload
+ * (MR_ERR_PROTOCOL, counted in connections_rejected). Later messages from a
+ * failed rank are discarded. An error no rank can be blamed for makes
+ * progress() return MR_ERR_TRANSPORT. A peer that dies silently is not
+ * detected: the survivors run into MAILRAIL_TIMEOUT in mr_finalize(), or
+ * MPICH ends the job.
+ *
+ * Teardown. After closing() every rank has finished sending data, and
+ * credit returns are dropped instead of sent (see send_control()). close()
+ * runs no upcall: it cancels the posted receives and waits (boundedly) for
+ * them and for any send still in flight, receives and drops what is left
+ * unmatched, then frees the communicators. Staging memory that MPI might
+ * still write into, because a request could not be completed, is
+ * deliberately leaked.
+ */
+#include "mr_substrate.h"
+
+#include <mpi.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------ */
+/* Constants.                                                                */
+
+#define MRMPI_ADDR_MAGIC 0x4d524d50u /* "MRMP" as a number, host byte order. */
+#define MRMPI_ADDR_VERSION 1
+#define MRMPI_ADDR_HOST_LEN 64
+
+#define MRMPI_CTRL_RECVS 16          /* Control receives kept posted. */
+#define MRMPI_CTRL_SENDS 64          /* Control sends in flight, besides room for a split. */
+#define MRMPI_SPIN_YIELDS 16         /* sched_yield() rounds before progress() sleeps. */
+#define MRMPI_NAP_NS 50000L          /* Sleep between polls while waiting (50 us). */
+#define MRMPI_CLOSE_WAIT_NS UINT64_C(2000000000) /* Bound on close() waiting for MPI. */
+
+#define NS_PER_MS UINT64_C(1000000)
+#define NS_PER_S UINT64_C(1000000000)
+
+/* ------------------------------------------------------------------------ */
+/* Settings.                                                                 */
+
+typedef struct mpi_config {
+    uint64_t max_recvs;
+} mpi_config_t;
+
+static const mr_config_entry_t mpi_config_table[] = {
+    {.name = "MAILRAIL_MAX_RECVS",
+     .default_value = "64",
+     .type = MR_CONFIG_UINT,
+     .offset = offsetof(mpi_config_t, max_recvs),
+     .min = 1,
+     .max = 65536,
+     .doc = "The most receives the MPI substrate keeps posted at once, each into a staging "
+            "buffer of MAILRAIL_DATAGRAM_SIZE bytes allocated at init; no more than "
+            "MAILRAIL_RECV_SLOTS are posted. Messages beyond them wait inside MPI until a "
+            "receive completes and is posted again."},
+    {.name = NULL},
+};
+
+/* ------------------------------------------------------------------------ */
+/* State.                                                                    */
+
+/* The address blob: identifies the substrate; MPI needs no address. */
+typedef struct mpi_wire_addr {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t reserved[3];
+    uint64_t datagram_size;
+    int32_t pid;
+    char host[MRMPI_ADDR_HOST_LEN];
+} mpi_wire_addr_t;
+
+_Static_assert(sizeof(mpi_wire_addr_t) <= MR_SUBSTRATE_ADDR_MAX, "address too long");
+
+/* One receive of the data ring. */
+typedef struct mpi_recv {
+    MPI_Request req;
+    MPI_Status status;
+    bool posted;               /* req is an active MPI_Irecv. */
+    bool done;                 /* Completed, status saved, not delivered yet. */
+    int rc;                    /* What MPI_Test returned for it. */
+} mpi_recv_t;
+
+/* A failure found outside progress(), reported by the next progress call. */
+enum { PEER_OK = 0, PEER_FAIL_PENDING = 1, PEER_FAILED = 2 };
+
+struct mr_substrate {
+    int rank, size;
+    size_t datagram_size;
+    unsigned timeout_s;
+    void *core;
+    mr_substrate_upcalls_t up;
+    void (*log)(mr_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+    const mr_log_level_t *log_threshold;
+    mpi_config_t cfg;
+
+    MPI_Comm data_comm, ctrl_comm;
+    bool have_data_comm, have_ctrl_comm;
+    int tag_ub;                /* MPI_TAG_UB of the data and control communicators. */
+    bool connected;
+    bool closing;
+    bool broken;               /* A local MPI failure: progress() only returns an error. */
+
+    /* Data receives: a ring in post order; staging holds nrecv datagrams. */
+    mpi_recv_t *recvs;
+    unsigned nrecv;
+    unsigned head;
+    uint8_t *staging;
+
+    /* Control receives: zero bytes, any source, any tag. */
+    MPI_Request ctrl_recv[MRMPI_CTRL_RECVS];
+    bool ctrl_posted;
+    bool data_posted;          /* The ring is posted (not in a job of one rank). */
+    char ctrl_dummy;
+
+    /* Data sends in flight, dense in [0, nsend): request, cookie, destination. */
+    size_t max_sends;
+    size_t nsend;
+    MPI_Request *send_req;
+    void **send_cookie;
+    int *send_dest;
+
+    /* Control sends in flight, dense in [0, nctrl). */
+    size_t max_ctrl;
+    size_t nctrl;
+    MPI_Request *ctrl_req;
+    int *ctrl_dest;
+
+    /* Scratch for MPI_Testsome and the completions it finds (sized for the largest set). */
+    int *indices;
+    MPI_Status *statuses;
+    void **done_cookie;
+    int *done_dest;
+    int *done_err;
+
+    /* Peers. */
+    uint8_t *peer;             /* PEER_* per rank. */
+    mr_status_t *peer_why;     /* Why, while PEER_FAIL_PENDING. */
+    unsigned fail_pending;
+
+    uint64_t rejected;         /* Ranks failed for a protocol error. */
+    uint64_t discarded;        /* Messages from failed ranks, thrown away. */
+    uint64_t split_imm;        /* Immediates too large for a tag, sent as control messages. */
+    uint64_t dropped_ctrl;     /* Control messages not sent because closing() was called. */
+};
+
+static const mr_log_level_t mpi_default_threshold = MR_LOG_WARN;
+
+#define MLOG(s, level, ...)                                                              \
+    do {                                                                                 \
+        if ((s)->log != NULL && (level) <= *(s)->log_threshold)                          \
+            (s)->log((level), __VA_ARGS__);                                              \
+    } while (0)
+
+/* ------------------------------------------------------------------------ */
+/* Helpers.                                                                  */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
+static void nap(long ns)
+{
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = ns};
+    nanosleep(&ts, NULL);
+}
+
+/* Writes MPI's text for an error code into buf. */
+static const char *mpi_errstr(int rc, char *buf, int len)
+{
+    int n = 0;
+
+    if (MPI_Error_string(rc, buf, &n) != MPI_SUCCESS || n <= 0) {
+        snprintf(buf, (size_t)len, "MPI error %d", rc);
+    } else {
+        buf[n < len ? n : len - 1] = '\0';
+    }
+    return buf;
+}
+
+static int mpi_errclass(int rc)
+{
+    int cls = rc;
+    if (MPI_Error_class(rc, &cls) != MPI_SUCCESS) cls = rc;
+    return cls;
+}
+
+/* Logs a local MPI failure and marks the substrate broken. */
+static mr_status_t mpi_fatal(mr_substrate_t *s, int rc, const char *what)
+{
+    char text[MPI_MAX_ERROR_STRING];
+
+    MLOG(s, MR_LOG_ERROR, "MPI substrate: %s failed: %s.", what,
+         mpi_errstr(rc, text, (int)sizeof(text)));
+    s->broken = true;
+    return MR_ERR_TRANSPORT;
+}
+
+/*
+ * Marks `rank` failed; the next progress call reports it. Safe outside
+ * progress() (from send()), since it runs no upcall.
+ */
+static void peer_mark_failed(mr_substrate_t *s, int rank, mr_status_t why)
+{
+    if (rank < 0 || rank >= s->size || s->peer[rank] != PEER_OK) return;
+    s->peer[rank] = PEER_FAIL_PENDING;
+    s->peer_why[rank] = why;
+    s->fail_pending++;
+    if (why == MR_ERR_PROTOCOL) s->rejected++;
+}
+
+/* A send to or a message from `rank` failed with MPI error `rc`. */
+static void peer_mpi_error(mr_substrate_t *s, int rank, int rc, const char *what)
+{
+    char text[MPI_MAX_ERROR_STRING];
+
+    if (rank < 0 || rank >= s->size || s->peer[rank] != PEER_OK) return;
+    if (s->closing) {
+        MLOG(s, MR_LOG_DEBUG, "MPI substrate: %s rank %d failed while closing: %s.", what,
+             rank, mpi_errstr(rc, text, (int)sizeof(text)));
+    } else {
+        MLOG(s, MR_LOG_WARN, "MPI substrate: %s rank %d failed: %s.", what, rank,
+             mpi_errstr(rc, text, (int)sizeof(text)));
+    }
+    peer_mark_failed(s, rank, MR_ERR_PEER_FAILED);
+}
+
+/* Runs the peer_failed() upcalls queued by peer_mark_failed(). progress() only. */
+static int drain_failures(mr_substrate_t *s)
+{
+    int n = 0;
+
+    if (s->fail_pending == 0) return 0;
+    for (int r = 0; r < s->size && s->fail_pending > 0; r++) {
+        if (s->peer[r] != PEER_FAIL_PENDING) continue;
+        s->peer[r] = PEER_FAILED;
+        s->fail_pending--;
+        s->up.peer_failed(s->core, r, s->peer_why[r]);
+        n++;
+    }
+    return n;
+}
+
+static inline bool peer_usable(const mr_substrate_t *s, int rank)
+{
+    return s->peer[rank] == PEER_OK;
+}
+
+/* Control messages needed to carry `imm` in tags of at most tag_ub. */
+static size_t split_count(const mr_substrate_t *s, uint32_t imm)
+{
+    uint64_t ub = (uint64_t)s->tag_ub;
+    if (imm == 0) return 1;
+    return (size_t)(((uint64_t)imm + ub - 1) / ub);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Posting receives.                                                         */
+
+static mr_status_t data_post(mr_substrate_t *s, unsigned i)
+{
+    mpi_recv_t *e = &s->recvs[i];
+    int rc = MPI_Irecv(s->staging + (size_t)i * s->datagram_size, (int)s->datagram_size,
+                       MPI_BYTE, MPI_ANY_SOURCE, MPI_ANY_TAG, s->data_comm, &e->req);
+
+    if (rc != MPI_SUCCESS) {
+        e->req = MPI_REQUEST_NULL;
+        e->posted = false;
+        return mpi_fatal(s, rc, "posting a data receive (MPI_Irecv)");
+    }
+    e->posted = true;
+    e->done = false;
+    return MR_OK;
+}
+
+static mr_status_t ctrl_post(mr_substrate_t *s, unsigned i)
+{
+    int rc = MPI_Irecv(&s->ctrl_dummy, 0, MPI_BYTE, MPI_ANY_SOURCE, MPI_ANY_TAG, s->ctrl_comm,
+                       &s->ctrl_recv[i]);
+
+    if (rc != MPI_SUCCESS) {
+        s->ctrl_recv[i] = MPI_REQUEST_NULL;
+        return mpi_fatal(s, rc, "posting a control receive (MPI_Irecv)");
+    }
+    return MR_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Progress: sends.                                                          */
+
+/*
+ * Moves the requests still active to the front of [0, *n), keeping their
+ * side tables in step. Completed requests are MPI_REQUEST_NULL after
+ * MPI_Testsome.
+ */
+static void compact_sends(mr_substrate_t *s)
+{
+    size_t j = 0;
+
+    for (size_t i = 0; i < s->nsend; i++) {
+        if (s->send_req[i] == MPI_REQUEST_NULL) continue;
+        if (i != j) {
+            s->send_req[j] = s->send_req[i];
+            s->send_cookie[j] = s->send_cookie[i];
+            s->send_dest[j] = s->send_dest[i];
+        }
+        j++;
+    }
+    s->nsend = j;
+}
+
+static void compact_ctrl(mr_substrate_t *s)
+{
+    size_t j = 0;
+
+    for (size_t i = 0; i < s->nctrl; i++) {
+        if (s->ctrl_req[i] == MPI_REQUEST_NULL) continue;
+        if (i != j) {
+            s->ctrl_req[j] = s->ctrl_req[i];
+            s->ctrl_dest[j] = s->ctrl_dest[i];
+        }
+        j++;
+    }
+    s->nctrl = j;
+}
+
+/* The error of one completion reported by MPI_Testsome. */
+static inline int testsome_err(int rc, const MPI_Status *st)
+{
+    return rc == MPI_ERR_IN_STATUS ? st->MPI_ERROR : MPI_SUCCESS;
+}
+
+/*
+ * Completes data sends: every completion runs send_complete(), after
+ * peer_failed() when the send failed. Returns the number of events or a
+ * negative status.
+ */
+static int progress_sends(mr_substrate_t *s)
+{
+    int outcount = 0, rc, events = 0;
+    size_t ndone = 0;
+
+    if (s->nsend == 0) return 0;
+    rc = MPI_Testsome((int)s->nsend, s->send_req, &outcount, s->indices, s->statuses);
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+        return mpi_fatal(s, rc, "testing data sends (MPI_Testsome)");
+    }
+    if (outcount == MPI_UNDEFINED || outcount <= 0) return 0;
+    for (int k = 0; k < outcount; k++) {
+        int i = s->indices[k];
+        s->done_cookie[ndone] = s->send_cookie[i];
+        s->done_dest[ndone] = s->send_dest[i];
+        s->done_err[ndone] = testsome_err(rc, &s->statuses[k]);
+        /* An erroneous request is freed by MPI too, but make sure it is not tested again. */
+        s->send_req[i] = MPI_REQUEST_NULL;
+        ndone++;
+    }
+    compact_sends(s);
+    /* Upcalls last: the core may send again from them, which appends to the pool. */
+    for (size_t k = 0; k < ndone; k++) {
+        if (s->done_err[k] != MPI_SUCCESS) {
+            peer_mpi_error(s, s->done_dest[k], s->done_err[k], "a data send to");
+            events += drain_failures(s);
+        }
+        s->up.send_complete(s->core, s->done_cookie[k]);
+        events++;
+    }
+    return events;
+}
+
+/* Completes control sends; they have no completion upcall. */
+static int progress_ctrl_sends(mr_substrate_t *s)
+{
+    int outcount = 0, rc;
+
+    if (s->nctrl == 0) return 0;
+    rc = MPI_Testsome((int)s->nctrl, s->ctrl_req, &outcount, s->indices, s->statuses);
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+        return mpi_fatal(s, rc, "testing control sends (MPI_Testsome)");
+    }
+    if (outcount == MPI_UNDEFINED || outcount <= 0) return 0;
+    for (int k = 0; k < outcount; k++) {
+        int i = s->indices[k];
+        int err = testsome_err(rc, &s->statuses[k]);
+        if (err != MPI_SUCCESS) peer_mpi_error(s, s->ctrl_dest[i], err, "a control send to");
+        s->ctrl_req[i] = MPI_REQUEST_NULL;
+    }
+    compact_ctrl(s);
+    return 0; /* Failures found here count when drain_failures() reports them. */
+}
+
+/* ------------------------------------------------------------------------ */
+/* Progress: receives.                                                       */
+
+/* A receive completed with an error: blame the sender if MPI names one. */
+static mr_status_t recv_error(mr_substrate_t *s, const MPI_Status *st, int rc, bool control)
+{
+    char text[MPI_MAX_ERROR_STRING];
+    int src = st->MPI_SOURCE;
+
+    if (src < 0 || src >= s->size) {
+        return mpi_fatal(s, rc, control ? "a control receive" : "a data receive");
+    }
+    if (mpi_errclass(rc) == MPI_ERR_TRUNCATE) {
+        if (s->peer[src] == PEER_OK) {
+            if (control) {
+                MLOG(s, MR_LOG_ERROR, "MPI substrate: rank %d sent a control message with a "
+                     "payload; its messages are discarded from now on.", src);
+            } else {
+                MLOG(s, MR_LOG_ERROR, "MPI substrate: rank %d sent a message longer than the "
+                     "datagram size, %zu bytes (is its MAILRAIL_DATAGRAM_SIZE larger?); its "
+                     "messages are discarded from now on.", src, s->datagram_size);
+            }
+        }
+        peer_mark_failed(s, src, MR_ERR_PROTOCOL);
+        return MR_OK;
+    }
+    MLOG(s, MR_LOG_WARN, "MPI substrate: a %s receive from rank %d failed: %s.",
+         control ? "control" : "data", src, mpi_errstr(rc, text, (int)sizeof(text)));
+    peer_mark_failed(s, src, MR_ERR_PEER_FAILED);
+    return MR_OK;
+}
+
+/* Handles completed control receives and posts them again. */
+static int progress_ctrl_recvs(mr_substrate_t *s)
+{
+    int outcount = 0, rc, events = 0;
+    int src[MRMPI_CTRL_RECVS], tag[MRMPI_CTRL_RECVS];
+    int n = 0;
+
+    if (!s->ctrl_posted) return 0;
+    rc = MPI_Testsome(MRMPI_CTRL_RECVS, s->ctrl_recv, &outcount, s->indices, s->statuses);
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+        return mpi_fatal(s, rc, "testing control receives (MPI_Testsome)");
+    }
+    if (outcount == MPI_UNDEFINED || outcount <= 0) return 0;
+    for (int k = 0; k < outcount; k++) {
+        const MPI_Status *st = &s->statuses[k];
+        int err = testsome_err(rc, st);
+        if (err != MPI_SUCCESS) {
+            if (recv_error(s, st, err, true) != MR_OK) return MR_ERR_TRANSPORT;
+        } else if (st->MPI_SOURCE >= 0 && st->MPI_SOURCE < s->size) {
+            src[n] = st->MPI_SOURCE;
+            tag[n] = st->MPI_TAG;
+            n++;
+        }
+    }
+    /* Posted again before the upcalls, which may send. */
+    for (int k = 0; k < outcount; k++) {
+        if (ctrl_post(s, (unsigned)s->indices[k]) != MR_OK) return MR_ERR_TRANSPORT;
+    }
+    for (int k = 0; k < n; k++) {
+        if (!peer_usable(s, src[k])) {
+            s->discarded++;
+            continue;
+        }
+        s->up.control(s->core, src[k], (uint32_t)tag[k]);
+        events++;
+    }
+    return events;
+}
+
+/*
+ * Delivers completed data receives in ring (arrival) order, stopping at the
+ * first one that has not completed or when no receive slot is free. Returns
+ * the number of messages delivered or discarded, or a negative status.
+ */
+static int progress_data_recvs(mr_substrate_t *s)
+{
+    int events = 0;
+
+    if (!s->data_posted) return 0;
+    for (unsigned budget = s->nrecv; budget > 0; budget--) {
+        unsigned i = s->head;
+        mpi_recv_t *e = &s->recvs[i];
+        int count = 0, src;
+        void *slot;
+
+        if (!e->done) {
+            int flag = 0;
+            if (!e->posted) return MR_ERR_TRANSPORT; /* Only after a fatal error. */
+            e->rc = MPI_Test(&e->req, &flag, &e->status);
+            if (!flag && e->rc == MPI_SUCCESS) break;
+            e->req = MPI_REQUEST_NULL;
+            e->posted = false;
+            e->done = true;
+        }
+        src = e->status.MPI_SOURCE;
+        if (e->rc != MPI_SUCCESS) {
+            /* Nothing to deliver; the receive goes back to the tail. */
+            if (recv_error(s, &e->status, e->rc, false) != MR_OK) return MR_ERR_TRANSPORT;
+            events++;
+        } else if (src < 0 || src >= s->size) {
+            MLOG(s, MR_LOG_ERROR, "MPI substrate: a data receive completed from rank %d, "
+                 "which is not in the job.", src);
+            s->broken = true;
+            return MR_ERR_TRANSPORT;
+        } else if (!peer_usable(s, src)) {
+            s->discarded++;
+            events++;
+        } else {
+            if (MPI_Get_count(&e->status, MPI_BYTE, &count) != MPI_SUCCESS || count < 0 ||
+                (size_t)count > s->datagram_size) {
+                MLOG(s, MR_LOG_ERROR, "MPI substrate: cannot tell the length of a message "
+                     "from rank %d.", src);
+                s->broken = true;
+                return MR_ERR_TRANSPORT;
+            }
+            slot = s->up.recv_slot_acquire(s->core);
+            if (slot == NULL) break; /* The head waits for a slot; so does everything after. */
+            memcpy(slot, s->staging + (size_t)i * s->datagram_size, (size_t)count);
+            e->done = false;
+            s->head = (i + 1) % s->nrecv;
+            mr_status_t st = s->up.deliver(s->core, src, MR_KIND_DATA,
+                                           (uint32_t)e->status.MPI_TAG, slot, (size_t)count,
+                                           NULL);
+            if (st != MR_OK) {
+                MLOG(s, MR_LOG_DEBUG, "MPI substrate: the core refused a message from rank %d "
+                     "(status %d).", src, (int)st);
+            }
+            events++;
+            /* Posted again as the newest receive, at the tail of the ring. */
+            if (data_post(s, i) != MR_OK) return MR_ERR_TRANSPORT;
+            continue;
+        }
+        /* Discarded or failed: post again and move on. */
+        e->done = false;
+        if (data_post(s, i) != MR_OK) return MR_ERR_TRANSPORT;
+        s->head = (i + 1) % s->nrecv;
+    }
+    return events;
+}
+
+/* One pass over everything; returns the events handled or a negative status. */
+static int progress_once(mr_substrate_t *s)
+{
+    int events = 0, n;
+
+    events += drain_failures(s);
+    n = progress_sends(s);
+    if (n < 0) return n;
+    events += n;
+    n = progress_ctrl_sends(s);
+    if (n < 0) return n;
+    n = progress_ctrl_recvs(s);
+    if (n < 0) return n;
+    events += n;
+    n = progress_data_recvs(s);
+    if (n < 0) return n;
+    events += n;
+    events += drain_failures(s);
+    return events;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Operations.                                                               */
+
+static void mpi_close(mr_substrate_t *s);
+
+static mr_status_t mpi_open(const mr_substrate_params_t *p, mr_substrate_t **out)
+{
+    const mr_substrate_upcalls_t *u;
+    mr_substrate_t *s;
+    MPI_Comm base;
+    int rc, flag = 0, crank = -1, csize = -1, initialized = 0;
+    int *ub = NULL;
+    size_t scratch;
+    mr_status_t st;
+
+    if (p == NULL || out == NULL) return MR_ERR_INVALID_PARAM;
+    u = p->upcalls;
+    /*
+     * MPI_Comm_dup is collective: every check that could fail on some ranks
+     * only comes after it, so that no rank is left waiting in it. The core
+     * then agrees on the outcome and closes the substrate everywhere.
+     */
+    if (p->bootstrap_comm == NULL) {
+        if (p->log != NULL) {
+            p->log(MR_LOG_ERROR, "MPI substrate: no MPI communicator from the bootstrap; the "
+                   "MPI substrate needs the MPI bootstrap.");
+        }
+        return MR_ERR_UNSUPPORTED;
+    }
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+        if (p->log != NULL) p->log(MR_LOG_ERROR, "MPI substrate: MPI is not initialized.");
+        return MR_ERR_TRANSPORT;
+    }
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        if (p->log != NULL) p->log(MR_LOG_ERROR, "MPI substrate: out of memory.");
+        /* Still take part in the collective duplications, so that the others do not hang. */
+        MPI_Comm a, b;
+        memcpy(&base, p->bootstrap_comm, sizeof(base));
+        if (MPI_Comm_dup(base, &a) == MPI_SUCCESS) MPI_Comm_free(&a);
+        if (MPI_Comm_dup(base, &b) == MPI_SUCCESS) MPI_Comm_free(&b);
+        return MR_ERR_NO_MEMORY;
+    }
+    s->log = p->log;
+    s->log_threshold = p->log_threshold ? p->log_threshold : &mpi_default_threshold;
+    s->data_comm = s->ctrl_comm = MPI_COMM_NULL;
+    s->rank = p->rank;
+    s->size = p->size;
+    s->datagram_size = p->datagram_size;
+    s->timeout_s = p->timeout_s;
+    s->core = p->core;
+    if (u != NULL) s->up = *u;
+    memcpy(&base, p->bootstrap_comm, sizeof(base));
+
+    rc = MPI_Comm_dup(base, &s->data_comm);
+    if (rc != MPI_SUCCESS) {
+        s->data_comm = MPI_COMM_NULL;
+        st = mpi_fatal(s, rc, "duplicating the communicator for data (MPI_Comm_dup)");
+        /* The second duplication still takes place, as on the other ranks. */
+        MPI_Comm b;
+        if (MPI_Comm_dup(base, &b) == MPI_SUCCESS) MPI_Comm_free(&b);
+        goto fail;
+    }
+    s->have_data_comm = true;
+    rc = MPI_Comm_dup(base, &s->ctrl_comm);
+    if (rc != MPI_SUCCESS) {
+        s->ctrl_comm = MPI_COMM_NULL;
+        st = mpi_fatal(s, rc, "duplicating the communicator for control (MPI_Comm_dup)");
+        goto fail;
+    }
+    s->have_ctrl_comm = true;
+    MPI_Comm_set_errhandler(s->data_comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(s->ctrl_comm, MPI_ERRORS_RETURN);
+
+    /* Local checks, now that the collectives are done. */
+    if (p->size < 1 || p->rank < 0 || p->rank >= p->size || u == NULL || p->max_sends == 0 ||
+        p->datagram_size == 0 || p->datagram_size > INT32_MAX || !u->recv_slot_acquire ||
+        !u->recv_slot_abandon || !u->deliver || !u->send_complete || !u->control ||
+        !u->peer_failed) {
+        MLOG(s, MR_LOG_ERROR, "MPI substrate: invalid parameters (rank %d of %d, datagram size "
+             "%zu, %zu sends, missing upcalls).", p->rank, p->size, p->datagram_size,
+             p->max_sends);
+        st = MR_ERR_INVALID_PARAM;
+        goto fail;
+    }
+    MPI_Comm_rank(s->data_comm, &crank);
+    MPI_Comm_size(s->data_comm, &csize);
+    if (crank != p->rank || csize != p->size) {
+        MLOG(s, MR_LOG_ERROR, "MPI substrate: the bootstrap communicator has this process as "
+             "rank %d of %d, the core says rank %d of %d.", crank, csize, p->rank, p->size);
+        st = MR_ERR_INVALID_PARAM;
+        goto fail;
+    }
+    rc = MPI_Comm_get_attr(s->data_comm, MPI_TAG_UB, &ub, &flag);
+    if (rc != MPI_SUCCESS || !flag || ub == NULL || *ub < 32767) {
+        MLOG(s, MR_LOG_ERROR, "MPI substrate: cannot read MPI_TAG_UB.");
+        st = MR_ERR_TRANSPORT;
+        goto fail;
+    }
+    s->tag_ub = *ub;
+
+    if (p->config != NULL) {
+        memcpy(&s->cfg, p->config, sizeof(s->cfg));
+    } else {
+        s->cfg.max_recvs = 64;
+    }
+    if (s->cfg.max_recvs < 1) s->cfg.max_recvs = 1;
+    if (s->cfg.max_recvs > 65536) s->cfg.max_recvs = 65536;
+    s->nrecv = (unsigned)s->cfg.max_recvs;
+    /* Staged messages beyond the receive pool could not be delivered anyway. */
+    if (p->recv_slots > 0 && s->nrecv > p->recv_slots) s->nrecv = (unsigned)p->recv_slots;
+
+    /* Everything the data path needs, allocated once. */
+    s->max_sends = p->max_sends;
+    /* Room for one whole split immediate besides the ordinary control sends. */
+    s->max_ctrl = MRMPI_CTRL_SENDS + split_count(s, UINT32_MAX);
+    scratch = s->max_sends;
+    if (s->max_ctrl > scratch) scratch = s->max_ctrl;
+    if (scratch < MRMPI_CTRL_RECVS) scratch = MRMPI_CTRL_RECVS;
+    if (s->max_sends > INT32_MAX || (size_t)s->nrecv > SIZE_MAX / s->datagram_size) {
+        MLOG(s, MR_LOG_ERROR, "MPI substrate: %zu send slots or %u staging buffers of %zu "
+             "bytes are too many.", s->max_sends, s->nrecv, s->datagram_size);
+        st = MR_ERR_INVALID_PARAM;
+        goto fail;
+    }
+    s->recvs = calloc(s->nrecv, sizeof(*s->recvs));
+    s->staging = malloc((size_t)s->nrecv * s->datagram_size);
+    s->send_req = malloc(s->max_sends * sizeof(*s->send_req));
+    s->send_cookie = malloc(s->max_sends * sizeof(*s->send_cookie));
+    s->send_dest = malloc(s->max_sends * sizeof(*s->send_dest));
+    s->ctrl_req = malloc(s->max_ctrl * sizeof(*s->ctrl_req));
+    s->ctrl_dest = malloc(s->max_ctrl * sizeof(*s->ctrl_dest));
+    s->indices = malloc(scratch * sizeof(*s->indices));
+    s->statuses = malloc(scratch * sizeof(*s->statuses));
+    s->done_cookie = malloc(s->max_sends * sizeof(*s->done_cookie));
+    s->done_dest = malloc(s->max_sends * sizeof(*s->done_dest));
+    s->done_err = malloc(s->max_sends * sizeof(*s->done_err));
+    s->peer = calloc((size_t)s->size, sizeof(*s->peer));
+    s->peer_why = calloc((size_t)s->size, sizeof(*s->peer_why));
+    if (s->recvs == NULL || s->staging == NULL || s->send_req == NULL ||
+        s->send_cookie == NULL || s->send_dest == NULL || s->ctrl_req == NULL ||
+        s->ctrl_dest == NULL || s->indices == NULL || s->statuses == NULL ||
+        s->done_cookie == NULL || s->done_dest == NULL || s->done_err == NULL ||
+        s->peer == NULL || s->peer_why == NULL) {
+        MLOG(s, MR_LOG_ERROR, "MPI substrate: out of memory for %u staging buffers of %zu "
+             "bytes (MAILRAIL_MAX_RECVS) and %zu sends.", s->nrecv, s->datagram_size,
+             s->max_sends);
+        st = MR_ERR_NO_MEMORY;
+        goto fail;
+    }
+    for (unsigned i = 0; i < s->nrecv; i++) s->recvs[i].req = MPI_REQUEST_NULL;
+    for (unsigned i = 0; i < MRMPI_CTRL_RECVS; i++) s->ctrl_recv[i] = MPI_REQUEST_NULL;
+    MLOG(s, MR_LOG_DEBUG, "MPI substrate: rank %d of %d, MPI_TAG_UB %d, %u receives posted "
+         "into %zu bytes of staging, %zu data and %zu control send requests.", s->rank, s->size,
+         s->tag_ub, s->nrecv, (size_t)s->nrecv * s->datagram_size, s->max_sends, s->max_ctrl);
+    *out = s;
+    return MR_OK;
+
+fail:
+    mpi_close(s);
+    return st;
+}
+
+static mr_status_t mpi_get_address(mr_substrate_t *s, void *addr, size_t *length)
+{
+    mpi_wire_addr_t w;
+
+    if (s == NULL || addr == NULL || length == NULL) return MR_ERR_INVALID_PARAM;
+    memset(&w, 0, sizeof(w));
+    w.magic = MRMPI_ADDR_MAGIC;
+    w.version = MRMPI_ADDR_VERSION;
+    w.datagram_size = s->datagram_size;
+    w.pid = (int32_t)getpid();
+    if (gethostname(w.host, sizeof(w.host)) != 0) w.host[0] = '\0';
+    w.host[sizeof(w.host) - 1] = '\0';
+    memcpy(addr, &w, sizeof(w));
+    *length = sizeof(w);
+    return MR_OK;
+}
+
+static bool wire_addr_parse(const void *blob, size_t length, mpi_wire_addr_t *out)
+{
+    if (blob == NULL || length < offsetof(mpi_wire_addr_t, host)) return false;
+    memset(out, 0, sizeof(*out));
+    memcpy(out, blob, length < sizeof(*out) ? length : sizeof(*out));
+    out->host[sizeof(out->host) - 1] = '\0';
+    return out->magic == MRMPI_ADDR_MAGIC && out->version == MRMPI_ADDR_VERSION;
+}
+
+static void mpi_format_address(const void *addr, size_t length, char *buf, size_t len)
+{
+    mpi_wire_addr_t w;
+
+    if (buf == NULL || len == 0) return;
+    if (!wire_addr_parse(addr, length, &w)) {
+        snprintf(buf, len, "mpi (not an MPI substrate address)");
+        return;
+    }
+    snprintf(buf, len, "mpi rank-addressed (pid %d on %s)", (int)w.pid,
+             w.host[0] ? w.host : "?");
+}
+
+/*
+ * Nothing to connect: MPI addresses ranks. Checks the address table and
+ * posts the receives.
+ */
+static mr_status_t mpi_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
+{
+    if (s == NULL || s->connected) return MR_ERR_INVALID_PARAM;
+    for (int r = 0; r < s->size; r++) {
+        mpi_wire_addr_t w;
+        if (addrs == NULL ||
+            !wire_addr_parse((const uint8_t *)addrs + (size_t)r * addr_len, addr_len, &w)) {
+            MLOG(s, MR_LOG_ERROR, "MPI substrate: the address of rank %d is not an MPI "
+                 "substrate address (does every rank use MAILRAIL_SUBSTRATE=mpi?).", r);
+            return MR_ERR_PROTOCOL;
+        }
+        /*
+         * A larger datagram elsewhere would truncate receives here, which
+         * MPICH 4.0 turns into an abort of the job (see the top of the file).
+         */
+        if (w.datagram_size != s->datagram_size) {
+            MLOG(s, MR_LOG_ERROR, "MPI substrate: rank %d has MAILRAIL_DATAGRAM_SIZE=%llu, "
+                 "rank %d has %zu; every rank must use the same datagram size.", r,
+                 (unsigned long long)w.datagram_size, s->rank, s->datagram_size);
+            return MR_ERR_CONFIG;
+        }
+    }
+    if (s->size > 1) {
+        for (unsigned i = 0; i < s->nrecv; i++) {
+            if (data_post(s, i) != MR_OK) return MR_ERR_TRANSPORT;
+        }
+        s->head = 0;
+        s->data_posted = true;
+        for (unsigned i = 0; i < MRMPI_CTRL_RECVS; i++) {
+            if (ctrl_post(s, i) != MR_OK) return MR_ERR_TRANSPORT;
+        }
+        s->ctrl_posted = true;
+    }
+    s->connected = true;
+    return MR_OK;
+}
+
+/* Checks what every send needs; MR_OK when `dest` may be sent to. */
+static mr_status_t send_check(mr_substrate_t *s, int dest)
+{
+    if (s == NULL) return MR_ERR_INVALID_PARAM;
+    if (dest < 0 || dest >= s->size || dest == s->rank) return MR_ERR_INVALID_RANK;
+    if (!s->connected) return MR_ERR_INVALID_RANK;
+    if (s->broken) return MR_ERR_TRANSPORT;
+    if (!peer_usable(s, dest)) return MR_ERR_PEER_FAILED;
+    return MR_OK;
+}
+
+/*
+ * Starts the zero-byte control sends that carry `imm` to `dest`, in tags of
+ * at most tag_ub that add up to it. The caller has checked that the pool has
+ * room for split_count(imm) of them.
+ */
+static mr_status_t ctrl_isend(mr_substrate_t *s, int dest, uint32_t imm)
+{
+    uint32_t left = imm;
+
+    do {
+        uint32_t part = left > (uint32_t)s->tag_ub ? (uint32_t)s->tag_ub : left;
+        size_t k = s->nctrl;
+        int rc = MPI_Isend(&s->ctrl_dummy, 0, MPI_BYTE, dest, (int)part, s->ctrl_comm,
+                           &s->ctrl_req[k]);
+        if (rc != MPI_SUCCESS) {
+            s->ctrl_req[k] = MPI_REQUEST_NULL;
+            peer_mpi_error(s, dest, rc, "a control send to");
+            return MR_ERR_PEER_FAILED;
+        }
+        s->ctrl_dest[k] = dest;
+        s->nctrl++;
+        left -= part;
+    } while (left > 0);
+    return MR_OK;
+}
+
+static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
+                            const void *data, size_t length, void *cookie)
+{
+    mr_status_t st = send_check(s, dest);
+    uint32_t tag = imm;
+    size_t k;
+    int rc;
+
+    if (st != MR_OK) return st;
+    if (kind != MR_KIND_DATA || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
+    if (length > s->datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
+    if (s->nsend == s->max_sends) return MR_AGAIN;
+    if (imm > (uint32_t)s->tag_ub) {
+        /*
+         * The credits do not fit in a tag: they go ahead as control messages
+         * (credits only add up, so their order relative to the data does not
+         * matter) and the data leaves with tag 0. Both or neither: refuse if
+         * the control pool cannot take the whole split now.
+         */
+        if (s->nctrl + split_count(s, imm) > s->max_ctrl) return MR_AGAIN;
+        st = ctrl_isend(s, dest, imm);
+        if (st != MR_OK) return st;
+        s->split_imm++;
+        tag = 0;
+    }
+    k = s->nsend;
+    rc = MPI_Isend(data, (int)length, MPI_BYTE, dest, (int)tag, s->data_comm, &s->send_req[k]);
+    if (rc != MPI_SUCCESS) {
+        s->send_req[k] = MPI_REQUEST_NULL;
+        peer_mpi_error(s, dest, rc, "a data send to");
+        return MR_ERR_PEER_FAILED;
+    }
+    s->send_cookie[k] = cookie;
+    s->send_dest[k] = dest;
+    s->nsend++;
+    return MR_OK;
+}
+
+static mr_status_t mpi_send_control(mr_substrate_t *s, int dest, uint32_t imm)
+{
+    mr_status_t st = send_check(s, dest);
+
+    if (st != MR_OK) return st;
+    /*
+     * After closing() every rank has finished sending data, so credits are
+     * of no use to anybody. Dropping them keeps messages out of flight while
+     * peers free their communicators: one arriving after that would wait in
+     * MPI, and could be matched by a communicator of a later mr_init() that
+     * reuses the freed one's context id.
+     */
+    if (s->closing) {
+        s->dropped_ctrl++;
+        return MR_OK;
+    }
+    if (s->nctrl + split_count(s, imm) > s->max_ctrl) return MR_AGAIN;
+    if (imm > (uint32_t)s->tag_ub) s->split_imm++;
+    return ctrl_isend(s, dest, imm);
+}
+
+static int mpi_progress(mr_substrate_t *s, int timeout_ms)
+{
+    uint64_t deadline;
+    unsigned rounds = 0;
+    int events;
+
+    if (s == NULL) return MR_ERR_INVALID_PARAM;
+    if (s->broken) return MR_ERR_TRANSPORT;
+    events = progress_once(s);
+    if (events != 0 || timeout_ms == 0) return events;
+    /*
+     * MPI has no wait with a timeout that covers all of this, so poll; but
+     * let other processes run between polls, since ranks may outnumber cores.
+     */
+    deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * NS_PER_MS;
+    for (;;) {
+        uint64_t now;
+        if (rounds < MRMPI_SPIN_YIELDS) {
+            sched_yield();
+        } else {
+            now = now_ns();
+            if (now >= deadline) return 0;
+            nap(deadline - now < (uint64_t)MRMPI_NAP_NS ? (long)(deadline - now) : MRMPI_NAP_NS);
+        }
+        rounds++;
+        events = progress_once(s);
+        if (events != 0) return events;
+        if (now_ns() >= deadline) return 0;
+    }
+}
+
+static void mpi_closing(mr_substrate_t *s)
+{
+    /* Nothing to flush: the core has waited for every data send. */
+    if (s != NULL) s->closing = true;
+}
+
+static void mpi_stats(mr_substrate_t *s, mr_stats_t *stats)
+{
+    if (s == NULL || stats == NULL) return;
+    if (stats->size >= offsetof(mr_stats_t, connections_rejected) + sizeof(uint64_t)) {
+        stats->connections_rejected += s->rejected;
+    }
+}
+
+/*
+ * Waits until `req` completes or `deadline` passes. Returns whether it
+ * completed; if not, the request is left to MPI (MPI_Request_free).
+ */
+static bool wait_bounded(MPI_Request *req, uint64_t deadline)
+{
+    unsigned rounds = 0;
+
+    while (*req != MPI_REQUEST_NULL) {
+        int flag = 0;
+        int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        if (flag || rc != MPI_SUCCESS) {
+            if (rc != MPI_SUCCESS && *req != MPI_REQUEST_NULL) MPI_Request_free(req);
+            *req = MPI_REQUEST_NULL;
+            return rc == MPI_SUCCESS;
+        }
+        if (now_ns() >= deadline) {
+            MPI_Request_free(req);
+            *req = MPI_REQUEST_NULL;
+            return false;
+        }
+        if (++rounds < MRMPI_SPIN_YIELDS) sched_yield();
+        else nap(MRMPI_NAP_NS);
+    }
+    return true;
+}
+
+/*
+ * Receives and throws away what is waiting unmatched on `comm`, each within
+ * `deadline`. Sets *leak when a receive into the staging memory could not
+ * complete (MPI may still write into it).
+ */
+static unsigned drain_unexpected(mr_substrate_t *s, MPI_Comm comm, uint64_t deadline,
+                                 bool *leak)
+{
+    unsigned n = 0;
+
+    while (!*leak && now_ns() < deadline) {
+        MPI_Message msg;
+        MPI_Status st;
+        MPI_Request req = MPI_REQUEST_NULL;
+        int flag = 0, count = 0, rc;
+
+        if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &msg, &st) != MPI_SUCCESS ||
+            !flag) {
+            break;
+        }
+        MPI_Get_count(&st, MPI_BYTE, &count);
+        if (count > 0 && s->staging != NULL && (size_t)count <= s->datagram_size) {
+            rc = MPI_Imrecv(s->staging, count, MPI_BYTE, &msg, &req);
+        } else {
+            /* Zero bytes, or a longer message cut short: MPI reports truncation, fine here. */
+            rc = MPI_Imrecv(&s->ctrl_dummy, 0, MPI_BYTE, &msg, &req);
+        }
+        if (rc != MPI_SUCCESS) break;
+        /* A large message needs its (maybe dead) sender to finish: never wait unbounded. */
+        if (!wait_bounded(&req, deadline) && count > 0) *leak = true;
+        n++;
+    }
+    return n;
+}
+
+static void mpi_close(mr_substrate_t *s)
+{
+    uint64_t deadline;
+    bool leak_staging = false;
+    unsigned stuck = 0, dropped = 0;
+
+    if (s == NULL) return;
+    /* No upcalls here: slots and send buffers go away with the core's pools. */
+    deadline = now_ns() + MRMPI_CLOSE_WAIT_NS;
+    if (s->recvs != NULL) {
+        for (unsigned i = 0; i < s->nrecv; i++) {
+            mpi_recv_t *e = &s->recvs[i];
+            if (!e->posted) continue;
+            MPI_Cancel(&e->req);
+            if (!wait_bounded(&e->req, deadline)) {
+                stuck++;
+                leak_staging = true; /* MPI may still write into it. */
+            }
+            e->posted = false;
+        }
+    }
+    if (s->ctrl_posted) {
+        for (unsigned i = 0; i < MRMPI_CTRL_RECVS; i++) {
+            if (s->ctrl_recv[i] == MPI_REQUEST_NULL) continue;
+            MPI_Cancel(&s->ctrl_recv[i]);
+            if (!wait_bounded(&s->ctrl_recv[i], deadline)) stuck++;
+        }
+        s->ctrl_posted = false;
+    }
+    /* Sends still in flight: control sends have no buffer; data sends only after a failure. */
+    for (size_t i = 0; i < s->nctrl; i++) {
+        if (!wait_bounded(&s->ctrl_req[i], deadline)) stuck++;
+    }
+    s->nctrl = 0;
+    for (size_t i = 0; i < s->nsend; i++) {
+        if (!wait_bounded(&s->send_req[i], deadline)) stuck++;
+    }
+    s->nsend = 0;
+    /*
+     * Messages nobody will receive: drop them now, so that a communicator
+     * created later with the same context id cannot match them.
+     */
+    if (s->have_data_comm && !leak_staging) {
+        dropped += drain_unexpected(s, s->data_comm, deadline, &leak_staging);
+    }
+    if (s->have_ctrl_comm) dropped += drain_unexpected(s, s->ctrl_comm, deadline, &leak_staging);
+    if (stuck > 0) {
+        MLOG(s, s->closing ? MR_LOG_WARN : MR_LOG_DEBUG,
+             "MPI substrate: %u requests did not complete at close and were left to MPI.",
+             stuck);
+    }
+    if (dropped > 0 || s->discarded > 0 || s->dropped_ctrl > 0 || s->split_imm > 0) {
+        MLOG(s, MR_LOG_DEBUG, "MPI substrate: %u unmatched messages dropped at close, %llu "
+             "messages from failed ranks discarded, %llu credit returns not sent while "
+             "closing, %llu immediates split into control messages.", dropped,
+             (unsigned long long)s->discarded, (unsigned long long)s->dropped_ctrl,
+             (unsigned long long)s->split_imm);
+    }
+    if (s->have_data_comm) MPI_Comm_free(&s->data_comm);
+    if (s->have_ctrl_comm) MPI_Comm_free(&s->ctrl_comm);
+    free(s->recvs);
+    if (!leak_staging) free(s->staging);
+    free(s->send_req);
+    free(s->send_cookie);
+    free(s->send_dest);
+    free(s->ctrl_req);
+    free(s->ctrl_dest);
+    free(s->indices);
+    free(s->statuses);
+    free(s->done_cookie);
+    free(s->done_dest);
+    free(s->done_err);
+    free(s->peer);
+    free(s->peer_why);
+    free(s);
+}
+
+static const mr_substrate_ops_t mpi_ops = {
+    .abi_version = MR_SUBSTRATE_ABI_VERSION,
+    .ops_size = sizeof(mr_substrate_ops_t),
+    .name = "mpi",
+    .description = "MPI (MPICH) point-to-point: MPI_Isend/MPI_Irecv, credits in tags on a "
+                   "control communicator",
+    .config_table = mpi_config_table,
+    .config_size = sizeof(mpi_config_t),
+    .open = mpi_open,
+    .get_address = mpi_get_address,
+    .connect = mpi_connect,
+    .send = mpi_send,
+    .send_control = mpi_send_control,
+    .progress = mpi_progress,
+    .release_recv = NULL,
+    .format_address = mpi_format_address,
+    .closing = mpi_closing,
+    .stats = mpi_stats,
+    .close = mpi_close,
+};
+
+__attribute__((visibility("default"))) const mr_substrate_ops_t *mr_substrate_get_ops(void)
+{
+    return &mpi_ops;
+}

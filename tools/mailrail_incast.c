@@ -1,0 +1,544 @@
+/*
+ * mailrail_incast: the adversarial incast benchmark of the MailRail paper.
+ *
+ *   mpiexec -n 8 mailrail_incast [options]
+ *     -v VICTIMS    number of victim ranks, chosen at random (default 1)
+ *     -b BYTES      message size, at most MAILRAIL_DATAGRAM_SIZE (default: the datagram size)
+ *     -m MESSAGES   messages sent by every rank (default 20000)
+ *     -t TRIALS     trials per policy (default 3)
+ *     -p POLICIES   comma-separated flow-control policies to compare (default: MAILRAIL_FLOWCTL)
+ *     -s SEED       seed for the victims and the send orders (default 1)
+ *     -c FILE       append one CSV row per trial and policy to FILE
+ *     -i PERIOD_MS  sub-second statistics every PERIOD_MS milliseconds, written per rank
+ *                   to STATS_PREFIX.<policy>.<trial>.<rank>.csv at the end of each trial
+ *     -o PREFIX     STATS_PREFIX (default incast_stats)
+ *     -q            quiet: only the summary lines
+ *
+ * Every rank sends MESSAGES messages, each to a victim drawn at random (never
+ * itself), and receives aggressively: before its first send, while waiting
+ * for a send buffer and after each send. There is no compute. Only the
+ * communication is timed, from a barrier to global quiescence. Each trial
+ * initializes MailRail afresh with the policy under test, so that counters and
+ * peaks are per trial. Every victim checks that it received exactly what was
+ * sent to it (count, bytes and a checksum of every message).
+ */
+#include "mailrail.h"
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define INCAST_MAX_POLICIES 3
+#define INCAST_MAX_TRIALS 64
+
+typedef struct incast_options {
+    int victims;
+    size_t bytes;
+    long messages;
+    int trials;
+    const char *policies[INCAST_MAX_POLICIES];
+    int npolicies;
+    unsigned seed;
+    const char *csv;
+    double period_s;
+    const char *stats_prefix;
+    bool quiet;
+} incast_options_t;
+
+/* One sample of the sub-second statistics. */
+typedef struct incast_sample {
+    double t;
+    uint64_t sent, sent_bytes, received, received_bytes;
+    double max_send_gap, max_recv_gap;
+} incast_sample_t;
+
+/* What one rank measured in one trial. */
+typedef struct incast_trial {
+    double seconds;          /* Max over ranks. */
+    uint64_t bits_received;  /* Sum over victims. */
+    uint64_t peak_slots;     /* Max over victims. */
+    uint64_t peak_rss_kb;    /* Max over victims. */
+    uint64_t credit_returns; /* Sum over ranks. */
+    uint64_t deferred;       /* Sum over ranks. */
+    bool verified;
+} incast_trial_t;
+
+typedef struct incast_rank {
+    int rank, size;
+    bool is_victim;
+    int *victims;            /* opts.victims ranks. */
+    /* Sent per victim (index into victims): messages, bytes, checksum. */
+    uint64_t *sent_count, *sent_bytes, *sent_sum;
+    uint64_t recv_count, recv_bytes, recv_sum;
+    /* Sub-second statistics. */
+    incast_sample_t *samples;
+    size_t nsamples, max_samples;
+    double start, next_sample, last_send, last_recv, max_send_gap, max_recv_gap;
+    uint64_t sent_total, sent_total_bytes;
+} incast_rank_t;
+
+static double incast_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* xorshift64*: a small, seedable generator that is the same everywhere. */
+static uint64_t incast_random(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+/* The checksum of message `seq` from `source`: also the first 8 bytes of its payload. */
+static uint64_t incast_tag(int source, uint64_t seq)
+{
+    uint64_t state = ((uint64_t)source << 40) ^ (seq + 0x9E3779B97F4A7C15ull);
+    return incast_random(&state);
+}
+
+/* Resident memory high-water mark in KiB (VmHWM), or 0. */
+static uint64_t incast_peak_rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+
+    if (f == NULL) return 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+    }
+    fclose(f);
+    return kb;
+}
+
+/* Resets the high-water mark so that each trial measures its own (Linux clear_refs 5). */
+static void incast_reset_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f != NULL) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+static void incast_sample(incast_rank_t *r, double now)
+{
+    incast_sample_t *s;
+
+    if (r->samples == NULL || now < r->next_sample || r->nsamples == r->max_samples) return;
+    s = &r->samples[r->nsamples++];
+    s->t = now - r->start;
+    s->sent = r->sent_total;
+    s->sent_bytes = r->sent_total_bytes;
+    s->received = r->recv_count;
+    s->received_bytes = r->recv_bytes;
+    s->max_send_gap = r->max_send_gap;
+    s->max_recv_gap = r->max_recv_gap;
+    r->max_send_gap = r->max_recv_gap = 0;
+    while (r->next_sample <= now) r->next_sample += 1.0; /* Replaced by the period below. */
+}
+
+/* Receives everything that is there; checks and counts it. */
+static mr_status_t incast_receive_all(incast_rank_t *r, size_t bytes)
+{
+    mr_message_t m;
+    mr_status_t st;
+    double now = incast_now();
+
+    if (now - r->last_recv > r->max_recv_gap) r->max_recv_gap = now - r->last_recv;
+    r->last_recv = now;
+    while ((st = mr_receive(&m)) == MR_OK) {
+        uint64_t tag = 0;
+        if (m.length >= sizeof(tag)) memcpy(&tag, m.data, sizeof(tag));
+        r->recv_count++;
+        r->recv_bytes += m.length;
+        r->recv_sum += tag;
+        if (m.length != bytes) r->recv_sum ^= 0xBADull; /* Makes verification fail. */
+        mr_release(m.data);
+    }
+    return st == MR_AGAIN ? MR_OK : st;
+}
+
+typedef struct incast_run {
+    const incast_options_t *o;
+    incast_rank_t *r;
+    double period_s;
+} incast_run_t;
+
+/* One trial's communication: sends, receives, quiescence. Returns this rank's seconds. */
+static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *seconds)
+{
+    const incast_options_t *o = run->o;
+    incast_rank_t *r = run->r;
+    size_t bytes = o->bytes;
+    mr_status_t st;
+    int others = o->victims - (r->is_victim ? 1 : 0);
+
+    MPI_Barrier(MPI_COMM_WORLD);
+    r->start = r->last_send = r->last_recv = incast_now();
+    r->next_sample = r->start;
+    st = incast_receive_all(r, bytes);
+    for (long i = 0; st == MR_OK && others > 0 && i < o->messages; i++) {
+        /* A random victim other than oneself. */
+        int k = (int)(incast_random(rng) % (uint64_t)others), v = 0;
+        for (;; v++) {
+            if (r->victims[v] == r->rank) continue;
+            if (k-- == 0) break;
+        }
+        void *buf;
+        while ((st = mr_reserve(&buf)) == MR_AGAIN) {
+            st = incast_receive_all(r, bytes);
+            if (st != MR_OK) break;
+        }
+        if (st != MR_OK) break;
+        uint64_t tag = incast_tag(r->rank, r->sent_total);
+        memcpy(buf, &tag, bytes < sizeof(tag) ? bytes : sizeof(tag));
+        if (bytes < sizeof(tag)) tag = 0;
+        st = mr_send(buf, bytes, r->victims[v]);
+        if (st != MR_OK) break;
+        r->sent_count[v]++;
+        r->sent_bytes[v] += bytes;
+        r->sent_sum[v] += tag;
+        r->sent_total++;
+        r->sent_total_bytes += bytes;
+        double now = incast_now();
+        if (now - r->last_send > r->max_send_gap) r->max_send_gap = now - r->last_send;
+        r->last_send = now;
+        st = incast_receive_all(r, bytes);
+        if (run->period_s > 0 && now >= r->next_sample) {
+            incast_sample(r, now);
+            r->next_sample = r->start + run->period_s * (double)r->nsamples;
+        }
+    }
+    while (st == MR_OK) {
+        st = incast_receive_all(r, bytes);
+        if (st != MR_OK) break;
+        double now = incast_now();
+        if (run->period_s > 0 && now >= r->next_sample) {
+            incast_sample(r, now);
+            r->next_sample = r->start + run->period_s * (double)r->nsamples;
+        }
+        st = mr_quiesce();
+        if (st == MR_OK) break;
+        st = st == MR_AGAIN ? MR_OK : st;
+    }
+    *seconds = incast_now() - r->start;
+    if (run->period_s > 0) {
+        r->next_sample = 0;
+        incast_sample(r, incast_now());
+    }
+    return st;
+}
+
+/* Checks that every victim received exactly what all ranks sent to it. */
+static bool incast_verify(const incast_options_t *o, incast_rank_t *r)
+{
+    uint64_t *mine = calloc(3 * (size_t)o->victims, sizeof(uint64_t));
+    uint64_t *total = calloc(3 * (size_t)o->victims, sizeof(uint64_t));
+    int ok = 1, all_ok = 0;
+
+    for (int v = 0; v < o->victims; v++) {
+        mine[3 * v] = r->sent_count[v];
+        mine[3 * v + 1] = r->sent_bytes[v];
+        mine[3 * v + 2] = r->sent_sum[v];
+    }
+    MPI_Allreduce(mine, total, 3 * o->victims, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    if (r->is_victim) {
+        int v = 0;
+        while (r->victims[v] != r->rank) v++;
+        ok = total[3 * v] == r->recv_count && total[3 * v + 1] == r->recv_bytes &&
+             total[3 * v + 2] == r->recv_sum;
+        if (!ok) {
+            fprintf(stderr, "mailrail_incast: victim %d received %llu messages / %llu bytes, "
+                    "%llu / %llu were sent to it, checksums %s\n", r->rank,
+                    (unsigned long long)r->recv_count, (unsigned long long)r->recv_bytes,
+                    (unsigned long long)total[3 * v], (unsigned long long)total[3 * v + 1],
+                    total[3 * v + 2] == r->recv_sum ? "match" : "differ");
+        }
+    } else {
+        ok = r->recv_count == 0;
+    }
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    free(mine);
+    free(total);
+    return all_ok;
+}
+
+static void incast_write_samples(const incast_options_t *o, incast_rank_t *r, const char *policy,
+                                 int trial)
+{
+    char path[512];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s.%s.%d.%d.csv", o->stats_prefix, policy, trial, r->rank);
+    f = fopen(path, "w");
+    if (f == NULL) {
+        perror(path);
+        return;
+    }
+    fprintf(f, "rank,elapsed_s,sent,sent_bytes,received,received_bytes,send_complete_pct,"
+               "recv_complete_pct,max_send_gap_s,max_recv_gap_s\n");
+    uint64_t expect_recv = 0;
+    if (r->is_victim) expect_recv = r->recv_count; /* Known once the trial is over. */
+    for (size_t i = 0; i < r->nsamples; i++) {
+        incast_sample_t *s = &r->samples[i];
+        long sends = o->victims - (r->is_victim ? 1 : 0) > 0 ? o->messages : 0;
+        fprintf(f, "%d,%.6f,%llu,%llu,%llu,%llu,%.2f,%.2f,%.6f,%.6f\n", r->rank, s->t,
+                (unsigned long long)s->sent, (unsigned long long)s->sent_bytes,
+                (unsigned long long)s->received, (unsigned long long)s->received_bytes,
+                sends ? 100.0 * (double)s->sent / (double)sends : 100.0,
+                expect_recv ? 100.0 * (double)s->received / (double)expect_recv : 100.0,
+                s->max_send_gap, s->max_recv_gap);
+    }
+    fclose(f);
+}
+
+/* Runs one trial of one policy; fills *out identically on every rank. */
+static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, const char *policy,
+                                int trial, incast_trial_t *out)
+{
+    MPI_Comm comm = MPI_COMM_WORLD;
+    mr_stats_t stats = {.size = sizeof(stats)};
+    incast_run_t run = {.o = o, .r = r, .period_s = o->period_s};
+    uint64_t rng = 0x853c49e6748fea9bull ^ ((uint64_t)o->seed << 32) ^ (uint64_t)r->rank ^
+                   ((uint64_t)trial << 16);
+    double seconds;
+    mr_status_t st;
+
+    setenv("MAILRAIL_FLOWCTL", policy, 1);
+    st = mr_init_mpi(&comm, sizeof(comm));
+    if (st != MR_OK) return st;
+    if (o->bytes > mr_datagram_size()) {
+        if (r->rank == 0) {
+            fprintf(stderr, "mailrail_incast: -b %zu exceeds MAILRAIL_DATAGRAM_SIZE=%zu\n",
+                    o->bytes, mr_datagram_size());
+        }
+        mr_finalize();
+        return MR_ERR_MESSAGE_TOO_LONG;
+    }
+    memset(r->sent_count, 0, (size_t)o->victims * sizeof(uint64_t));
+    memset(r->sent_bytes, 0, (size_t)o->victims * sizeof(uint64_t));
+    memset(r->sent_sum, 0, (size_t)o->victims * sizeof(uint64_t));
+    r->recv_count = r->recv_bytes = r->recv_sum = 0;
+    r->sent_total = r->sent_total_bytes = 0;
+    r->nsamples = 0;
+    r->max_send_gap = r->max_recv_gap = 0;
+    incast_reset_peak_rss();
+
+    st = incast_communicate(&run, &rng, &seconds);
+    mr_get_stats(&stats);
+    uint64_t rss = incast_peak_rss_kb();
+    if (st != MR_OK) {
+        fprintf(stderr, "mailrail_incast: rank %d: %s\n", r->rank, mr_status_string(st));
+        mr_finalize();
+        return st;
+    }
+    out->verified = incast_verify(o, r);
+    if (o->period_s > 0) incast_write_samples(o, r, policy, trial);
+
+    /* Victims' bits, peaks; everyone's credit returns and deferrals. */
+    uint64_t mine[5] = {r->is_victim ? r->recv_bytes * 8 : 0, r->is_victim ? stats.peak_recv_slots_in_use : 0,
+                        r->is_victim ? rss : 0, stats.credit_returns_sent, stats.deferred_sends};
+    uint64_t sum[5], max[5];
+    MPI_Allreduce(mine, sum, 5, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(mine, max, 5, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(&seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    out->bits_received = sum[0];
+    out->peak_slots = max[1];
+    out->peak_rss_kb = max[2];
+    out->credit_returns = sum[3];
+    out->deferred = sum[4];
+    return mr_finalize();
+}
+
+static int incast_compare_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double incast_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), incast_compare_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static int incast_parse(int argc, char **argv, incast_options_t *o)
+{
+    static char policy_buf[64];
+    const char *policies = getenv("MAILRAIL_FLOWCTL") ? getenv("MAILRAIL_FLOWCTL") : "none";
+    int c;
+
+    o->victims = 1;
+    o->messages = 20000;
+    o->trials = 3;
+    o->seed = 1;
+    o->stats_prefix = "incast_stats";
+    while ((c = getopt(argc, argv, "v:b:m:t:p:s:c:i:o:qh")) != -1) {
+        switch (c) {
+        case 'v': o->victims = atoi(optarg); break;
+        case 'b': o->bytes = strtoul(optarg, NULL, 10); break;
+        case 'm': o->messages = strtol(optarg, NULL, 10); break;
+        case 't': o->trials = atoi(optarg); break;
+        case 'p': policies = optarg; break;
+        case 's': o->seed = (unsigned)strtoul(optarg, NULL, 10); break;
+        case 'c': o->csv = optarg; break;
+        case 'i': o->period_s = atof(optarg) / 1000.0; break;
+        case 'o': o->stats_prefix = optarg; break;
+        case 'q': o->quiet = true; break;
+        default: return -1;
+        }
+    }
+    snprintf(policy_buf, sizeof(policy_buf), "%s", policies);
+    for (char *save = NULL, *p = strtok_r(policy_buf, ",", &save); p != NULL;
+         p = strtok_r(NULL, ",", &save)) {
+        if (o->npolicies == INCAST_MAX_POLICIES) return -1;
+        o->policies[o->npolicies++] = p;
+    }
+    if (o->victims < 1 || o->messages < 0 || o->trials < 1 || o->trials > INCAST_MAX_TRIALS ||
+        o->npolicies == 0 || o->period_s < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    incast_options_t o = {0};
+    incast_rank_t r = {0};
+    FILE *csv = NULL;
+    int status = 0;
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &r.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &r.size);
+    if (incast_parse(argc, argv, &o) != 0 || o.victims > r.size) {
+        if (r.rank == 0) {
+            fprintf(stderr, "usage: mpiexec -n N mailrail_incast [-v victims<=N] [-b bytes] "
+                            "[-m messages] [-t trials] [-p none,rank,node] [-s seed] "
+                            "[-c file.csv] [-i period_ms] [-o stats_prefix] [-q]\n");
+        }
+        MPI_Finalize();
+        return 2;
+    }
+    if (o.bytes == 0) {
+        /* The datagram size, as MailRail will read it. */
+        const char *d = getenv("MAILRAIL_DATAGRAM_SIZE");
+        char *end;
+        o.bytes = d ? strtoul(d, &end, 10) : 4096;
+        if (d && (*end == 'K' || *end == 'k')) o.bytes <<= 10;
+        if (d && (*end == 'M' || *end == 'm')) o.bytes <<= 20;
+    }
+
+    /* Rank 0 draws the victims with the seed; everybody learns them. */
+    r.victims = calloc((size_t)o.victims, sizeof(int));
+    if (r.rank == 0) {
+        uint64_t rng = 0x9E3779B97F4A7C15ull ^ o.seed;
+        int *perm = malloc((size_t)r.size * sizeof(int));
+        for (int i = 0; i < r.size; i++) perm[i] = i;
+        for (int i = r.size - 1; i > 0; i--) {
+            int j = (int)(incast_random(&rng) % (uint64_t)(i + 1)), t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        memcpy(r.victims, perm, (size_t)o.victims * sizeof(int));
+        free(perm);
+    }
+    MPI_Bcast(r.victims, o.victims, MPI_INT, 0, MPI_COMM_WORLD);
+    for (int v = 0; v < o.victims; v++) r.is_victim |= r.victims[v] == r.rank;
+    r.sent_count = calloc((size_t)o.victims, sizeof(uint64_t));
+    r.sent_bytes = calloc((size_t)o.victims, sizeof(uint64_t));
+    r.sent_sum = calloc((size_t)o.victims, sizeof(uint64_t));
+    if (o.period_s > 0) {
+        r.max_samples = 1 << 16;
+        r.samples = calloc(r.max_samples, sizeof(*r.samples));
+    }
+    if (r.rank == 0) {
+        printf("# mailrail_incast: %d ranks, %d victim(s) (seed %u):", r.size, o.victims, o.seed);
+        for (int v = 0; v < o.victims; v++) printf(" %d", r.victims[v]);
+        printf("; %ld messages of %zu bytes per rank; %d trial(s) per policy\n", o.messages,
+               o.bytes, o.trials);
+        if (o.csv != NULL) {
+            csv = fopen(o.csv, "a");
+            if (csv != NULL && ftell(csv) == 0) {
+                fprintf(csv, "policy,trial,ranks,nodes,victims,bytes,messages_per_rank,seconds,"
+                             "goodput_gbps,victim_peak_recv_slots,victim_peak_rss_kb,"
+                             "credit_returns,deferred_sends,verified\n");
+            }
+        }
+        if (!o.quiet) {
+            printf("# %-6s %5s %10s %12s %10s %12s %10s %10s %s\n", "policy", "trial",
+                   "seconds", "goodput Gb/s", "peak slots", "peak RSS MiB", "returns",
+                   "deferred", "verified");
+        }
+        fflush(stdout);
+    }
+
+    double median_seconds[INCAST_MAX_POLICIES] = {0};
+    for (int p = 0; p < o.npolicies && status == 0; p++) {
+        double secs[INCAST_MAX_TRIALS], gbps[INCAST_MAX_TRIALS];
+        incast_trial_t t = {0}, last = {0};
+        for (int k = 0; k < o.trials; k++) {
+            mr_status_t st = incast_trial(&o, &r, o.policies[p], k, &t);
+            if (st != MR_OK || !t.verified) {
+                if (r.rank == 0) {
+                    fprintf(stderr, "mailrail_incast: %s trial %d failed: %s\n", o.policies[p],
+                            k, st != MR_OK ? mr_status_string(st) : "verification failed");
+                }
+                status = 1;
+                break;
+            }
+            secs[k] = t.seconds;
+            gbps[k] = (double)t.bits_received / t.seconds / 1e9;
+            last = t;
+            if (r.rank == 0) {
+                if (!o.quiet) {
+                    printf("  %-6s %5d %10.4f %12.3f %10llu %12.1f %10llu %10llu %s\n",
+                           o.policies[p], k, t.seconds, gbps[k],
+                           (unsigned long long)t.peak_slots, (double)t.peak_rss_kb / 1024.0,
+                           (unsigned long long)t.credit_returns,
+                           (unsigned long long)t.deferred, "yes");
+                    fflush(stdout);
+                }
+                if (csv != NULL) {
+                    fprintf(csv, "%s,%d,%d,%d,%d,%zu,%ld,%.6f,%.4f,%llu,%llu,%llu,%llu,1\n",
+                            o.policies[p], k, r.size, 0, o.victims, o.bytes, o.messages,
+                            t.seconds, gbps[k], (unsigned long long)t.peak_slots,
+                            (unsigned long long)t.peak_rss_kb,
+                            (unsigned long long)t.credit_returns,
+                            (unsigned long long)t.deferred);
+                }
+            }
+        }
+        if (status != 0) break;
+        median_seconds[p] = incast_median(secs, o.trials);
+        if (r.rank == 0) {
+            printf("mailrail_incast: %s: median %.4f s, %.3f Gb/s goodput, speedup over %s "
+                   "%.2fx, victim peak %llu receive slots, %llu credit returns\n",
+                   o.policies[p], median_seconds[p], incast_median(gbps, o.trials),
+                   o.policies[0], median_seconds[0] / median_seconds[p],
+                   (unsigned long long)last.peak_slots,
+                   (unsigned long long)last.credit_returns);
+            fflush(stdout);
+        }
+    }
+    if (csv != NULL) fclose(csv);
+    free(r.victims);
+    free(r.sent_count);
+    free(r.sent_bytes);
+    free(r.sent_sum);
+    free(r.samples);
+    MPI_Finalize();
+    return status;
+}
