@@ -14,10 +14,11 @@
 #include <strings.h>
 
 const mr_config_entry_t mr_core_config_table[] = {
-    {"MAILRAIL_SUBSTRATE", "tcp", MR_CONFIG_STRING, offsetof(mr_core_config_t, substrate), 0, 0,
+    {"MAILRAIL_SUBSTRATE", "ucx", MR_CONFIG_STRING, offsetof(mr_core_config_t, substrate), 0, 0,
      NULL,
-     "The substrate that carries messages: the name of a plugin mailrail_substrate_<name>.so "
-     "(tcp, mpi or ucx when built). `mailrail_info` lists the ones that load."},
+     "The substrate that carries messages: the name of a plugin mailrail_substrate_<name>.so: "
+     "ucx (UCX active messages), mpi (MPI point-to-point) or tcp (sockets). `mailrail_info` "
+     "lists the ones that load, and why one does not."},
     {"MAILRAIL_FLOWCTL", "none", MR_CONFIG_ENUM, offsetof(mr_core_config_t, flowctl), 0, 0,
      mr_flowctl_names,
      "The flow-control policy: none sends unconstrained, rank keeps credits per sender and "

@@ -99,4 +99,28 @@ static inline int mr_deferq_next(const mr_deferq_t *q, int dest)
     return q->ring_next[dest];
 }
 
+/*
+ * A fixed-capacity map from pointers to slot indices (open addressing, linear
+ * probing, deletion by backward shift): finds the receive slot of a buffer
+ * that a substrate owns in O(1). Never allocates after init.
+ */
+typedef struct mr_ptrmap {
+    const void **keys;    /* NULL: empty. */
+    uint32_t *values;
+    size_t mask;          /* Capacity - 1; capacity is a power of two. */
+} mr_ptrmap_t;
+
+/* A map for at most `entries` keys, kept at most half full. */
+mr_status_t mr_ptrmap_init(mr_ptrmap_t *map, size_t entries);
+void mr_ptrmap_fini(mr_ptrmap_t *map);
+
+/* Sets `key` to `value` (replacing an older value of the same key). */
+void mr_ptrmap_put(mr_ptrmap_t *map, const void *key, uint32_t value);
+
+/* The value of `key`, or MR_NIL. */
+uint32_t mr_ptrmap_get(const mr_ptrmap_t *map, const void *key);
+
+/* Removes `key` if present. */
+void mr_ptrmap_del(mr_ptrmap_t *map, const void *key);
+
 #endif /* MR_POOL_H */

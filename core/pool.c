@@ -185,3 +185,70 @@ uint32_t mr_deferq_pop(mr_deferq_t *q, int dest)
     }
     return slot;
 }
+
+mr_status_t mr_ptrmap_init(mr_ptrmap_t *map, size_t entries)
+{
+    size_t capacity = 16;
+
+    while (capacity < 2 * entries) capacity *= 2;
+    map->keys = calloc(capacity, sizeof(*map->keys));
+    map->values = calloc(capacity, sizeof(*map->values));
+    map->mask = capacity - 1;
+    if (map->keys == NULL || map->values == NULL) {
+        mr_error("Cannot allocate a pointer map of %zu entries.", capacity);
+        mr_ptrmap_fini(map);
+        return MR_ERR_NO_MEMORY;
+    }
+    return MR_OK;
+}
+
+void mr_ptrmap_fini(mr_ptrmap_t *map)
+{
+    free(map->keys);
+    free(map->values);
+    map->keys = NULL;
+    map->values = NULL;
+    map->mask = 0;
+}
+
+static size_t ptrmap_home(const mr_ptrmap_t *map, const void *key)
+{
+    uint64_t h = (uint64_t)(uintptr_t)key * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 32) & map->mask;
+}
+
+void mr_ptrmap_put(mr_ptrmap_t *map, const void *key, uint32_t value)
+{
+    size_t i = ptrmap_home(map, key);
+
+    while (map->keys[i] != NULL && map->keys[i] != key) i = (i + 1) & map->mask;
+    map->keys[i] = key;
+    map->values[i] = value;
+}
+
+uint32_t mr_ptrmap_get(const mr_ptrmap_t *map, const void *key)
+{
+    if (key == NULL || map->keys == NULL) return MR_NIL;
+    for (size_t i = ptrmap_home(map, key); map->keys[i] != NULL; i = (i + 1) & map->mask) {
+        if (map->keys[i] == key) return map->values[i];
+    }
+    return MR_NIL;
+}
+
+void mr_ptrmap_del(mr_ptrmap_t *map, const void *key)
+{
+    size_t i = ptrmap_home(map, key), j;
+
+    while (map->keys[i] != NULL && map->keys[i] != key) i = (i + 1) & map->mask;
+    if (map->keys[i] == NULL) return;
+    /* Backward shift: move up every later entry whose home is not between the hole and it. */
+    for (j = (i + 1) & map->mask; map->keys[j] != NULL; j = (j + 1) & map->mask) {
+        size_t home = ptrmap_home(map, map->keys[j]);
+        bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (stays) continue;
+        map->keys[i] = map->keys[j];
+        map->values[i] = map->values[j];
+        i = j;
+    }
+    map->keys[i] = NULL;
+}

@@ -50,6 +50,9 @@ typedef struct rt_recv {
     uint32_t next;      /* Next in the arrival queue. */
     void *data;         /* The slot, or the substrate's buffer when `handle` is set. */
     void *handle;       /* Substrate-owned buffer, released through release_recv(). */
+    void *foreign;      /* The substrate's buffer this slot last stood for, kept in
+                           rt.foreign after release so that a double release is
+                           recognised; NULL if none. */
 } rt_recv_t;
 
 /* Peer health, per rank. */
@@ -85,7 +88,7 @@ typedef struct rt_runtime {
     rt_recv_t *recvs;
     mr_deferq_t deferq;
     uint32_t arrival_head, arrival_tail;
-    size_t foreign_held;   /* Held receive buffers owned by the substrate. */
+    mr_ptrmap_t foreign;   /* Substrate-owned buffer -> receive slot. */
 
     uint8_t *peer;         /* enum peer_state per rank. */
     bool closing;          /* All ranks finished sending; EOF from peers is expected. */
@@ -145,6 +148,13 @@ static uint32_t rt_recv_take(void)
     if (idx == MR_NIL) return MR_NIL;
     in_use = mr_pool_in_use(&rt.recv_pool);
     if (in_use > rt.stats.peak_recv_slots_in_use) rt.stats.peak_recv_slots_in_use = in_use;
+    if (rt.recvs[idx].foreign != NULL) {
+        /* The slot stands for something else now: forget its old buffer. */
+        if (mr_ptrmap_get(&rt.foreign, rt.recvs[idx].foreign) == idx) {
+            mr_ptrmap_del(&rt.foreign, rt.recvs[idx].foreign);
+        }
+        rt.recvs[idx].foreign = NULL;
+    }
     rt.recvs[idx].state = RECV_FILLING;
     rt.recvs[idx].data = mr_pool_slot(&rt.recv_pool, idx);
     rt.recvs[idx].handle = NULL;
@@ -187,7 +197,7 @@ static void rt_recv_release(uint32_t idx)
 
     if (r->handle != NULL) {
         rt.substrate->release_recv(rt.sub, r->handle);
-        rt.foreign_held--;
+        r->handle = NULL;
     }
     rt_recv_free(idx);
     rt.flowctl->on_release(rt.fc, r->source);
@@ -228,7 +238,8 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
         if (idx == MR_NIL) return MR_AGAIN;
         rt.recvs[idx].data = data;
         rt.recvs[idx].handle = handle;
-        rt.foreign_held++;
+        rt.recvs[idx].foreign = data;
+        mr_ptrmap_put(&rt.foreign, data, idx);
     }
     rt_arrival_push(idx, source, length);
     rt.flowctl->on_arrival(rt.fc, source, imm);
@@ -599,6 +610,7 @@ static void rt_free_pools(void)
     rt.sends = NULL;
     rt.recvs = NULL;
     rt.peer = NULL;
+    mr_ptrmap_fini(&rt.foreign);
     mr_deferq_fini(&rt.deferq);
     mr_pool_fini(&rt.recv_pool);
     mr_pool_fini(&rt.send_pool);
@@ -614,6 +626,7 @@ static mr_status_t rt_alloc_pools(void)
                               rt.cfg.numa);
     }
     if (status == MR_OK) status = mr_deferq_init(&rt.deferq, rt.size, rt.cfg.send_slots);
+    if (status == MR_OK) status = mr_ptrmap_init(&rt.foreign, rt.cfg.recv_slots);
     if (status == MR_OK) {
         rt.sends = calloc(rt.cfg.send_slots, sizeof(*rt.sends));
         rt.recvs = calloc(rt.cfg.recv_slots, sizeof(*rt.recvs));
@@ -1148,14 +1161,16 @@ mr_status_t mr_release(void *buffer)
         rt_send_free(idx);
         return MR_OK;
     }
-    if (rt.foreign_held > 0 && !mr_pool_contains(&rt.recv_pool, buffer)) {
-        for (size_t i = 0; i < rt.cfg.recv_slots; i++) {
-            if (rt.recvs[i].state == RECV_HELD && rt.recvs[i].handle != NULL &&
-                rt.recvs[i].data == buffer) {
-                rt_recv_release((uint32_t)i);
-                return MR_OK;
-            }
+    /* A buffer the substrate owns (zero-copy receive). */
+    idx = mr_pool_contains(&rt.recv_pool, buffer) ? MR_NIL : mr_ptrmap_get(&rt.foreign, buffer);
+    if (idx != MR_NIL) {
+        if (rt.recvs[idx].state != RECV_HELD || rt.recvs[idx].data != buffer) {
+            mr_error("mr_release(): receive buffer %p is not held by the application "
+                     "(double release?).", buffer);
+            return MR_ERR_BUFFER_STATE;
         }
+        rt_recv_release(idx);
+        return MR_OK;
     }
     mr_error("mr_release(): %p was not handed out by MailRail.", buffer);
     return MR_ERR_INVALID_BUFFER;

@@ -29,7 +29,7 @@ START_TEST(config_defaults)
     for (const mr_config_entry_t *e = mr_core_config_table; e->name; e++) unsetenv(e->name);
     memset(&cfg, 0xff, sizeof(cfg));
     ck_assert_int_eq(mr_config_parse(mr_core_config_table, &cfg), MR_OK);
-    ck_assert_str_eq(cfg.substrate, "tcp");
+    ck_assert_str_eq(cfg.substrate, "ucx");
     ck_assert_str_eq(mr_flowctl_names[cfg.flowctl], "none");
     ck_assert_uint_eq(cfg.datagram_size, 4096);
     ck_assert_uint_eq(cfg.send_slots, 256);
@@ -250,6 +250,45 @@ START_TEST(deferq_ring_round_robin)
 }
 END_TEST
 
+/* ---- Pointer map ---------------------------------------------------------------------- */
+
+/* Random puts and deletes against a plain array as the reference. */
+START_TEST(ptrmap_matches_reference)
+{
+    enum { KEYS = 300, OPS = 20000 };
+    static char base[KEYS * 64];
+    uint32_t ref[KEYS];
+    mr_ptrmap_t map;
+    uint64_t rng = 12345;
+
+    ck_assert_int_eq(mr_ptrmap_init(&map, 128), MR_OK);
+    for (int k = 0; k < KEYS; k++) ref[k] = MR_NIL;
+    for (int op = 0; op < OPS; op++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        /* Keys 64 bytes apart, as buffers are; at most 128 live at once. */
+        int k = (int)((rng >> 33) % KEYS);
+        const void *key = base + (size_t)k * 64;
+        int live = 0;
+        for (int i = 0; i < KEYS; i++) live += ref[i] != MR_NIL;
+        if ((rng >> 20) % 3 != 0 && (live < 128 || ref[k] != MR_NIL)) {
+            ref[k] = (uint32_t)op;
+            mr_ptrmap_put(&map, key, (uint32_t)op);
+        } else {
+            ref[k] = MR_NIL;
+            mr_ptrmap_del(&map, key);
+        }
+        if (op % 97 == 0) {
+            for (int i = 0; i < KEYS; i++) {
+                ck_assert_uint_eq(mr_ptrmap_get(&map, base + (size_t)i * 64), ref[i]);
+            }
+        }
+    }
+    ck_assert_uint_eq(mr_ptrmap_get(&map, NULL), MR_NIL);
+    ck_assert_uint_eq(mr_ptrmap_get(&map, base + 1), MR_NIL);
+    mr_ptrmap_fini(&map);
+}
+END_TEST
+
 static Suite *unit_suite(void)
 {
     Suite *s = suite_create("unit");
@@ -267,6 +306,9 @@ static Suite *unit_suite(void)
     tc = tcase_create("deferq");
     tcase_add_test(tc, deferq_fifo_per_destination);
     tcase_add_test(tc, deferq_ring_round_robin);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("ptrmap");
+    tcase_add_test(tc, ptrmap_matches_reference);
     suite_add_tcase(s, tc);
     return s;
 }

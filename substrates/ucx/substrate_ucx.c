@@ -1,0 +1,1991 @@
+/*
+ * The UCX substrate: UCP active messages over one worker per rank.
+ *
+ * Setup. open() creates a UCP context with active messages (and wake-up
+ * events, so that an idle progress() can sleep), one worker in single-thread
+ * mode and its two AM handlers. The UCX settings are read with
+ * ucp_config_read("MAILRAIL", ...): UCX then looks up every UCX variable
+ * under two names, first UCX_<NAME> and then MAILRAIL_UCX_<NAME>, which wins
+ * (checked with UCX 1.13.1: UCX_TLS=tcp MAILRAIL_UCX_TLS=sm,self gives
+ * sm,self). So MAILRAIL_UCX_TLS, MAILRAIL_UCX_NET_DEVICES,
+ * MAILRAIL_UCX_RNDV_THRESH, ... tune MailRail's UCX without touching MPICH's,
+ * while a plain UCX_<NAME> still applies to both unless a MAILRAIL_UCX_<NAME>
+ * overrides it. The plugin's own settings (MAILRAIL_UCX_ERROR_MODE, ...) share
+ * that prefix; they are declared to the UCX parser as known names so that UCX
+ * does not warn about them as unused UCX variables (a misspelt
+ * MAILRAIL_UCX_TSL still gets that warning).
+ *
+ * Address. get_address() yields a 32-byte header followed by the worker
+ * address from ucp_worker_get_address(), all little-endian:
+ *
+ *     u32 magic "MRUX", u8 version (1), u8[3] reserved (0), u32 pid,
+ *     u32 UCX address length, u64 boot id hash, u64 pid-namespace inode
+ *
+ * The boot id says which ranks share a kernel (and can share memory); the pid
+ * and pid namespace let a rank watch a peer on the same host with a pidfd.
+ *
+ * Connection. connect() creates one endpoint per peer from its worker
+ * address, then runs two rounds over UCX itself. HELLO: every rank sends
+ * HELLO to every peer, flushes the endpoint (which completes its wire-up,
+ * and may need the peer to progress) and waits for every peer's HELLO.
+ * READY: the same without the flush. A rank leaves connect() once it has
+ * every READY, so every peer has finished its HELLO round and no longer
+ * needs this rank to progress; the core does not progress the substrate in
+ * the agreement that follows. (A flush in the READY round hung with TCP
+ * endpoints: it can need the peer that has already left.) Both rounds
+ * together are bounded by params->timeout_s.
+ *
+ * Messages. Two AM ids: UCX_AM_DATA carries the payload, UCX_AM_CTRL carries
+ * zero-payload control messages (credit returns; HELLO, READY and BYE).
+ * Each carries a 10-byte user header, little-endian and packed:
+ *
+ *     u8 kind, u32 imm, i32 source rank, u8 failures seen
+ *
+ * The last byte counts the peer failures the sender has found (saturating at
+ * 255). A receiver that has found fewer checks its pidfds before going on,
+ * so that a message a peer sent after learning of a failure never reaches
+ * the core before that failure does (see Failures).
+ *
+ * A header of another length, a source outside [0, size) or equal to this
+ * rank, a data payload longer than the datagram size or a control message
+ * with a payload is a protocol error: logged (rate-limited) and dropped.
+ * UCX 1.13 has no UCP_AM_SEND_FLAG_COPY_HEADER (it came with 1.14), so the
+ * header must stay valid until the send completes: it lives in the send's
+ * own request state. Send state is preallocated at open() for max_sends data
+ * sends and 2 control sends per peer (64 to 4096; send_control() returns
+ * MR_AGAIN when all are in flight), and handed to UCX as user-allocated
+ * requests (UCP_OP_ATTR_FIELD_REQUEST): the send path allocates nothing.
+ * UCX picks eager or rendezvous by size (MAILRAIL_UCX_RNDV_THRESH tunes it).
+ *
+ * Receive path (AM callbacks run inside ucp_worker_progress(), that is inside
+ * progress(), where upcalls are allowed):
+ *   - Fast path, nothing queued: eager data that UCX cannot let us keep (no
+ *     UCP_AM_RECV_ATTR_FLAG_DATA, e.g. short messages in shared memory) is
+ *     copied into a slot from recv_slot_acquire() and delivered; data that
+ *     can be kept and is at least MAILRAIL_UCX_ZCOPY_THRESH long is delivered
+ *     in place with a handle (the callback returns UCS_INPROGRESS; the core's
+ *     release_recv() gives it back with ucp_am_data_release()); a rendezvous
+ *     is received with ucp_am_recv_data_nbx() straight into a slot and
+ *     delivered when it completes.
+ *   - Otherwise the message joins a FIFO queue, which keeps arrival order
+ *     (and so per-source order) across all three kinds: entries that own a
+ *     slot (complete, or a rendezvous under way) come first; from the first
+ *     entry that still needs a slot on, every later one waits too, so that
+ *     slots are taken in arrival order and no later message can hold the
+ *     slot an earlier one needs. A waiting entry holds the UCX buffer
+ *     (UCS_INPROGRESS) when UCX allows it, holds the rendezvous descriptor,
+ *     or, for data UCX will reuse after the callback, a copy in the spill
+ *     area (MAILRAIL_UCX_SPILL_SIZE, preallocated; a heap copy beyond it).
+ *     Every progress() call delivers from the head and hands slots to
+ *     waiting entries in order.
+ *   - No slot under MAILRAIL_FLOWCTL=none. Under the credit policies a
+ *     message never finds the pool empty (one credit is one slot). Under
+ *     none it can, and a copy must be made or the bytes are lost. So while
+ *     entries wait for slots and no rendezvous is in flight, progress() stops
+ *     calling ucp_worker_progress(): this rank stops taking messages, UCX's
+ *     queues and the senders' send completions stall, and their send pools
+ *     fill: the same backpressure as the TCP substrate, which stops reading
+ *     the socket. Only the messages UCX hands over in the progress call that
+ *     emptied the pool end up in the spill area. Nothing is ever dropped.
+ *
+ * Failures. MAILRAIL_UCX_ERROR_MODE picks the UCX error handling mode of the
+ * endpoints. UCP_ERR_HANDLING_MODE_PEER makes UCX 1.13 drop the shared-memory
+ * transports between ranks of one host and run them over TCP loopback, at a
+ * fraction of the message rate; NONE keeps shared memory but UCX then never
+ * reports a dead peer. The default, auto, uses NONE towards ranks on the same
+ * kernel and PEER towards other hosts. In every mode a peer on the same host
+ * (same kernel and pid namespace) is also watched through a pidfd, so its
+ * death is reported within UCX_PIDFD_CHECK_MS even without UCX's help (and
+ * at once to a rank that gets a message from a peer that already knows). Peer
+ * failures found in callbacks are queued and reported by progress(); the
+ * endpoint is then closed with UCP_EP_CLOSE_FLAG_FORCE, which completes its
+ * outstanding sends (reported as completions, so that the core gets its
+ * buffers back). After closing(), failures are expected and not reported.
+ *
+ * Closing. closing() only records that every rank finished sending: a peer
+ * may still be waiting in the core's first barrier, and closing an endpoint
+ * now could make it see a failure before it has called closing() itself.
+ * close() releases every UCX buffer still held. After a normal finalize
+ * (closing() was called, so every rank is past it) it runs a BYE round:
+ * BYE to every peer behind everything else, a flush, and every peer's BYE,
+ * within UCX_CLOSE_FLUSH_S. Nothing is then in flight either way and the
+ * endpoints are released with UCP_EP_CLOSE_FLAG_FORCE: closing them with a
+ * flush instead fails towards a peer that has already destroyed its worker,
+ * and UCX logs an error for each (seen with TCP endpoints). Without
+ * closing() (a failure, or init giving up) the endpoints of live peers are
+ * closed with a flush, bounded by UCX_CLOSE_EP_MS. Then the worker and the
+ * context are destroyed, and only then the request memory is freed.
+ */
+#include "mr_substrate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+#include <ucs/config/parser.h>
+
+/* ------------------------------------------------------------------------ */
+/* Constants of the wire format and of the implementation.                  */
+
+#define UCX_ADDR_MAGIC 0x58554d52u /* "MRUX" little-endian. */
+#define UCX_ADDR_VERSION 1
+#define UCX_ADDR_HDR_LEN 32
+
+#define UCX_AM_DATA 0x4d31 /* AM ids; this worker is MailRail's own. */
+#define UCX_AM_CTRL 0x4d32
+
+#define UCX_HDR_LEN 10     /* u8 kind, u32 imm, i32 source, u8 failures seen. */
+
+/* Kinds of control messages (the kind byte of a UCX_AM_CTRL header). */
+enum { CTRL_CREDIT = 0, CTRL_HELLO = 1, CTRL_READY = 2, CTRL_BYE = 3 };
+
+#define UCX_ENV_PREFIX "MAILRAIL"       /* UCX reads MAILRAIL_UCX_<NAME>. */
+#define UCX_OWN_PREFIX "MAILRAIL_UCX_"  /* The plugin's own settings. */
+
+#define UCX_CTRL_SLOTS_MIN 64     /* Control sends in flight at once, at least ... */
+#define UCX_CTRL_SLOTS_MAX 4096   /* ... 2 per peer, at most this. */
+#define UCX_RREQS_MAX 256         /* Rendezvous receives in flight at once. */
+#define UCX_RXQ_SLACK 256         /* Arrival queue: receive slots plus this, ... */
+#define UCX_RXQ_MAX_INIT 65536    /* ... at most this to start with; it grows if need be. */
+#define UCX_PROGRESS_BURST 16     /* ucp_worker_progress() calls per progress(). */
+#define UCX_PIDFD_CHECK_MS 20     /* How often progress(0) polls the peers' pidfds. */
+#define UCX_HINTED_CHECK_US 100   /* ... and at most how often a peer's header makes it. */
+#define UCX_CONNECT_POLL_MS 10    /* Sleep per idle round of connect(). */
+#define UCX_CLOSE_FLUSH_S 5       /* Longest BYE round in close(). */
+#define UCX_CLOSE_EP_MS 1000      /* Longest wait for the endpoints to close after it. */
+#define UCX_PROTO_LOG_BURST 10    /* Protocol errors logged before going quiet. */
+#define UCX_MAX_EVENTS 32
+
+#define NS_PER_MS UINT64_C(1000000)
+#define NS_PER_S UINT64_C(1000000000)
+
+/* ------------------------------------------------------------------------ */
+/* Settings.                                                                 */
+
+enum { ERRMODE_AUTO = 0, ERRMODE_NONE = 1, ERRMODE_PEER = 2 };
+
+static const char *const ucx_error_modes[] = {"auto", "none", "peer", NULL};
+
+typedef struct ucx_config {
+    unsigned error_mode;
+    uint64_t zcopy_thresh;
+    uint64_t spill_size;
+} ucx_config_t;
+
+static const mr_config_entry_t ucx_config_table[] = {
+    {.name = "MAILRAIL_UCX_ERROR_MODE",
+     .default_value = "auto",
+     .type = MR_CONFIG_ENUM,
+     .offset = offsetof(ucx_config_t, error_mode),
+     .choices = ucx_error_modes,
+     .doc = "UCX error handling towards each peer: peer makes UCX report dead peers, but UCX "
+            "1.13 then replaces shared memory between ranks of one host by TCP loopback (over "
+            "10 times fewer messages per second); none keeps shared memory, and UCX reports no "
+            "dead peer; auto is none within a host and peer between hosts. A dead peer on the "
+            "same host is detected in every mode, through its process descriptor (pidfd)."},
+    {.name = "MAILRAIL_UCX_ZCOPY_THRESH",
+     .default_value = "0",
+     .type = MR_CONFIG_SIZE,
+     .offset = offsetof(ucx_config_t, zcopy_thresh),
+     .min = 0,
+     .max = UINT64_C(1) << 30,
+     .doc = "Messages of at least this many bytes that UCX lets the receiver keep are delivered "
+            "in UCX's buffer instead of being copied into a receive slot (zero copy); each still "
+            "takes one receive slot's credit. 0 keeps every buffer UCX allows."},
+    {.name = "MAILRAIL_UCX_SPILL_SIZE",
+     .default_value = "256K",
+     .type = MR_CONFIG_SIZE,
+     .offset = offsetof(ucx_config_t, spill_size),
+     .min = 0,
+     .max = UINT64_C(1) << 32,
+     .doc = "Bytes set aside per rank for messages that arrive when every receive slot is taken "
+            "(possible only with MAILRAIL_FLOWCTL=none) and that UCX will not let the receiver "
+            "keep; beyond it they are copied to the heap. The rank then stops taking messages "
+            "until slots free up, so little of it is used."},
+    {.name = NULL},
+};
+
+/* ------------------------------------------------------------------------ */
+/* State.                                                                    */
+
+/* Send state of one data or control message; UCX's request precedes it. */
+typedef struct ucx_sreq {
+    struct ucx_sreq *next;
+    mr_substrate_t *s;
+    void *cookie;
+    int32_t dest;
+    bool ctrl;
+    uint8_t hdr[UCX_HDR_LEN];   /* Stays valid until completion (no COPY_HEADER in 1.13). */
+} ucx_sreq_t;
+
+/* State of one rendezvous receive; UCX's request precedes it. */
+typedef struct ucx_rreq {
+    struct ucx_rreq *next;
+    volatile bool done;
+    ucs_status_t status;
+} ucx_rreq_t;
+
+/* Where a queued arrival is. */
+typedef enum ucx_rx_state {
+    RX_READY,      /* Complete in a receive slot (data). */
+    RX_RECEIVING,  /* Rendezvous under way into a receive slot (data). */
+    RX_FAILED,     /* Rendezvous failed; the slot (data) goes back. */
+    RX_HELD,       /* Waiting: UCX's buffer, kept (data, also the release handle). */
+    RX_RNDV_WAIT,  /* Waiting: rendezvous descriptor (data), not started. */
+    RX_SPILL       /* Waiting: a copy in the spill area or on the heap (data). */
+} ucx_rx_state_t;
+
+typedef struct ucx_rx {
+    uint8_t state;
+    uint8_t kind;
+    bool heap;             /* RX_SPILL: the copy was malloc'ed. */
+    int32_t source;
+    uint32_t imm;
+    size_t length;
+    void *data;
+    ucx_rreq_t *rreq;      /* RX_RECEIVING */
+    size_t spill_end;      /* RX_SPILL in the arena: where the arena's head moves on release. */
+} ucx_rx_t;
+
+typedef enum ucx_peer_state {
+    P_NONE,    /* No endpoint (yet), or this rank. */
+    P_OK,
+    P_FAILED,  /* Failure found; reported (or not, when closing) and endpoint forced closed. */
+    P_CLOSED   /* Endpoint closed in close(). */
+} ucx_peer_state_t;
+
+typedef struct ucx_peer {
+    mr_substrate_t *s;
+    int rank;
+    uint8_t state;
+    bool fail_queued;
+    bool same_host;            /* Same kernel (boot id). */
+    bool got[4];               /* HELLO, READY, BYE received (indexed by kind). */
+    bool exited;               /* Its pidfd said so. */
+    ucs_status_t fail_status;
+    ucp_ep_h ep;
+    void *close_req;
+    void *conn_req[2];         /* HELLO, READY or BYE round: our send and the flush. */
+    uint8_t conn_hdr[UCX_HDR_LEN];
+    uint32_t pid;
+    int pidfd;
+} ucx_peer_t;
+
+struct mr_substrate {
+    int rank, size;
+    size_t datagram_size;
+    size_t max_sends;
+    unsigned timeout_s;
+    void *core;
+    mr_substrate_upcalls_t up;
+    void (*log)(mr_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+    const mr_log_level_t *log_threshold;
+    ucx_config_t cfg;
+    uint32_t hello_token;
+
+    ucp_context_h context;
+    ucp_worker_h worker;
+    size_t ucx_req_size;       /* Bytes UCX needs before each user request. */
+    int efd;                   /* The worker's event fd, or -1. */
+    int epfd;                  /* epoll over efd and the pidfds. */
+    size_t npidfds;
+
+    uint8_t addr[MR_SUBSTRATE_ADDR_MAX];
+    size_t addr_len;
+    uint64_t boot_hash, pidns;
+
+    bool connect_started, connected;
+    bool closing;              /* closing() was called: peer failures are expected. */
+    bool closed;               /* close() runs: data is dropped, failures are expected. */
+    bool upcalls_ok;           /* Inside progress(): callbacks may call the core. */
+    int cb_events;             /* Upcalls made from callbacks in this progress() call. */
+
+    ucx_peer_t *peers;
+    int *failq;                /* Ranks whose failure awaits reporting (FIFO of size). */
+    int failq_head, failq_count;
+
+    /* Send state: max_sends data sends then nctrl control sends. */
+    uint8_t *sreq_mem;
+    size_t sreq_stride, nctrl;
+    ucx_sreq_t *free_sreqs, *free_ctrl;
+    ucx_sreq_t *done_head, *done_tail;
+
+    /* Rendezvous receives. */
+    uint8_t *rreq_mem;
+    size_t rreq_stride, nrreqs;
+    ucx_rreq_t *free_rreqs;
+    size_t nreceiving;
+
+    /* Arrival queue: [head, head + claimed) own slots; the rest wait for one. */
+    ucx_rx_t *rxq;
+    size_t rxq_cap, rxq_head, rxq_count, rxq_claimed;
+
+    /* Control messages that arrived outside progress() (only possible in connect()). */
+    uint32_t *ctrlq;           /* (source, imm) pairs. */
+    size_t ctrlq_cap, ctrlq_head, ctrlq_count;
+
+    /* Spill area: a ring of bytes, allocated and freed in FIFO order. */
+    uint8_t *spill;
+    size_t spill_cap, spill_head, spill_tail, spill_used;
+    bool spill_warned;
+
+    uint64_t next_pidfd_check;
+    uint64_t next_hinted_check;
+    uint8_t failures_seen;     /* Peer failures found (saturating); sent in every header. */
+    uint64_t proto_errors;
+    uint64_t spilled, spilled_heap, paused_calls, zcopy_delivered, rndv_received, held;
+};
+
+static const mr_log_level_t ucx_default_threshold = MR_LOG_WARN;
+
+#define ULOG(s, level, ...)                                                              \
+    do {                                                                                 \
+        if ((s)->log != NULL && (level) <= *(s)->log_threshold)                          \
+            (s)->log((level), __VA_ARGS__);                                              \
+    } while (0)
+
+static void ucx_close(mr_substrate_t *s);
+static void check_events(mr_substrate_t *s, int timeout_ms);
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers.                                                            */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    for (unsigned i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8u * i));
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    for (unsigned i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8u * i));
+}
+
+static uint32_t get_le32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (unsigned i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8u * i);
+    return v;
+}
+
+static uint64_t get_le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8u * i);
+    return v;
+}
+
+static uint64_t fnv1a64(uint64_t h, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= UINT64_C(0x100000001b3);
+    }
+    return h;
+}
+
+#define FNV64_INIT UINT64_C(0xcbf29ce484222325)
+
+static size_t align_up(size_t n, size_t a)
+{
+    return (n + a - 1) / a * a;
+}
+
+static void hdr_pack(const mr_substrate_t *s, uint8_t *h, unsigned kind, uint32_t imm)
+{
+    h[0] = (uint8_t)kind;
+    put_le32(h + 1, imm);
+    put_le32(h + 5, (uint32_t)s->rank);
+    h[9] = s->failures_seen;
+}
+
+static bool is_peer_gone_status(ucs_status_t st)
+{
+    return st == UCS_ERR_CONNECTION_RESET || st == UCS_ERR_ENDPOINT_TIMEOUT ||
+           st == UCS_ERR_UNREACHABLE || st == UCS_ERR_REJECTED || st == UCS_ERR_CANCELED ||
+           st == UCS_ERR_IO_ERROR || st == UCS_ERR_NOT_CONNECTED;
+}
+
+/* Logs a malformed message, the first few at error level, then only at debug level. */
+static void proto_error(mr_substrate_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void proto_error(mr_substrate_t *s, const char *fmt, ...)
+{
+    char what[200];
+    va_list ap;
+    mr_log_level_t level;
+
+    s->proto_errors++;
+    level = s->proto_errors <= UCX_PROTO_LOG_BURST ? MR_LOG_ERROR : MR_LOG_DEBUG;
+    if (s->log == NULL || level > *s->log_threshold) return;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    s->log(level, "UCX substrate: dropped a malformed message (%s)%s.", what,
+           s->proto_errors == UCX_PROTO_LOG_BURST ? "; further ones are logged at debug level"
+                                                  : "");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host identity, for the error mode and the pidfd watch.                   */
+
+static void host_identity(uint64_t *boot_hash, uint64_t *pidns)
+{
+    char buf[64];
+    struct stat st;
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+
+    *boot_hash = 0;
+    *pidns = 0;
+    if (fd >= 0) {
+        ssize_t n = read(fd, buf, sizeof(buf));
+        if (n > 0) *boot_hash = fnv1a64(FNV64_INIT, buf, (size_t)n);
+        close(fd);
+    }
+    if (stat("/proc/self/ns/pid", &st) == 0) *pidns = ((uint64_t)st.st_dev << 32) ^ st.st_ino;
+}
+
+static int pidfd_open_compat(uint32_t pid)
+{
+#ifdef SYS_pidfd_open
+    static bool unsupported; /* ENOSYS once (old kernel, valgrind): do not ask again. */
+    int fd;
+
+    if (unsupported) {
+        errno = ENOSYS;
+        return -1;
+    }
+    fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (fd < 0 && errno == ENOSYS) unsupported = true;
+    return fd;
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* ------------------------------------------------------------------------ */
+/* Telling UCX that the plugin's MAILRAIL_UCX_* settings are not its own.   */
+
+static int known_read(const char *buf, void *dest, const void *arg)
+{
+    (void)buf;
+    (void)dest;
+    (void)arg;
+    return 1;
+}
+
+static int known_write(char *buf, size_t max, const void *src, const void *arg)
+{
+    (void)src;
+    (void)arg;
+    if (max > 0) buf[0] = '\0';
+    return 1;
+}
+
+static ucs_status_t known_clone(const void *src, void *dest, const void *arg)
+{
+    (void)src;
+    (void)dest;
+    (void)arg;
+    return UCS_OK;
+}
+
+static void known_release(void *ptr, const void *arg)
+{
+    (void)ptr;
+    (void)arg;
+}
+
+static void known_help(char *buf, size_t max, const void *arg)
+{
+    (void)arg;
+    if (max > 0) buf[0] = '\0';
+}
+
+/*
+ * UCX warns, once per process, about every set variable that starts with
+ * MAILRAIL_UCX_ and that no UCX table read. Parsing our names through a
+ * throw-away UCX table with a no-op parser marks them as read.
+ */
+static void mark_own_settings(void)
+{
+    enum { MAX_OWN = 8 };
+    ucs_config_field_t fields[MAX_OWN + 1];
+    size_t n = 0, plen = strlen(UCX_OWN_PREFIX);
+    uint64_t dummy = 0;
+
+    memset(fields, 0, sizeof(fields));
+    for (const mr_config_entry_t *e = ucx_config_table; e->name != NULL && n < MAX_OWN; e++) {
+        if (strncmp(e->name, UCX_OWN_PREFIX, plen) != 0) continue;
+        fields[n].name = e->name + plen;
+        fields[n].dfl_value = "";
+        fields[n].doc = "";
+        fields[n].offset = 0;
+        fields[n].parser.read = known_read;
+        fields[n].parser.write = known_write;
+        fields[n].parser.clone = known_clone;
+        fields[n].parser.release = known_release;
+        fields[n].parser.help = known_help;
+        fields[n].parser.arg = NULL;
+        n++;
+    }
+    if (ucs_config_parser_fill_opts(&dummy, fields, UCX_OWN_PREFIX, NULL, 1) == UCS_OK) {
+        ucs_config_parser_release_opts(&dummy, fields);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Send state.                                                               */
+
+static ucx_sreq_t *sreq_at(mr_substrate_t *s, size_t i)
+{
+    return (ucx_sreq_t *)(void *)(s->sreq_mem + i * s->sreq_stride +
+                                  align_up(s->ucx_req_size, 64));
+}
+
+static ucx_rreq_t *rreq_at(mr_substrate_t *s, size_t i)
+{
+    return (ucx_rreq_t *)(void *)(s->rreq_mem + i * s->rreq_stride +
+                                  align_up(s->ucx_req_size, 64));
+}
+
+static void done_push(mr_substrate_t *s, ucx_sreq_t *r)
+{
+    r->next = NULL;
+    if (s->done_tail != NULL) s->done_tail->next = r;
+    else s->done_head = r;
+    s->done_tail = r;
+}
+
+static void ctrl_free(mr_substrate_t *s, ucx_sreq_t *r)
+{
+    r->next = s->free_ctrl;
+    s->free_ctrl = r;
+}
+
+/* Queues the failure of `rank` for the next progress call. Idempotent. */
+static void peer_fail(mr_substrate_t *s, int rank, ucs_status_t why)
+{
+    ucx_peer_t *p;
+
+    if (rank < 0 || rank >= s->size || rank == s->rank) return;
+    p = &s->peers[rank];
+    if (p->state != P_OK || p->fail_queued) return;
+    p->fail_queued = true;
+    p->fail_status = why;
+    if (s->failures_seen < UINT8_MAX) s->failures_seen++;
+    s->failq[(s->failq_head + s->failq_count) % s->size] = rank;
+    s->failq_count++;
+}
+
+static void send_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_sreq_t *r = request;
+    mr_substrate_t *s = r->s;
+
+    (void)user_data;
+    if (status != UCS_OK && !s->closing && !s->closed && is_peer_gone_status(status)) {
+        peer_fail(s, r->dest, status);
+    }
+    if (r->ctrl) {
+        ctrl_free(s, r);
+        return;
+    }
+    done_push(s, r);
+}
+
+static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    ucx_peer_t *p = arg;
+
+    (void)ep;
+    peer_fail(p->s, p->rank, status);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The spill area.                                                           */
+
+/* Copies `len` bytes aside for a waiting entry; false only when out of memory. */
+static bool spill_store(mr_substrate_t *s, ucx_rx_t *e, const void *data, size_t len)
+{
+    size_t need = align_up(len ? len : 1, 16), off = SIZE_MAX, end = 0;
+
+    if (s->spill_cap >= need) {
+        if (s->spill_used == 0) s->spill_head = s->spill_tail = 0;
+        if (s->spill_tail >= s->spill_head && s->spill_used < s->spill_cap) {
+            if (s->spill_cap - s->spill_tail >= need) {
+                off = s->spill_tail;
+            } else if (s->spill_head >= need) {
+                /* Wrap: the gap at the end is freed with this entry. */
+                s->spill_used += s->spill_cap - s->spill_tail;
+                off = 0;
+            }
+        } else if (s->spill_tail < s->spill_head && s->spill_head - s->spill_tail >= need) {
+            off = s->spill_tail;
+        }
+    }
+    e->state = RX_SPILL;
+    e->length = len;
+    if (off != SIZE_MAX) {
+        end = off + need;
+        s->spill_tail = end;
+        s->spill_used += need;
+        e->heap = false;
+        e->data = s->spill + off;
+        e->spill_end = end;
+    } else {
+        e->heap = true;
+        e->data = malloc(len ? len : 1);
+        if (e->data == NULL) return false;
+        s->spilled_heap++;
+        if (!s->spill_warned) {
+            s->spill_warned = true;
+            ULOG(s, MR_LOG_WARN, "UCX substrate: every receive slot is taken and the %zu-byte "
+                 "spill area is full: messages are copied to the heap. Use credit flow control "
+                 "(MAILRAIL_FLOWCTL=rank or node) or raise MAILRAIL_UCX_SPILL_SIZE.",
+                 s->spill_cap);
+        }
+    }
+    if (len > 0) memcpy(e->data, data, len);
+    s->spilled++;
+    return true;
+}
+
+/* Releases the copy of a spilled entry (in FIFO order for the arena). */
+static void spill_release(mr_substrate_t *s, ucx_rx_t *e)
+{
+    if (e->heap) {
+        free(e->data);
+    } else {
+        size_t start = s->spill_head;
+        size_t freed = e->spill_end > start ? e->spill_end - start
+                                            : (s->spill_cap - start) + e->spill_end;
+        s->spill_used -= freed < s->spill_used ? freed : s->spill_used;
+        s->spill_head = e->spill_end;
+        if (s->spill_used == 0) s->spill_head = s->spill_tail = 0;
+    }
+    e->data = NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The arrival queue.                                                        */
+
+static ucx_rx_t *rxq_at(mr_substrate_t *s, size_t i)
+{
+    return &s->rxq[(s->rxq_head + i) & (s->rxq_cap - 1)];
+}
+
+/* A new entry at the tail, or NULL when out of memory (the queue doubles when full). */
+static ucx_rx_t *rxq_push(mr_substrate_t *s)
+{
+    if (s->rxq_count == s->rxq_cap) {
+        size_t cap = s->rxq_cap * 2;
+        ucx_rx_t *q = malloc(cap * sizeof(*q));
+        if (q == NULL) return NULL;
+        for (size_t i = 0; i < s->rxq_count; i++) q[i] = *rxq_at(s, i);
+        free(s->rxq);
+        s->rxq = q;
+        s->rxq_cap = cap;
+        s->rxq_head = 0;
+    }
+    ucx_rx_t *e = &s->rxq[(s->rxq_head + s->rxq_count) & (s->rxq_cap - 1)];
+    s->rxq_count++;
+    memset(e, 0, sizeof(*e));
+    return e;
+}
+
+static void rxq_pop(mr_substrate_t *s)
+{
+    s->rxq_head = (s->rxq_head + 1) & (s->rxq_cap - 1);
+    s->rxq_count--;
+}
+
+static void rreq_free(mr_substrate_t *s, ucx_rreq_t *r)
+{
+    r->next = s->free_rreqs;
+    s->free_rreqs = r;
+}
+
+static void recv_cb(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    ucx_rreq_t *r = request;
+
+    (void)length;
+    (void)user_data;
+    r->status = status;
+    r->done = true;
+}
+
+/*
+ * Starts receiving a rendezvous into a fresh slot. The entry becomes
+ * RX_READY, RX_RECEIVING or RX_FAILED; false (nothing changed) when no slot
+ * or no receive state is free.
+ */
+static bool rx_start_rndv(mr_substrate_t *s, ucx_rx_t *e, void *desc)
+{
+    ucx_rreq_t *r = s->free_rreqs;
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+    void *slot;
+
+    if (r == NULL) return false;
+    slot = s->up.recv_slot_acquire(s->core);
+    if (slot == NULL) return false;
+    s->free_rreqs = r->next;
+    r->done = false;
+    r->status = UCS_INPROGRESS;
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_REQUEST | UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    param.request = r;
+    param.cb.recv_am = recv_cb;
+    param.memory_type = UCS_MEMORY_TYPE_HOST;
+    e->data = slot;
+    sp = ucp_am_recv_data_nbx(s->worker, desc, slot, e->length, &param);
+    if (sp == NULL) {
+        rreq_free(s, r);
+        e->state = RX_READY;
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        rreq_free(s, r);
+        e->state = RX_FAILED;
+        ULOG(s, MR_LOG_WARN, "UCX substrate: cannot receive a %zu-byte rendezvous message from "
+             "rank %d: %s; it is lost.", e->length, (int)e->source,
+             ucs_status_string(UCS_PTR_STATUS(sp)));
+    } else {
+        e->state = RX_RECEIVING;
+        e->rreq = r;
+        s->nreceiving++;
+    }
+    s->rndv_received++;
+    return true;
+}
+
+/* A receiving entry whose rendezvous completed becomes ready or failed. */
+static void rx_finish_rndv(mr_substrate_t *s, ucx_rx_t *e)
+{
+    ucx_rreq_t *r = e->rreq;
+
+    e->rreq = NULL;
+    s->nreceiving--;
+    if (r->status == UCS_OK) {
+        e->state = RX_READY;
+    } else {
+        e->state = RX_FAILED;
+        if (!s->closing && !s->closed) {
+            ULOG(s, MR_LOG_WARN, "UCX substrate: a %zu-byte rendezvous message from rank %d "
+                 "failed: %s; it is lost.", e->length, (int)e->source,
+                 ucs_status_string(r->status));
+        }
+    }
+    rreq_free(s, r);
+}
+
+/* Whether a held UCX buffer is delivered in place rather than copied. */
+static bool zcopy_ok(const mr_substrate_t *s, size_t length)
+{
+    return length > 0 && length >= s->cfg.zcopy_thresh;
+}
+
+/*
+ * Gives a waiting entry a slot: copies a held buffer or a spilled copy into
+ * it, or starts the rendezvous. false when no slot is free.
+ */
+static bool rx_claim(mr_substrate_t *s, ucx_rx_t *e)
+{
+    void *slot;
+
+    if (e->state == RX_RNDV_WAIT) return rx_start_rndv(s, e, e->data);
+    slot = s->up.recv_slot_acquire(s->core);
+    if (slot == NULL) return false;
+    if (e->length > 0) memcpy(slot, e->data, e->length);
+    if (e->state == RX_HELD) ucp_am_data_release(s->worker, e->data);
+    else spill_release(s, e);
+    e->data = slot;
+    e->state = RX_READY;
+    return true;
+}
+
+static void deliver_slot(mr_substrate_t *s, int source, unsigned kind, uint32_t imm, void *slot,
+                         size_t length)
+{
+    mr_status_t st = s->up.deliver(s->core, source, kind, imm, slot, length, NULL);
+    if (st != MR_OK) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d (status %d).",
+             source, (int)st);
+    }
+}
+
+/*
+ * Delivers what the head of the queue allows and hands slots to waiting
+ * entries in arrival order. Upcalls: progress() only. Returns the deliveries.
+ */
+static int rx_drain(mr_substrate_t *s)
+{
+    int n = 0;
+
+    while (s->rxq_count > 0) {
+        ucx_rx_t *e = rxq_at(s, 0);
+
+        if (e->state == RX_RECEIVING) {
+            if (!e->rreq->done) break;
+            rx_finish_rndv(s, e);
+        }
+        if (e->state == RX_READY || e->state == RX_FAILED) {
+            ucx_rx_t c = *e;
+            rxq_pop(s);
+            s->rxq_claimed--;
+            if (c.state == RX_READY) {
+                deliver_slot(s, c.source, c.kind, c.imm, c.data, c.length);
+                n++;
+            } else {
+                s->up.recv_slot_abandon(s->core, c.data);
+            }
+            continue;
+        }
+        /* The head waits for a slot. */
+        if (e->state == RX_HELD && zcopy_ok(s, e->length)) {
+            mr_status_t st = s->up.deliver(s->core, e->source, e->kind, e->imm, e->data,
+                                           e->length, e->data);
+            if (st == MR_AGAIN) break;
+            if (st != MR_OK) {
+                ULOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d "
+                     "(status %d).", (int)e->source, (int)st);
+                ucp_am_data_release(s->worker, e->data);
+            } else {
+                s->zcopy_delivered++;
+                n++;
+            }
+            rxq_pop(s);
+            continue;
+        }
+        if (!rx_claim(s, e)) break;
+        s->rxq_claimed++;
+    }
+    /* Waiting entries behind a rendezvous in flight may take slots, in order. */
+    while (s->rxq_claimed < s->rxq_count && s->rxq_claimed > 0) {
+        if (!rx_claim(s, rxq_at(s, s->rxq_claimed))) break;
+        s->rxq_claimed++;
+    }
+    return n;
+}
+
+/* Whether entries wait for slots that only the application can free. */
+static bool rx_paused(const mr_substrate_t *s)
+{
+    return s->rxq_count > s->rxq_claimed && s->nreceiving == 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Active-message handlers (inside ucp_worker_progress()).                   */
+
+/* Checks a header; fills kind, imm and source, or logs and returns false. */
+static bool hdr_parse(mr_substrate_t *s, const char *what, const void *header, size_t header_len,
+                      uint8_t *kind, uint32_t *imm, int *source)
+{
+    const uint8_t *h = header;
+    int32_t src;
+
+    if (header == NULL || header_len != UCX_HDR_LEN) {
+        proto_error(s, "%s header of %zu bytes instead of %d", what, header_len, UCX_HDR_LEN);
+        return false;
+    }
+    src = (int32_t)get_le32(h + 5);
+    if (src < 0 || src >= s->size || src == s->rank) {
+        proto_error(s, "%s from rank %d, which is not a peer in a job of %d", what, (int)src,
+                    s->size);
+        return false;
+    }
+    *kind = h[0];
+    *imm = get_le32(h + 1);
+    *source = src;
+    /*
+     * The sender knows of more failed peers than we do: look at the pidfds
+     * now, so that a failure is reported no later than a message sent after
+     * its discovery (rate-limited for failures a pidfd cannot show).
+     */
+    if (h[9] > s->failures_seen && s->npidfds > 0) {
+        uint64_t now = now_ns();
+        if (now >= s->next_hinted_check) {
+            s->next_hinted_check = now + UCX_HINTED_CHECK_US * 1000;
+            check_events(s, 0);
+        }
+    }
+    return true;
+}
+
+static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_length, void *data,
+                               size_t length, const ucp_am_recv_param_t *param)
+{
+    mr_substrate_t *s = arg;
+    bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    bool holdable = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
+    uint8_t kind;
+    uint32_t imm;
+    int source;
+    bool may_claim;
+    ucx_rx_t *e;
+    void *slot;
+
+    if (s->closed) return UCS_OK; /* Finalizing: nobody receives any more. */
+    if (!hdr_parse(s, "data", header, header_length, &kind, &imm, &source)) return UCS_OK;
+    if (length > s->datagram_size) {
+        proto_error(s, "%zu-byte data from rank %d, more than the %zu-byte datagram", length,
+                    source, s->datagram_size);
+        return UCS_OK;
+    }
+    /* A slot may be taken now only when no earlier arrival still waits for one. */
+    may_claim = s->upcalls_ok && s->rxq_claimed == s->rxq_count;
+
+    if (may_claim && s->rxq_count == 0) {
+        /* Fast path: nothing queued, deliver at once. */
+        if (!rndv) {
+            if (holdable && zcopy_ok(s, length)) {
+                mr_status_t st = s->up.deliver(s->core, source, kind, imm, data, length, data);
+                if (st == MR_OK) {
+                    s->zcopy_delivered++;
+                    s->cb_events++;
+                    return UCS_INPROGRESS;
+                }
+                if (st != MR_AGAIN) {
+                    ULOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank "
+                         "%d (status %d).", source, (int)st);
+                    return UCS_OK;
+                }
+            } else if ((slot = s->up.recv_slot_acquire(s->core)) != NULL) {
+                if (length > 0) memcpy(slot, data, length);
+                deliver_slot(s, source, kind, imm, slot, length);
+                s->cb_events++;
+                return UCS_OK;
+            }
+            may_claim = false; /* No slot: the message waits. */
+        }
+    }
+
+    e = rxq_push(s);
+    if (e == NULL) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for the arrival queue; a %zu-byte "
+             "message from rank %d is lost.", length, source);
+        return UCS_OK;
+    }
+    e->kind = kind;
+    e->imm = imm;
+    e->source = source;
+    e->length = length;
+    if (rndv) {
+        e->state = RX_RNDV_WAIT;
+        e->data = data;
+        if (may_claim && rx_start_rndv(s, e, data)) {
+            s->rxq_claimed++;
+            /* Completed at once with nothing ahead: deliver now. */
+            if (e->state == RX_READY && s->rxq_count == 1) s->cb_events += rx_drain(s);
+        }
+        return UCS_INPROGRESS; /* UCX keeps the descriptor, or the receive owns it. */
+    }
+    if (may_claim && (slot = s->up.recv_slot_acquire(s->core)) != NULL) {
+        /* Behind a rendezvous in flight: copy now, deliver in turn. */
+        if (length > 0) memcpy(slot, data, length);
+        e->state = RX_READY;
+        e->data = slot;
+        s->rxq_claimed++;
+        return UCS_OK;
+    }
+    if (holdable) {
+        e->state = RX_HELD;
+        e->data = data;
+        s->held++;
+        return UCS_INPROGRESS;
+    }
+    if (!spill_store(s, e, data, length)) {
+        s->rxq_count--; /* Undo the push. */
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for a %zu-byte message from rank "
+             "%d arriving while every receive slot is taken; it is lost.", length, source);
+    }
+    return UCS_OK;
+}
+
+static void ctrlq_push(mr_substrate_t *s, int source, uint32_t imm)
+{
+    if (s->ctrlq_count == s->ctrlq_cap) {
+        size_t cap = s->ctrlq_cap ? s->ctrlq_cap * 2 : 64;
+        uint32_t *q = malloc(cap * 2 * sizeof(*q));
+        if (q == NULL) {
+            ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory; a control message from rank "
+                 "%d is lost.", source);
+            return;
+        }
+        for (size_t i = 0; i < s->ctrlq_count; i++) {
+            size_t k = (s->ctrlq_head + i) % s->ctrlq_cap;
+            q[2 * i] = s->ctrlq[2 * k];
+            q[2 * i + 1] = s->ctrlq[2 * k + 1];
+        }
+        free(s->ctrlq);
+        s->ctrlq = q;
+        s->ctrlq_cap = cap;
+        s->ctrlq_head = 0;
+    }
+    size_t k = (s->ctrlq_head + s->ctrlq_count) % s->ctrlq_cap;
+    s->ctrlq[2 * k] = (uint32_t)source;
+    s->ctrlq[2 * k + 1] = imm;
+    s->ctrlq_count++;
+}
+
+static ucs_status_t ctrl_am_cb(void *arg, const void *header, size_t header_length, void *data,
+                               size_t length, const ucp_am_recv_param_t *param)
+{
+    mr_substrate_t *s = arg;
+    uint8_t kind;
+    uint32_t imm;
+    int source;
+
+    (void)data;
+    if (!hdr_parse(s, "control", header, header_length, &kind, &imm, &source)) return UCS_OK;
+    if (length != 0 || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        proto_error(s, "control message from rank %d with a %zu-byte payload", source, length);
+        return UCS_OK;
+    }
+    switch (kind) {
+    case CTRL_CREDIT:
+        if (s->closed) break;
+        if (s->upcalls_ok) {
+            s->up.control(s->core, source, imm);
+            s->cb_events++;
+        } else {
+            ctrlq_push(s, source, imm);
+        }
+        break;
+    case CTRL_HELLO:
+    case CTRL_READY:
+    case CTRL_BYE:
+        if (imm != s->hello_token) {
+            proto_error(s, "connection message from rank %d of another job (token %08x)",
+                        source, (unsigned)imm);
+            break;
+        }
+        s->peers[source].got[kind] = true;
+        break;
+    default:
+        proto_error(s, "control message of unknown kind %u from rank %d", kind, source);
+        break;
+    }
+    return UCS_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Upcall drains (progress() only).                                          */
+
+static void peer_force_close(mr_substrate_t *s, ucx_peer_t *p)
+{
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+
+    if (p->ep == NULL) return;
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    sp = ucp_ep_close_nbx(p->ep, &param);
+    p->ep = NULL;
+    if (UCS_PTR_IS_PTR(sp)) p->close_req = sp;
+    (void)s;
+}
+
+static int drain_failed(mr_substrate_t *s)
+{
+    int n = 0;
+
+    while (s->failq_count > 0) {
+        int rank = s->failq[s->failq_head];
+        ucx_peer_t *p = &s->peers[rank];
+
+        s->failq_head = (s->failq_head + 1) % s->size;
+        s->failq_count--;
+        p->fail_queued = false;
+        if (p->state != P_OK) continue;
+        p->state = P_FAILED;
+        if (s->closing) {
+            ULOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d went away while finalizing (%s).",
+                 rank, p->exited ? "its process exited" : ucs_status_string(p->fail_status));
+        } else {
+            if (p->exited) {
+                ULOG(s, MR_LOG_WARN, "UCX substrate: the process of rank %d (pid %u) exited.",
+                     rank, (unsigned)p->pid);
+            } else {
+                ULOG(s, MR_LOG_WARN, "UCX substrate: rank %d failed (UCX: %s).", rank,
+                     ucs_status_string(p->fail_status));
+            }
+            s->up.peer_failed(s->core, rank, MR_ERR_PEER_FAILED);
+            n++;
+        }
+        /* Its sends complete (with an error) and come back as completions. */
+        peer_force_close(s, p);
+    }
+    return n;
+}
+
+static int drain_done(mr_substrate_t *s)
+{
+    ucx_sreq_t *r = s->done_head;
+    int n = 0;
+
+    /* Detached first: completions of sends made by these upcalls wait for the next call. */
+    s->done_head = s->done_tail = NULL;
+    while (r != NULL) {
+        ucx_sreq_t *next = r->next;
+        void *cookie = r->cookie;
+        r->next = s->free_sreqs;
+        r->cookie = NULL;
+        s->free_sreqs = r;
+        s->up.send_complete(s->core, cookie);
+        n++;
+        r = next;
+    }
+    return n;
+}
+
+static int drain_ctrlq(mr_substrate_t *s)
+{
+    int n = 0;
+
+    while (s->ctrlq_count > 0) {
+        size_t k = s->ctrlq_head;
+        s->ctrlq_head = (s->ctrlq_head + 1) % s->ctrlq_cap;
+        s->ctrlq_count--;
+        s->up.control(s->core, (int)s->ctrlq[2 * k], s->ctrlq[2 * k + 1]);
+        n++;
+    }
+    return n;
+}
+
+/* Polls the pidfds of peers on this host (and drains the epoll set). */
+static void check_events(mr_substrate_t *s, int timeout_ms)
+{
+    struct epoll_event evs[UCX_MAX_EVENTS];
+    int n;
+
+    if (s->epfd < 0) {
+        if (timeout_ms != 0) sched_yield();
+        return;
+    }
+    n = epoll_wait(s->epfd, evs, UCX_MAX_EVENTS, timeout_ms);
+    for (int i = 0; i < n; i++) {
+        uint64_t tag = evs[i].data.u64;
+        if (tag == 0) continue; /* The worker's event fd: the caller progresses. */
+        int rank = (int)(tag - 1);
+        if (rank >= 0 && rank < s->size && s->peers[rank].pidfd >= 0) {
+            ucx_peer_t *p = &s->peers[rank];
+            epoll_ctl(s->epfd, EPOLL_CTL_DEL, p->pidfd, NULL);
+            close(p->pidfd);
+            p->pidfd = -1;
+            s->npidfds--;
+            if (p->state == P_OK && !p->fail_queued) p->exited = true;
+            peer_fail(s, rank, UCS_ERR_CONNECTION_RESET);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Operations.                                                               */
+
+static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out)
+{
+    mr_substrate_t *s;
+    const mr_substrate_upcalls_t *u;
+    ucp_config_t *config = NULL;
+    ucp_params_t cparams;
+    ucp_worker_params_t wparams;
+    ucp_context_attr_t cattr;
+    ucp_am_handler_param_t hparam;
+    ucp_address_t *uaddr = NULL;
+    size_t ualen = 0, ppn = 0;
+    ucs_status_t us;
+    mr_status_t st = MR_ERR_TRANSPORT;
+
+    if (p == NULL || out == NULL) return MR_ERR_INVALID_PARAM;
+    u = p->upcalls;
+    if (p->size < 1 || p->rank < 0 || p->rank >= p->size || p->job_key == NULL || u == NULL ||
+        p->max_sends == 0 || p->recv_slots == 0 || p->datagram_size > UINT32_MAX ||
+        !u->recv_slot_acquire || !u->recv_slot_abandon || !u->deliver || !u->send_complete ||
+        !u->control || !u->peer_failed) {
+        if (p->log != NULL) {
+            p->log(MR_LOG_ERROR, "UCX substrate: invalid parameters (rank %d of %d, datagram "
+                   "size %zu, %zu sends, missing key or upcalls).",
+                   p->rank, p->size, p->datagram_size, p->max_sends);
+        }
+        return MR_ERR_INVALID_PARAM;
+    }
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) return MR_ERR_NO_MEMORY;
+    s->rank = p->rank;
+    s->size = p->size;
+    s->datagram_size = p->datagram_size;
+    s->max_sends = p->max_sends;
+    s->timeout_s = p->timeout_s;
+    s->core = p->core;
+    s->up = *u;
+    s->log = p->log;
+    s->log_threshold = p->log_threshold ? p->log_threshold : &ucx_default_threshold;
+    s->efd = -1;
+    s->epfd = -1;
+    if (p->config != NULL) {
+        memcpy(&s->cfg, p->config, sizeof(s->cfg));
+    } else {
+        s->cfg.error_mode = ERRMODE_AUTO;
+        s->cfg.zcopy_thresh = 16 * 1024;
+        s->cfg.spill_size = 256 * 1024;
+    }
+    if (s->cfg.error_mode > ERRMODE_PEER) s->cfg.error_mode = ERRMODE_AUTO;
+    /* Not authentication: only keeps ranks of two jobs from taking each other for peers. */
+    s->hello_token = (uint32_t)fnv1a64(fnv1a64(FNV64_INIT, p->job_key, MR_JOB_KEY_LEN),
+                                       "MRUCX-HELLO", 11);
+    host_identity(&s->boot_hash, &s->pidns);
+    for (int r = 0; r < s->size; r++) {
+        if (p->node_of_rank == NULL || p->node_of_rank[r] == p->node_of_rank[s->rank]) ppn++;
+    }
+
+    /* Memory: nothing on the data path is allocated later (but the queues' growth). */
+    s->nctrl = 2 * (size_t)s->size;
+    if (s->nctrl < UCX_CTRL_SLOTS_MIN) s->nctrl = UCX_CTRL_SLOTS_MIN;
+    if (s->nctrl > UCX_CTRL_SLOTS_MAX) s->nctrl = UCX_CTRL_SLOTS_MAX;
+    s->nrreqs = p->recv_slots < UCX_RREQS_MAX ? p->recv_slots : UCX_RREQS_MAX;
+    /*
+     * Entries that own a slot are at most recv_slots, and waiting ones only
+     * exist under MAILRAIL_FLOWCTL=none, a burst at a time: the queue only
+     * grows in odd cases.
+     */
+    s->rxq_cap = 1;
+    while (s->rxq_cap < UCX_RXQ_MAX_INIT && s->rxq_cap < p->recv_slots + UCX_RXQ_SLACK) {
+        s->rxq_cap *= 2;
+    }
+    s->peers = calloc((size_t)s->size, sizeof(*s->peers));
+    s->failq = calloc((size_t)s->size, sizeof(*s->failq));
+    s->rxq = malloc(s->rxq_cap * sizeof(*s->rxq));
+    s->spill_cap = (size_t)s->cfg.spill_size;
+    s->spill = s->spill_cap ? malloc(s->spill_cap) : NULL;
+    if (s->peers == NULL || s->failq == NULL || s->rxq == NULL ||
+        (s->spill_cap && s->spill == NULL)) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %d peers.", s->size);
+        st = MR_ERR_NO_MEMORY;
+        goto fail;
+    }
+    for (int r = 0; r < s->size; r++) {
+        s->peers[r].s = s;
+        s->peers[r].rank = r;
+        s->peers[r].pidfd = -1;
+    }
+
+    /* UCX: MAILRAIL_UCX_<NAME> over UCX_<NAME>; see the comment at the top. */
+    mark_own_settings();
+    us = ucp_config_read(UCX_ENV_PREFIX, NULL, &config);
+    if (us != UCS_OK) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: cannot read the UCX settings (UCX_* and "
+             "MAILRAIL_UCX_*): %s.", ucs_status_string(us));
+        st = MR_ERR_CONFIG;
+        goto fail;
+    }
+    memset(&cparams, 0, sizeof(cparams));
+    cparams.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                         UCP_PARAM_FIELD_ESTIMATED_NUM_EPS | UCP_PARAM_FIELD_ESTIMATED_NUM_PPN |
+                         UCP_PARAM_FIELD_NAME;
+    cparams.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    cparams.mt_workers_shared = 0;
+    cparams.estimated_num_eps = (size_t)s->size;
+    cparams.estimated_num_ppn = ppn ? ppn : 1;
+    cparams.name = "mailrail";
+    us = ucp_init(&cparams, config, &s->context);
+    ucp_config_release(config);
+    if (us != UCS_OK) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_init failed: %s (check MAILRAIL_UCX_TLS and "
+             "UCX_TLS).", ucs_status_string(us));
+        s->context = NULL;
+        goto fail;
+    }
+    memset(&cattr, 0, sizeof(cattr));
+    cattr.field_mask = UCP_ATTR_FIELD_REQUEST_SIZE;
+    us = ucp_context_query(s->context, &cattr);
+    if (us != UCS_OK) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_context_query failed: %s.",
+             ucs_status_string(us));
+        goto fail;
+    }
+    s->ucx_req_size = cattr.request_size;
+
+    memset(&wparams, 0, sizeof(wparams));
+    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+    us = ucp_worker_create(s->context, &wparams, &s->worker);
+    if (us != UCS_OK) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_create failed: %s.",
+             ucs_status_string(us));
+        s->worker = NULL;
+        goto fail;
+    }
+    s->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (s->epfd < 0) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: epoll_create1 failed: %s.", strerror(errno));
+        goto fail;
+    }
+    us = ucp_worker_get_efd(s->worker, &s->efd);
+    if (us == UCS_OK) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
+        if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->efd, &ev) != 0) s->efd = -1;
+    } else {
+        s->efd = -1;
+    }
+    if (s->efd < 0) {
+        ULOG(s, MR_LOG_DEBUG, "UCX substrate: no wake-up fd from UCX (%s); an idle progress "
+             "call yields instead of sleeping.", ucs_status_string(us));
+    }
+
+    memset(&hparam, 0, sizeof(hparam));
+    hparam.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                        UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hparam.flags = UCP_AM_FLAG_WHOLE_MSG;
+    hparam.arg = s;
+    hparam.id = UCX_AM_DATA;
+    hparam.cb = data_am_cb;
+    us = ucp_worker_set_am_recv_handler(s->worker, &hparam);
+    if (us == UCS_OK) {
+        hparam.id = UCX_AM_CTRL;
+        hparam.cb = ctrl_am_cb;
+        us = ucp_worker_set_am_recv_handler(s->worker, &hparam);
+    }
+    if (us != UCS_OK) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: cannot set the active-message handlers: %s.",
+             ucs_status_string(us));
+        goto fail;
+    }
+
+    us = ucp_worker_get_address(s->worker, &uaddr, &ualen);
+    if (us != UCS_OK) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_get_address failed: %s.",
+             ucs_status_string(us));
+        goto fail;
+    }
+    if (ualen > MR_SUBSTRATE_ADDR_MAX - UCX_ADDR_HDR_LEN) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: the UCX worker address is %zu bytes, more than the "
+             "%d bytes MailRail can exchange; restrict the transports or devices it "
+             "advertises, e.g. MAILRAIL_UCX_TLS=sm,self,tcp or MAILRAIL_UCX_NET_DEVICES.",
+             ualen, MR_SUBSTRATE_ADDR_MAX - UCX_ADDR_HDR_LEN);
+        ucp_worker_release_address(s->worker, uaddr);
+        st = MR_ERR_CONFIG;
+        goto fail;
+    }
+    put_le32(s->addr, UCX_ADDR_MAGIC);
+    s->addr[4] = UCX_ADDR_VERSION;
+    put_le32(s->addr + 8, (uint32_t)getpid());
+    put_le32(s->addr + 12, (uint32_t)ualen);
+    put_le64(s->addr + 16, s->boot_hash);
+    put_le64(s->addr + 24, s->pidns);
+    memcpy(s->addr + UCX_ADDR_HDR_LEN, uaddr, ualen);
+    s->addr_len = UCX_ADDR_HDR_LEN + ualen;
+    ucp_worker_release_address(s->worker, uaddr);
+
+    /* Send and receive state, handed to UCX as user-allocated requests. */
+    s->sreq_stride = align_up(s->ucx_req_size, 64) + align_up(sizeof(ucx_sreq_t), 64);
+    s->rreq_stride = align_up(s->ucx_req_size, 64) + align_up(sizeof(ucx_rreq_t), 64);
+    s->sreq_mem = aligned_alloc(64, s->sreq_stride * (s->max_sends + s->nctrl));
+    s->rreq_mem = aligned_alloc(64, s->rreq_stride * s->nrreqs);
+    if (s->sreq_mem == NULL || s->rreq_mem == NULL) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %zu sends.", s->max_sends);
+        st = MR_ERR_NO_MEMORY;
+        goto fail;
+    }
+    memset(s->sreq_mem, 0, s->sreq_stride * (s->max_sends + s->nctrl));
+    memset(s->rreq_mem, 0, s->rreq_stride * s->nrreqs);
+    for (size_t i = s->max_sends + s->nctrl; i-- > 0;) {
+        ucx_sreq_t *r = sreq_at(s, i);
+        r->s = s;
+        r->ctrl = i >= s->max_sends;
+        if (r->ctrl) ctrl_free(s, r);
+        else {
+            r->next = s->free_sreqs;
+            s->free_sreqs = r;
+        }
+    }
+    for (size_t i = s->nrreqs; i-- > 0;) {
+        rreq_free(s, rreq_at(s, i));
+    }
+    if (*s->log_threshold >= MR_LOG_DEBUG) {
+        ULOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d has a %zu-byte worker address, error mode "
+             "%s, %zu-byte UCX requests.", s->rank, ualen, ucx_error_modes[s->cfg.error_mode],
+             s->ucx_req_size);
+    }
+    *out = s;
+    return MR_OK;
+
+fail:
+    ucx_close(s);
+    return st;
+}
+
+static mr_status_t ucx_get_address(mr_substrate_t *s, void *addr, size_t *length)
+{
+    if (s == NULL || addr == NULL || length == NULL) return MR_ERR_INVALID_PARAM;
+    memcpy(addr, s->addr, s->addr_len);
+    *length = s->addr_len;
+    return MR_OK;
+}
+
+/* Parses an address blob: the UCX address, its length, pid and host identity. */
+static bool addr_parse(const void *blob, size_t length, const uint8_t **ucx, size_t *ucx_len,
+                       uint32_t *pid, uint64_t *boot_hash, uint64_t *pidns)
+{
+    const uint8_t *b = blob;
+    uint32_t n;
+
+    if (b == NULL || length < UCX_ADDR_HDR_LEN) return false;
+    if (get_le32(b) != UCX_ADDR_MAGIC || b[4] != UCX_ADDR_VERSION) return false;
+    n = get_le32(b + 12);
+    if (n == 0 || n > length - UCX_ADDR_HDR_LEN) return false;
+    *ucx = b + UCX_ADDR_HDR_LEN;
+    *ucx_len = n;
+    *pid = get_le32(b + 8);
+    *boot_hash = get_le64(b + 16);
+    *pidns = get_le64(b + 24);
+    return true;
+}
+
+static void ucx_format_address(const void *addr, size_t length, char *buf, size_t len)
+{
+    const uint8_t *ucx;
+    size_t ucx_len;
+    uint32_t pid;
+    uint64_t boot_hash, pidns;
+
+    if (buf == NULL || len == 0) return;
+    if (!addr_parse(addr, length, &ucx, &ucx_len, &pid, &boot_hash, &pidns)) {
+        snprintf(buf, len, "ucx (not a UCX substrate address)");
+        return;
+    }
+    snprintf(buf, len, "ucx worker address (%zu bytes, digest %08x), pid %u", ucx_len,
+             (unsigned)(fnv1a64(FNV64_INIT, ucx, ucx_len) & 0xffffffffu), (unsigned)pid);
+}
+
+/* Whether a UCX request handle is done (freeing it when it is). */
+static bool req_done(void **req, ucs_status_t *status)
+{
+    ucs_status_t st;
+
+    if (*req == NULL) return true;
+    st = ucp_request_check_status(*req);
+    if (st == UCS_INPROGRESS) return false;
+    ucp_request_free(*req);
+    *req = NULL;
+    if (status != NULL && st != UCS_OK) *status = st;
+    return true;
+}
+
+static const char *round_name(unsigned kind)
+{
+    return kind == CTRL_HELLO ? "HELLO" : kind == CTRL_READY ? "READY" : "BYE";
+}
+
+/* Whether a peer takes part in a round: it has a working endpoint. */
+static bool round_peer(const mr_substrate_t *s, const ucx_peer_t *p)
+{
+    return p->rank != s->rank && p->ep != NULL && p->state == P_OK && !p->fail_queued;
+}
+
+/*
+ * Sends HELLO, READY or BYE to every peer, followed by a flush of the
+ * endpoint when asked: a flush completes the wire-up and makes sure that
+ * everything sent before has left.
+ */
+static mr_status_t round_start(mr_substrate_t *s, unsigned kind, bool flush)
+{
+    for (int r = 0; r < s->size; r++) {
+        ucx_peer_t *p = &s->peers[r];
+        ucp_request_param_t param;
+        ucs_status_ptr_t sp;
+
+        if (!round_peer(s, p)) continue;
+        hdr_pack(s, p->conn_hdr, kind, s->hello_token);
+        memset(&param, 0, sizeof(param));
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_AM_SEND_FLAG_EAGER;
+        sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, p->conn_hdr, UCX_HDR_LEN, NULL, 0, &param);
+        if (UCS_PTR_IS_ERR(sp)) {
+            ULOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot send %s to "
+                 "rank %d: %s.", round_name(kind), r, ucs_status_string(UCS_PTR_STATUS(sp)));
+            if (s->closed) continue;
+            return MR_ERR_TRANSPORT;
+        }
+        p->conn_req[0] = sp;
+        if (!flush) continue;
+        memset(&param, 0, sizeof(param));
+        sp = ucp_ep_flush_nbx(p->ep, &param);
+        if (UCS_PTR_IS_ERR(sp)) {
+            ULOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot flush the "
+                 "endpoint to rank %d: %s.", r, ucs_status_string(UCS_PTR_STATUS(sp)));
+            if (s->closed) continue;
+            return MR_ERR_TRANSPORT;
+        }
+        p->conn_req[1] = sp;
+    }
+    return MR_OK;
+}
+
+/*
+ * Progresses until every peer's message of the round has arrived and ours
+ * have left, or the deadline. While connecting, a failure fails the round;
+ * in close(), a peer that failed or went away is simply done.
+ */
+static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadline)
+{
+    for (;;) {
+        int waiting = 0;
+
+        while (ucp_worker_progress(s->worker) != 0) {
+        }
+        for (int r = 0; r < s->size; r++) {
+            ucx_peer_t *p = &s->peers[r];
+            ucs_status_t err = UCS_OK;
+            bool sent;
+
+            if (r == s->rank || (s->closed && !round_peer(s, p))) continue;
+            if (p->fail_queued || p->state != P_OK) {
+                ULOG(s, MR_LOG_ERROR, "UCX substrate: rank %d failed while connecting (%s).", r,
+                     p->exited ? "its process exited" : ucs_status_string(p->fail_status));
+                return MR_ERR_TRANSPORT;
+            }
+            sent = req_done(&p->conn_req[0], &err);
+            sent = req_done(&p->conn_req[1], &err) && sent;
+            if (err != UCS_OK) {
+                if (s->closed) continue;
+                ULOG(s, MR_LOG_ERROR, "UCX substrate: connecting to rank %d failed: %s.", r,
+                     ucs_status_string(err));
+                return MR_ERR_TRANSPORT;
+            }
+            if (!sent || !p->got[kind]) waiting++;
+        }
+        if (waiting == 0) return MR_OK;
+        if (now_ns() >= deadline) {
+            char list[512];
+            size_t used = 0;
+            int listed = 0;
+            list[0] = '\0';
+            for (int r = 0; r < s->size && listed < 16; r++) {
+                ucx_peer_t *p = &s->peers[r];
+                if (!round_peer(s, p) || (p->got[kind] && !p->conn_req[0] && !p->conn_req[1])) {
+                    continue;
+                }
+                int n = snprintf(list + used, sizeof(list) - used, "%s%d (%s%s%s)",
+                                 listed ? ", " : "", r, p->got[kind] ? "" : "nothing received; ",
+                                 p->conn_req[0] ? "own message not sent; " : "",
+                                 p->conn_req[1] ? "endpoint not flushed" : "");
+                if (n > 0) used += (size_t)n;
+                if (used >= sizeof(list)) used = sizeof(list) - 1;
+                listed++;
+            }
+            ULOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: rank %d timed out "
+                 "after %u s in the %s round, with %d of its %d peers missing: %s%s.", s->rank,
+                 s->closed ? UCX_CLOSE_FLUSH_S : s->timeout_s, round_name(kind), waiting,
+                 s->size - 1, list, waiting > listed ? ", ..." : "");
+            return MR_ERR_TIMEOUT;
+        }
+        /* Nothing moved: sleep a little (or until UCX or a watched process has news). */
+        if (s->efd >= 0 && ucp_worker_arm(s->worker) == UCS_OK) {
+            check_events(s, UCX_CONNECT_POLL_MS);
+        } else {
+            check_events(s, 0);
+            sched_yield();
+        }
+    }
+}
+
+static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
+{
+    uint64_t start = now_ns(), deadline;
+    mr_status_t st;
+
+    if (s == NULL || s->connect_started) return MR_ERR_INVALID_PARAM;
+    s->connect_started = true;
+    if (s->size == 1) {
+        s->connected = true;
+        return MR_OK;
+    }
+    if (addrs == NULL || addr_len < UCX_ADDR_HDR_LEN) {
+        ULOG(s, MR_LOG_ERROR, "UCX substrate: the address table holds %zu-byte entries, fewer "
+             "than the %d-byte header of a UCX address.", addr_len, UCX_ADDR_HDR_LEN);
+        return MR_ERR_PROTOCOL;
+    }
+    for (int r = 0; r < s->size; r++) {
+        const uint8_t *blob = (const uint8_t *)addrs + (size_t)r * addr_len, *ucx;
+        ucx_peer_t *p = &s->peers[r];
+        size_t ucx_len;
+        uint64_t boot_hash, pidns;
+        ucp_ep_params_t ep;
+        ucs_status_t us;
+
+        if (!addr_parse(blob, addr_len, &ucx, &ucx_len, &p->pid, &boot_hash, &pidns)) {
+            ULOG(s, MR_LOG_ERROR, "UCX substrate: the address of rank %d is not a valid UCX "
+                 "substrate address (wrong magic, version or length).", r);
+            return MR_ERR_PROTOCOL;
+        }
+        if (r == s->rank) continue;
+        p->same_host = boot_hash != 0 && boot_hash == s->boot_hash;
+        memset(&ep, 0, sizeof(ep));
+        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+        ep.address = (const ucp_address_t *)ucx;
+        if (s->cfg.error_mode == ERRMODE_PEER ||
+            (s->cfg.error_mode == ERRMODE_AUTO && !p->same_host)) {
+            ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+            ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+            ep.err_handler.cb = ep_err_cb;
+            ep.err_handler.arg = p;
+        } else {
+            ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        }
+        us = ucp_ep_create(s->worker, &ep, &p->ep);
+        if (us != UCS_OK) {
+            p->ep = NULL;
+            ULOG(s, MR_LOG_ERROR, "UCX substrate: cannot create an endpoint to rank %d: %s.", r,
+                 ucs_status_string(us));
+            return MR_ERR_TRANSPORT;
+        }
+        p->state = P_OK;
+        /* A peer in this pid namespace is watched: its exit is its failure. */
+        if (p->same_host && pidns != 0 && pidns == s->pidns && p->pid != 0) {
+            int fd = pidfd_open_compat(p->pid);
+            if (fd >= 0) {
+                struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)r + 1};
+                if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) == 0) {
+                    p->pidfd = fd;
+                    s->npidfds++;
+                } else {
+                    close(fd);
+                }
+            } else {
+                ULOG(s, MR_LOG_DEBUG, "UCX substrate: cannot watch process %u (rank %d): %s.",
+                     (unsigned)p->pid, r, strerror(errno));
+            }
+        }
+    }
+    deadline = start + (uint64_t)(s->timeout_s ? s->timeout_s : 60) * NS_PER_S;
+    st = round_start(s, CTRL_HELLO, true);
+    if (st == MR_OK) st = round_wait(s, CTRL_HELLO, deadline);
+    if (st == MR_OK) st = round_start(s, CTRL_READY, false);
+    if (st == MR_OK) st = round_wait(s, CTRL_READY, deadline);
+    if (st != MR_OK) return st;
+    s->connected = true;
+    if (*s->log_threshold >= MR_LOG_DEBUG) {
+        ULOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d connected to its %d peers in %.3f s "
+             "(%zu watched through pidfds).", s->rank, s->size - 1,
+             (double)(now_ns() - start) / 1e9, s->npidfds);
+    }
+    return MR_OK;
+}
+
+/* The endpoint to `dest` if it can take a message, or the status saying why not. */
+static mr_status_t peer_for_send(mr_substrate_t *s, int dest, ucx_peer_t **out)
+{
+    if (s == NULL) return MR_ERR_INVALID_PARAM;
+    if (dest < 0 || dest >= s->size || dest == s->rank) return MR_ERR_INVALID_RANK;
+    ucx_peer_t *p = &s->peers[dest];
+    if (p->state == P_FAILED || p->fail_queued) return MR_ERR_PEER_FAILED;
+    if (p->state != P_OK || !s->connected || s->closed) return MR_ERR_INVALID_RANK;
+    *out = p;
+    return MR_OK;
+}
+
+/* Maps a failed ucp_am_send_nbx() to a status for the core. */
+static mr_status_t send_error(mr_substrate_t *s, int dest, ucs_status_t us)
+{
+    if (is_peer_gone_status(us)) {
+        peer_fail(s, dest, us);
+        return MR_ERR_PEER_FAILED;
+    }
+    ULOG(s, MR_LOG_ERROR, "UCX substrate: sending to rank %d failed: %s.", dest,
+         ucs_status_string(us));
+    return MR_ERR_TRANSPORT;
+}
+
+static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
+                            const void *data, size_t length, void *cookie)
+{
+    ucx_peer_t *p = NULL;
+    mr_status_t st = peer_for_send(s, dest, &p);
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+    ucx_sreq_t *r;
+
+    if (st != MR_OK) return st;
+    if (length > s->datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
+    if (kind > UINT8_MAX || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
+    r = s->free_sreqs;
+    if (r == NULL) return MR_AGAIN;
+    s->free_sreqs = r->next;
+    r->next = NULL;
+    r->cookie = cookie;
+    r->dest = dest;
+    hdr_pack(s, r->hdr, kind, imm);
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_REQUEST | UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    param.request = r;
+    param.cb.send = send_cb;
+    param.memory_type = UCS_MEMORY_TYPE_HOST;
+    sp = ucp_am_send_nbx(p->ep, UCX_AM_DATA, r->hdr, UCX_HDR_LEN, data, length, &param);
+    if (UCS_PTR_IS_ERR(sp)) {
+        r->next = s->free_sreqs;
+        s->free_sreqs = r;
+        return send_error(s, dest, UCS_PTR_STATUS(sp));
+    }
+    /* Done at once: the completion is still reported by the next progress call. */
+    if (sp == NULL) done_push(s, r);
+    return MR_OK;
+}
+
+static mr_status_t ucx_send_control(mr_substrate_t *s, int dest, uint32_t imm)
+{
+    ucx_peer_t *p = NULL;
+    mr_status_t st = peer_for_send(s, dest, &p);
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+    ucx_sreq_t *r;
+
+    if (st != MR_OK) return st;
+    r = s->free_ctrl;
+    if (r == NULL) return MR_AGAIN;
+    s->free_ctrl = r->next;
+    r->next = NULL;
+    r->dest = dest;
+    hdr_pack(s, r->hdr, CTRL_CREDIT, imm);
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_REQUEST | UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_FLAGS;
+    param.request = r;
+    param.cb.send = send_cb;
+    param.flags = UCP_AM_SEND_FLAG_EAGER;
+    sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, r->hdr, UCX_HDR_LEN, NULL, 0, &param);
+    if (UCS_PTR_IS_ERR(sp)) {
+        ctrl_free(s, r);
+        return send_error(s, dest, UCS_PTR_STATUS(sp));
+    }
+    if (sp == NULL) ctrl_free(s, r);
+    return MR_OK;
+}
+
+static int ucx_progress(mr_substrate_t *s, int timeout_ms)
+{
+    int events = 0;
+    uint64_t now;
+
+    if (s == NULL) return MR_ERR_INVALID_PARAM;
+    s->upcalls_ok = true;
+    s->cb_events = 0;
+    events += drain_failed(s);
+    events += drain_done(s);
+    if (s->ctrlq_count > 0) events += drain_ctrlq(s);
+    if (s->rxq_count > 0) events += rx_drain(s);
+
+    for (int round = 0; round < 2; round++) {
+        /*
+         * Receiver backpressure: while arrivals wait for slots that only the
+         * application can free, take nothing more from UCX.
+         */
+        if (rx_paused(s)) s->paused_calls++;
+        for (int i = 0; i < UCX_PROGRESS_BURST && !rx_paused(s); i++) {
+            if (ucp_worker_progress(s->worker) == 0) break;
+        }
+        if (s->npidfds > 0 && (now = now_ns()) >= s->next_pidfd_check) {
+            s->next_pidfd_check = now + UCX_PIDFD_CHECK_MS * NS_PER_MS;
+            check_events(s, 0);
+        }
+        events += s->cb_events;
+        s->cb_events = 0;
+        events += drain_failed(s);
+        events += drain_done(s);
+        if (s->rxq_count > 0) events += rx_drain(s);
+        if (events > 0 || timeout_ms == 0 || round == 1) break;
+        /* Idle with time to wait: sleep until UCX or a watched process has news. */
+        if (rx_paused(s)) {
+            sched_yield();
+            break;
+        }
+        if (s->efd >= 0) {
+            ucs_status_t us = ucp_worker_arm(s->worker);
+            if (us == UCS_OK) {
+                check_events(s, timeout_ms);
+                s->next_pidfd_check = now_ns() + UCX_PIDFD_CHECK_MS * NS_PER_MS;
+            } else if (us != UCS_ERR_BUSY) {
+                sched_yield();
+            }
+        } else {
+            sched_yield();
+        }
+    }
+    s->upcalls_ok = false;
+    return events;
+}
+
+static void ucx_release_recv(mr_substrate_t *s, void *handle)
+{
+    if (s == NULL || handle == NULL || s->worker == NULL) return;
+    ucp_am_data_release(s->worker, handle);
+}
+
+static void ucx_closing(mr_substrate_t *s)
+{
+    if (s != NULL) s->closing = true;
+}
+
+/* Whether a rendezvous receive is still under way (close() only). */
+static bool rx_any_receiving(mr_substrate_t *s)
+{
+    for (size_t i = 0; i < s->rxq_count; i++) {
+        ucx_rx_t *e = rxq_at(s, i);
+        if (e->state == RX_RECEIVING && !e->rreq->done) return true;
+    }
+    return false;
+}
+
+static void ucx_close(mr_substrate_t *s)
+{
+    if (s == NULL) return;
+    s->closed = true;
+    s->upcalls_ok = false;
+    if (s->worker != NULL) {
+        unsigned flush_s = s->timeout_s < UCX_CLOSE_FLUSH_S ? s->timeout_s : UCX_CLOSE_FLUSH_S;
+        uint64_t deadline = now_ns() + (uint64_t)(flush_s ? flush_s : 1) * NS_PER_S;
+        bool bye_done = false;
+
+        /* UCX buffers still held: queued arrivals nobody will receive. */
+        for (size_t i = 0; i < s->rxq_count; i++) {
+            ucx_rx_t *e = rxq_at(s, i);
+            if (e->state == RX_HELD || e->state == RX_RNDV_WAIT) {
+                ucp_am_data_release(s->worker, e->data);
+                e->data = NULL;
+            } else if (e->state == RX_SPILL && e->heap) {
+                free(e->data);
+                e->data = NULL;
+            }
+        }
+        /*
+         * A normal finalize (every rank called closing()): every rank sends
+         * BYE behind everything else and flushes, and waits for every peer's
+         * BYE. After that nothing is in flight either way, so the endpoints
+         * are released without a flush: a flush towards a peer that already
+         * destroyed its worker fails, and UCX logs an error for it.
+         */
+        if (s->closing && s->connected) {
+            if (round_start(s, CTRL_BYE, true) == MR_OK &&
+                round_wait(s, CTRL_BYE, deadline) == MR_OK) {
+                bye_done = true;
+            }
+        }
+        for (int r = 0; r < s->size; r++) {
+            ucx_peer_t *p = &s->peers[r];
+            ucp_request_param_t param;
+            ucs_status_ptr_t sp;
+
+            for (int k = 0; k < 2; k++) {
+                if (p->conn_req[k] != NULL) ucp_request_free(p->conn_req[k]);
+                p->conn_req[k] = NULL;
+            }
+            if (p->ep == NULL) continue;
+            /* Otherwise (a failure, or init giving up) flush what can still go. */
+            memset(&param, 0, sizeof(param));
+            param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+            param.flags = !bye_done && round_peer(s, p) ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+            sp = ucp_ep_close_nbx(p->ep, &param);
+            p->ep = NULL;
+            p->state = P_CLOSED;
+            if (UCS_PTR_IS_PTR(sp)) p->close_req = sp;
+        }
+        /* Short: after a failure the other ranks may be anywhere, not waiting for us. */
+        deadline = now_ns() + UCX_CLOSE_EP_MS * NS_PER_MS;
+        for (;;) {
+            int left = 0;
+            while (ucp_worker_progress(s->worker) != 0) {
+            }
+            for (int r = 0; r < s->size; r++) {
+                if (!req_done(&s->peers[r].close_req, NULL)) left++;
+            }
+            if (left == 0 && !rx_any_receiving(s)) break;
+            if (now_ns() >= deadline) {
+                /* Destroying the worker releases them by force. */
+                ULOG(s, MR_LOG_DEBUG, "UCX substrate: %d endpoints did not close within %d ms.",
+                     left, UCX_CLOSE_EP_MS);
+                for (int r = 0; r < s->size; r++) {
+                    if (s->peers[r].close_req != NULL) ucp_request_free(s->peers[r].close_req);
+                    s->peers[r].close_req = NULL;
+                }
+                break;
+            }
+            sched_yield();
+        }
+        /* After this UCX holds no reference to our request memory. */
+        ucp_worker_destroy(s->worker);
+        s->worker = NULL;
+    }
+    if (s->context != NULL) ucp_cleanup(s->context);
+    s->context = NULL;
+    if (s->peers != NULL) {
+        for (int r = 0; r < s->size; r++) {
+            if (s->peers[r].pidfd >= 0) close(s->peers[r].pidfd);
+        }
+    }
+    if (s->epfd >= 0) close(s->epfd);
+    if (*s->log_threshold >= MR_LOG_DEBUG) {
+        ULOG(s, MR_LOG_DEBUG, "UCX substrate: %llu messages delivered in place, %llu received "
+             "by rendezvous, %llu held and %llu spilled (%llu to the heap) while waiting for a "
+             "receive slot, %llu progress calls paused for want of one.",
+             (unsigned long long)s->zcopy_delivered, (unsigned long long)s->rndv_received,
+             (unsigned long long)s->held, (unsigned long long)s->spilled,
+             (unsigned long long)s->spilled_heap, (unsigned long long)s->paused_calls);
+    }
+    free(s->sreq_mem);
+    free(s->rreq_mem);
+    free(s->peers);
+    free(s->failq);
+    free(s->rxq);
+    free(s->ctrlq);
+    free(s->spill);
+    free(s);
+}
+
+static const mr_substrate_ops_t ucx_ops = {
+    .abi_version = MR_SUBSTRATE_ABI_VERSION,
+    .ops_size = sizeof(mr_substrate_ops_t),
+    .name = "ucx",
+    .description = "UCX active messages, one UCP worker per rank; MAILRAIL_UCX_<NAME> sets "
+                   "UCX's <NAME> for MailRail alone (over UCX_<NAME>)",
+    .config_table = ucx_config_table,
+    .config_size = sizeof(ucx_config_t),
+    .open = ucx_open,
+    .get_address = ucx_get_address,
+    .connect = ucx_connect,
+    .send = ucx_send,
+    .send_control = ucx_send_control,
+    .progress = ucx_progress,
+    .release_recv = ucx_release_recv,
+    .format_address = ucx_format_address,
+    .closing = ucx_closing,
+    .stats = NULL,
+    .close = ucx_close,
+};
+
+__attribute__((visibility("default"))) const mr_substrate_ops_t *mr_substrate_get_ops(void)
+{
+    return &ucx_ops;
+}
