@@ -162,4 +162,15 @@ typedef struct mr_substrate_ops {
 
 typedef const mr_substrate_ops_t *(*mr_substrate_entry_fn)(void);
 
+/*
+ * Logs through the core's log function (params->log) when `level` is within
+ * its threshold (params->log_threshold). Plugins must not call core symbols
+ * directly: the core may be linked statically into a tool, or dlopen'd
+ * privately, where the plugin cannot resolve them.
+ */
+#define MR_SUBSTRATE_LOG(log_fn, threshold_ptr, level, ...)                              \
+    do {                                                                                 \
+        if ((log_fn) != NULL && (level) <= *(threshold_ptr)) (log_fn)((level), __VA_ARGS__); \
+    } while (0)
+
 #endif /* MR_SUBSTRATE_H */

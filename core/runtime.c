@@ -19,6 +19,7 @@
 #include "mr_plugin.h"
 #include "mr_pool.h"
 #include "mr_substrate.h"
+#include "mr_time.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -130,13 +131,6 @@ static const char *rt_who(void)
             return MR_ERR_NOT_INITIALIZED;                                                   \
         }                                                                                    \
     } while (0)
-
-static uint64_t rt_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- Receive slots and the arrival queue --------------------------------------------- */
 
@@ -468,7 +462,7 @@ static mr_status_t rt_wait_bootstrap(uint64_t deadline)
     mr_status_t status;
 
     while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) {
-        if (rt_now_ns() > deadline) {
+        if (mr_now_ns() > deadline) {
             mr_error("A collective of the bootstrap did not complete within %u s "
                      "(MAILRAIL_TIMEOUT); another rank is stuck or gone.",
                      (unsigned)rt.cfg.timeout_s);
@@ -493,7 +487,7 @@ static mr_status_t rt_agree(mr_status_t local)
     rt_reduce_in[0] = local != MR_OK;
     status = rt.bootstrap->iallreduce_sum(rt.bs, rt_reduce_in, rt_reduce_out, 1);
     if (status == MR_OK) {
-        status = rt_wait_bootstrap(rt_now_ns() + rt.cfg.timeout_s * 1000000000ull);
+        status = rt_wait_bootstrap(mr_now_ns() + rt.cfg.timeout_s * MR_NS_PER_S);
     }
     if (status != MR_OK) {
         rt.unclean = true;
@@ -869,7 +863,7 @@ static mr_status_t rt_wait_collective(uint64_t deadline)
             rt.unclean = true;
             return MR_ERR_PEER_FAILED;
         }
-        if (rt_now_ns() > deadline) {
+        if (mr_now_ns() > deadline) {
             rt.unclean = true;
             mr_error("mr_finalize(): other ranks did not reach finalize within %u s.",
                      (unsigned)rt.cfg.timeout_s);
@@ -892,7 +886,7 @@ mr_status_t mr_finalize(void)
     mr_status_t status = MR_OK;
 
     RT_CHECK_READY("mr_finalize()");
-    deadline = rt_now_ns() + rt.cfg.timeout_s * 1000000000ull;
+    deadline = mr_now_ns() + rt.cfg.timeout_s * MR_NS_PER_S;
 
     /* A quiescence wave the application abandoned must end before the barrier starts. */
     if (rt.wave_pending) {
@@ -907,7 +901,7 @@ mr_status_t mr_finalize(void)
     while (status == MR_OK && rt_sends_pending() && !rt.any_failure) {
         rt_drop_arrivals();
         if (rt_progress(1) < 0) break;
-        if (rt_now_ns() > deadline) {
+        if (mr_now_ns() > deadline) {
             mr_error("mr_finalize(): messages still unsent after %u s.",
                      (unsigned)rt.cfg.timeout_s);
             status = MR_ERR_TIMEOUT;

@@ -4,6 +4,7 @@
  */
 #include "mr_credit.h"
 #include "mr_log.h"
+#include "mr_time.h"
 
 #include <stdlib.h>
 #include <time.h>
@@ -91,13 +92,6 @@ int mr_credit_owed_progress(mr_credit_owed_t *o)
     return sent;
 }
 
-static uint64_t credit_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 mr_status_t mr_credit_clock_init(mr_credit_clock_t *c, int ndest)
 {
     c->total_ns = 0;
@@ -117,11 +111,11 @@ void mr_credit_clock_fini(mr_credit_clock_t *c)
 
 void mr_credit_clock_blocked(mr_credit_clock_t *c, int dest)
 {
-    if (c->since[dest] == 0) c->since[dest] = credit_now_ns();
+    if (c->since[dest] == 0) c->since[dest] = mr_now_ns();
 }
 
 void mr_credit_clock_stop(mr_credit_clock_t *c, int dest)
 {
-    c->total_ns += credit_now_ns() - c->since[dest];
+    c->total_ns += mr_now_ns() - c->since[dest];
     c->since[dest] = 0;
 }

@@ -84,6 +84,7 @@
  * deliberately leaked.
  */
 #include "mr_substrate.h"
+#include "mr_time.h"
 
 #include <mpi.h>
 #include <sched.h>
@@ -109,8 +110,8 @@
 #define MRMPI_NAP_NS 50000L          /* Sleep between polls while waiting (50 us). */
 #define MRMPI_CLOSE_WAIT_NS UINT64_C(2000000000) /* Bound on close() waiting for MPI. */
 
-#define NS_PER_MS UINT64_C(1000000)
-#define NS_PER_S UINT64_C(1000000000)
+#define NS_PER_MS MR_NS_PER_MS
+#define NS_PER_S MR_NS_PER_S
 
 /* ------------------------------------------------------------------------ */
 /* Settings.                                                                 */
@@ -222,21 +223,11 @@ struct mr_substrate {
 
 static const mr_log_level_t mpi_default_threshold = MR_LOG_WARN;
 
-#define MLOG(s, level, ...)                                                              \
-    do {                                                                                 \
-        if ((s)->log != NULL && (level) <= *(s)->log_threshold)                          \
-            (s)->log((level), __VA_ARGS__);                                              \
-    } while (0)
+#define MLOG(s, level, ...) MR_SUBSTRATE_LOG((s)->log, (s)->log_threshold, level, __VA_ARGS__)
 
 /* ------------------------------------------------------------------------ */
 /* Helpers.                                                                  */
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
-}
 
 static void nap(long ns)
 {
@@ -1000,20 +991,20 @@ static int mpi_progress(mr_substrate_t *s, int timeout_ms)
      * MPI has no wait with a timeout that covers all of this, so poll; but
      * let other processes run between polls, since ranks may outnumber cores.
      */
-    deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * NS_PER_MS;
+    deadline = timeout_ms < 0 ? UINT64_MAX : mr_now_ns() + (uint64_t)timeout_ms * NS_PER_MS;
     for (;;) {
         uint64_t now;
         if (rounds < MRMPI_SPIN_YIELDS) {
             sched_yield();
         } else {
-            now = now_ns();
+            now = mr_now_ns();
             if (now >= deadline) return 0;
             nap(deadline - now < (uint64_t)MRMPI_NAP_NS ? (long)(deadline - now) : MRMPI_NAP_NS);
         }
         rounds++;
         events = progress_once(s);
         if (events != 0) return events;
-        if (now_ns() >= deadline) return 0;
+        if (mr_now_ns() >= deadline) return 0;
     }
 }
 
@@ -1047,7 +1038,7 @@ static bool wait_bounded(MPI_Request *req, uint64_t deadline)
             *req = MPI_REQUEST_NULL;
             return rc == MPI_SUCCESS;
         }
-        if (now_ns() >= deadline) {
+        if (mr_now_ns() >= deadline) {
             MPI_Request_free(req);
             *req = MPI_REQUEST_NULL;
             return false;
@@ -1068,7 +1059,7 @@ static unsigned drain_unexpected(mr_substrate_t *s, MPI_Comm comm, uint64_t dead
 {
     unsigned n = 0;
 
-    while (!*leak && now_ns() < deadline) {
+    while (!*leak && mr_now_ns() < deadline) {
         MPI_Message msg;
         MPI_Status st;
         MPI_Request req = MPI_REQUEST_NULL;
@@ -1101,7 +1092,7 @@ static void mpi_close(mr_substrate_t *s)
 
     if (s == NULL) return;
     /* No upcalls here: slots and send buffers go away with the core's pools. */
-    deadline = now_ns() + MRMPI_CLOSE_WAIT_NS;
+    deadline = mr_now_ns() + MRMPI_CLOSE_WAIT_NS;
     if (s->recvs != NULL) {
         for (unsigned i = 0; i < s->nrecv; i++) {
             mpi_recv_t *e = &s->recvs[i];

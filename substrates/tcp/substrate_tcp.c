@@ -37,6 +37,7 @@
  * connection quietly.
  */
 #include "mr_substrate.h"
+#include "mr_time.h"
 #include "siphash.h"
 
 #include <arpa/inet.h>
@@ -87,8 +88,8 @@
 #define TCP_LISTEN_PAUSE_MS 100   /* Listener rest after running out of descriptors. */
 #define TCP_DROP_LOG_BURST 10     /* Dropped-connection warnings per second. */
 
-#define NS_PER_MS UINT64_C(1000000)
-#define NS_PER_S UINT64_C(1000000000)
+#define NS_PER_MS MR_NS_PER_MS
+#define NS_PER_S MR_NS_PER_S
 
 /* epoll tags: type in bits 56-63, generation in bits 32-55, index in bits 0-31. */
 enum { TAG_LISTEN = 1, TAG_PEER = 2, TAG_PENDING = 3 };
@@ -268,21 +269,11 @@ struct mr_substrate {
 
 static const mr_log_level_t tcp_default_threshold = MR_LOG_WARN;
 
-#define TLOG(s, level, ...)                                                              \
-    do {                                                                                 \
-        if ((s)->log != NULL && (level) <= *(s)->log_threshold)                          \
-            (s)->log((level), __VA_ARGS__);                                              \
-    } while (0)
+#define TLOG(s, level, ...) MR_SUBSTRATE_LOG((s)->log, (s)->log_threshold, level, __VA_ARGS__)
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers.                                                            */
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
-}
 
 static void put_le16(uint8_t *p, uint16_t v)
 {
@@ -825,7 +816,7 @@ static int conn_event(mr_substrate_t *s, tcp_conn_t *c, uint32_t ev)
 /* Whether a dropped connection may be logged: a flood must not flood the log too. */
 static bool drop_log_allowed(mr_substrate_t *s)
 {
-    uint64_t now = now_ns();
+    uint64_t now = mr_now_ns();
 
     if (now - s->drop_log_window >= NS_PER_S) {
         if (s->drop_log_suppressed > 0) {
@@ -1020,13 +1011,13 @@ static void listener_event(mr_substrate_t *s)
                      "TCP substrate: cannot accept connections (%s); the listener pauses "
                      "for %d ms.",
                      strerror(errno), TCP_LISTEN_PAUSE_MS);
-                listener_pause(s, now_ns());
+                listener_pause(s, mr_now_ns());
                 return;
             }
             TLOG(s, MR_LOG_WARN, "TCP substrate: accept failed: %s.", strerror(errno));
             return;
         }
-        now = now_ns();
+        now = mr_now_ns();
         for (unsigned k = 0; k < TCP_MAX_PENDING; k++) {
             if (s->pending[k].fd < 0) {
                 p = &s->pending[k];
@@ -1102,7 +1093,7 @@ static void connector_retry(mr_substrate_t *s, tcp_conn_t *c, int err, const cha
     c->interest = 0;
     c->state = C_RETRY;
     c->last_err = err;
-    c->retry_at = now_ns() + backoff * NS_PER_MS;
+    c->retry_at = mr_now_ns() + backoff * NS_PER_MS;
     TLOG(s, MR_LOG_DEBUG, "TCP substrate: attempt %u to connect to rank %d (%s) failed while %s: "
          "%s; retrying.", c->attempts, c->rank, sin_str(&c->addr, a, sizeof(a)), what,
          err ? strerror(err) : "connection closed by the peer");
@@ -1596,7 +1587,7 @@ static void log_missing(mr_substrate_t *s)
 
 static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
 {
-    uint64_t start = now_ns(), deadline;
+    uint64_t start = mr_now_ns(), deadline;
     struct epoll_event evs[TCP_MAX_EVENTS];
 
     if (s == NULL || s->connect_started) return MR_ERR_INVALID_PARAM;
@@ -1623,7 +1614,7 @@ static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr
     deadline = s->timeout_s ? start + (uint64_t)s->timeout_s * NS_PER_S : UINT64_MAX;
 
     while (s->nestablished < s->size - 1) {
-        uint64_t now = now_ns();
+        uint64_t now = mr_now_ns();
         int n;
 
         if (now >= deadline) {
@@ -1656,7 +1647,7 @@ static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr
     }
     if (*s->log_threshold >= MR_LOG_DEBUG) {
         TLOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d connected to its %d peers in %.3f s.",
-             s->rank, s->size - 1, (double)(now_ns() - start) / 1e9);
+             s->rank, s->size - 1, (double)(mr_now_ns() - start) / 1e9);
     }
     return MR_OK;
 }
@@ -1736,7 +1727,7 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
     events += drain_done(s);
     events += retry_rx(s);
 
-    now = now_ns();
+    now = mr_now_ns();
     listener_maybe_resume(s, now);
     next = pending_expire(s, now);
     if (s->listen_resume_at != 0 && s->listen_resume_at < next) next = s->listen_resume_at;
@@ -1756,7 +1747,7 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
         n = 0;
     }
     for (int i = 0; i < n; i++) events += dispatch(s, &evs[i]);
-    if (n > 0) pending_expire(s, now_ns());
+    if (n > 0) pending_expire(s, mr_now_ns());
 
     events += drain_failed(s);
     events += drain_done(s);

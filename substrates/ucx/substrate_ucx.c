@@ -117,6 +117,7 @@
  * context are destroyed, and only then the request memory is freed.
  */
 #include "mr_substrate.h"
+#include "mr_time.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -169,8 +170,8 @@ enum { CTRL_CREDIT = 0, CTRL_HELLO = 1, CTRL_READY = 2, CTRL_BYE = 3 };
 #define UCX_PROTO_LOG_BURST 10    /* Protocol errors logged before going quiet. */
 #define UCX_MAX_EVENTS 32
 
-#define NS_PER_MS UINT64_C(1000000)
-#define NS_PER_S UINT64_C(1000000000)
+#define NS_PER_MS MR_NS_PER_MS
+#define NS_PER_S MR_NS_PER_S
 
 /* ------------------------------------------------------------------------ */
 /* Settings.                                                                 */
@@ -351,11 +352,7 @@ struct mr_substrate {
 
 static const mr_log_level_t ucx_default_threshold = MR_LOG_WARN;
 
-#define ULOG(s, level, ...)                                                              \
-    do {                                                                                 \
-        if ((s)->log != NULL && (level) <= *(s)->log_threshold)                          \
-            (s)->log((level), __VA_ARGS__);                                              \
-    } while (0)
+#define ULOG(s, level, ...) MR_SUBSTRATE_LOG((s)->log, (s)->log_threshold, level, __VA_ARGS__)
 
 static void ucx_close(mr_substrate_t *s);
 static void check_events(mr_substrate_t *s, int timeout_ms);
@@ -363,12 +360,6 @@ static void check_events(mr_substrate_t *s, int timeout_ms);
 /* ------------------------------------------------------------------------ */
 /* Small helpers.                                                            */
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
-}
 
 static void put_le32(uint8_t *p, uint32_t v)
 {
@@ -926,7 +917,7 @@ static bool hdr_parse(mr_substrate_t *s, const char *what, const void *header, s
      * its discovery (rate-limited for failures a pidfd cannot show).
      */
     if (h[9] > s->failures_seen && s->npidfds > 0) {
-        uint64_t now = now_ns();
+        uint64_t now = mr_now_ns();
         if (now >= s->next_hinted_check) {
             s->next_hinted_check = now + UCX_HINTED_CHECK_US * 1000;
             check_events(s, 0);
@@ -1580,7 +1571,7 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
             if (!sent || !p->got[kind]) waiting++;
         }
         if (waiting == 0) return MR_OK;
-        if (now_ns() >= deadline) {
+        if (mr_now_ns() >= deadline) {
             char list[512];
             size_t used = 0;
             int listed = 0;
@@ -1616,7 +1607,7 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
 
 static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
 {
-    uint64_t start = now_ns(), deadline;
+    uint64_t start = mr_now_ns(), deadline;
     mr_status_t st;
 
     if (s == NULL || s->connect_started) return MR_ERR_INVALID_PARAM;
@@ -1692,7 +1683,7 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
     if (*s->log_threshold >= MR_LOG_DEBUG) {
         ULOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d connected to its %d peers in %.3f s "
              "(%zu watched through pidfds).", s->rank, s->size - 1,
-             (double)(now_ns() - start) / 1e9, s->npidfds);
+             (double)(mr_now_ns() - start) / 1e9, s->npidfds);
     }
     return MR_OK;
 }
@@ -1807,7 +1798,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
         for (int i = 0; i < UCX_PROGRESS_BURST && !rx_paused(s); i++) {
             if (ucp_worker_progress(s->worker) == 0) break;
         }
-        if (s->npidfds > 0 && (now = now_ns()) >= s->next_pidfd_check) {
+        if (s->npidfds > 0 && (now = mr_now_ns()) >= s->next_pidfd_check) {
             s->next_pidfd_check = now + UCX_PIDFD_CHECK_MS * NS_PER_MS;
             check_events(s, 0);
         }
@@ -1826,7 +1817,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
             ucs_status_t us = ucp_worker_arm(s->worker);
             if (us == UCS_OK) {
                 check_events(s, timeout_ms);
-                s->next_pidfd_check = now_ns() + UCX_PIDFD_CHECK_MS * NS_PER_MS;
+                s->next_pidfd_check = mr_now_ns() + UCX_PIDFD_CHECK_MS * NS_PER_MS;
             } else if (us != UCS_ERR_BUSY) {
                 sched_yield();
             }
@@ -1866,7 +1857,7 @@ static void ucx_close(mr_substrate_t *s)
     s->upcalls_ok = false;
     if (s->worker != NULL) {
         unsigned flush_s = s->timeout_s < UCX_CLOSE_FLUSH_S ? s->timeout_s : UCX_CLOSE_FLUSH_S;
-        uint64_t deadline = now_ns() + (uint64_t)(flush_s ? flush_s : 1) * NS_PER_S;
+        uint64_t deadline = mr_now_ns() + (uint64_t)(flush_s ? flush_s : 1) * NS_PER_S;
         bool bye_done = false;
 
         /* UCX buffers still held: queued arrivals nobody will receive. */
@@ -1913,7 +1904,7 @@ static void ucx_close(mr_substrate_t *s)
             if (UCS_PTR_IS_PTR(sp)) p->close_req = sp;
         }
         /* Short: after a failure the other ranks may be anywhere, not waiting for us. */
-        deadline = now_ns() + UCX_CLOSE_EP_MS * NS_PER_MS;
+        deadline = mr_now_ns() + UCX_CLOSE_EP_MS * NS_PER_MS;
         for (;;) {
             int left = 0;
             while (ucp_worker_progress(s->worker) != 0) {
@@ -1922,7 +1913,7 @@ static void ucx_close(mr_substrate_t *s)
                 if (!req_done(&s->peers[r].close_req, NULL)) left++;
             }
             if (left == 0 && !rx_any_receiving(s)) break;
-            if (now_ns() >= deadline) {
+            if (mr_now_ns() >= deadline) {
                 /* Destroying the worker releases them by force. */
                 ULOG(s, MR_LOG_DEBUG, "UCX substrate: %d endpoints did not close within %d ms.",
                      left, UCX_CLOSE_EP_MS);
