@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a
+# bounded time on a copy of its seed corpus in tests/fuzz/corpus/<target>.
+# Any crash, leak, timeout or failed property fails the run.
+#
+#   tests/fuzz/run_fuzzers.sh [seconds-per-target] [build-dir]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+seconds=${1:-30}
+out=${2:-build-fuzz}
+mkdir -p "$out"
+cc="clang -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
+inc="-Icore -Icore/include -Iflowctl -Iflowctl/node -Itools"
+core="core/config.c core/log.c flowctl/flowctl_registry.c flowctl/credit.c flowctl/none/flowctl_none.c
+      flowctl/rank/flowctl_rank.c flowctl/node/flowctl_node.c flowctl/node/node_segment.c"
+# shellcheck disable=SC2086
+$cc $inc tests/fuzz/fuzz_config.c $core -o "$out/fuzz_config"
+# shellcheck disable=SC2086
+$cc $inc tests/fuzz/fuzz_ygm_trace.c tools/ygm_trace.c -o "$out/fuzz_ygm_trace"
+status=0
+for target in config ygm_trace; do
+    corpus="$out/corpus_$target"
+    rm -rf "$corpus"
+    cp -r "tests/fuzz/corpus/$target" "$corpus"
+    echo "fuzzing $target for $seconds s"
+    if ! "$out/fuzz_$target" -max_total_time="$seconds" -timeout=5 -rss_limit_mb=1024 \
+            -print_final_stats=1 "$corpus" > "$out/fuzz_$target.log" 2>&1; then
+        tail -40 "$out/fuzz_$target.log"
+        status=1
+    fi
+    grep -E "stat::number_of_executed_units|stat::new_units_added" "$out/fuzz_$target.log" || true
+done
+exit $status
