@@ -1,0 +1,877 @@
+/*
+ * mailrail_graph: a distributed graph kernel on MailRail — vertex degrees,
+ * then triangle counting — written against the public API only, as a graph
+ * analytics code embedding MailRail would be.
+ *
+ *   mpiexec -n N mailrail_graph (-f FILE | -r SCALE) [options]
+ *     -f FILE     edge list: SNAP-style text ("u v" per line, '#' or '%' comments,
+ *                 ids 0 to 2^63-1) or the binary form written by -o; read in
+ *                 parallel slices by all ranks
+ *     -r SCALE    generate an R-MAT graph of 2^SCALE vertices instead (Graph500
+ *                 parameters a=0.57, b=0.19, c=0.19)
+ *     -e FACTOR   R-MAT edge factor: edges = FACTOR x 2^SCALE (default 16)
+ *     -S SEED     R-MAT seed (default 1)
+ *     -p POLICIES comma-separated flow-control policies (default: MAILRAIL_FLOWCTL or none)
+ *     -t TRIALS   runs of the kernel per policy (default 1)
+ *     -V          also compute the result serially on rank 0 and compare
+ *     -c FILE     append one CSV row per policy, trial and phase to FILE
+ *     -o FILE     write the loaded edges to FILE in the binary form and stop
+ *     -q          only the result lines
+ *
+ * Vertices are owned by hash. The kernel has three phases, each ended by
+ * MailRail's quiescence:
+ *   degree    every edge (u, v) goes to the owners of u and v, coalesced per
+ *             owner into datagram-size messages; owners build sorted,
+ *             de-duplicated adjacency lists. Hubs' owners receive most of this
+ *             traffic: it is the incast phase.
+ *   orient    every vertex tells its neighbours' owners its degree, so that each
+ *             edge can be oriented from the lower (degree, id) to the higher.
+ *   triangle  every vertex u sends, for each pair v < w of its higher
+ *             neighbours, a query "is w adjacent to v?" to v's owner, which
+ *             counts a triangle when it is. Each triangle is counted once.
+ * MailRail is initialized afresh for each phase (not timed), so that the
+ * per-phase counters and peaks start from zero.
+ *
+ * Checked every run: the owners received exactly two arcs per edge that is not
+ * a self loop; every neighbour degree arrived exactly once; every query was
+ * answered once; the degree sum is twice the edge count; and every policy and
+ * trial gives the same result. -V adds the serial reference.
+ */
+#include "graph_edges.h"
+#include "graph_serial.h"
+#include "mailrail.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define GRAPH_MAX_POLICIES 3
+#define GRAPH_MAX_TRIALS 64
+/* Larger than any vertex id, and below 2^63 (see graph_reduce). */
+#define GRAPH_NO_VERTEX ((uint64_t)GRAPH_MAX_VERTEX_ID)
+
+typedef struct graph_options {
+    const char *file;
+    graph_rmat_t rmat;
+    bool use_rmat;
+    const char *policies[GRAPH_MAX_POLICIES];
+    int npolicies;
+    int trials;
+    bool verify;
+    const char *csv;
+    const char *convert;
+    bool quiet;
+} graph_options_t;
+
+/* This rank's part of the graph. */
+typedef struct graph_local {
+    int rank, size;
+    graph_edges_t input;       /* The edges this rank read or generated. */
+    uint64_t self_loops;       /* Among them. */
+    graph_edges_t arcs;        /* Degree phase: (u owned here, neighbour v), repeats included. */
+    size_t nv;                 /* Vertices owned here that have an edge. */
+    uint64_t *ids;             /* Their ids, sorted. */
+    size_t *offs;              /* Adjacency of ids[i]: adj[offs[i] .. offs[i + 1]). */
+    uint64_t *adj;             /* Sorted, without repeats. */
+    uint64_t *nbr_degree;      /* Degree of adj[k], filled by the orient phase. */
+    uint64_t nbr_degrees_set;  /* Orient messages applied. */
+    uint64_t duplicate_arcs;
+    uint64_t queries_sent;     /* Triangle queries sent (or answered locally). */
+    uint64_t queries_answered;
+    uint64_t triangles;
+    uint64_t bad_records;      /* Records naming a vertex or arc that is not here. */
+} graph_local_t;
+
+typedef void (*graph_handler_t)(graph_local_t *g, const uint64_t *record);
+
+/* Coalescing of fixed-size records per owner into datagram-size messages. */
+typedef struct graph_xch {
+    graph_local_t *g;
+    size_t record_words;
+    size_t per_message;    /* Records per datagram. */
+    uint64_t **staging;    /* Per owner. */
+    size_t *staged;        /* Records staged per owner. */
+    graph_handler_t handle;
+} graph_xch_t;
+
+/* What one phase measured, reduced over ranks. */
+typedef struct graph_phase_result {
+    double seconds;
+    uint64_t messages, bytes, credit_returns;
+    int busiest;                /* The rank that received the most bytes. */
+    double busiest_share;       /* Its share of all bytes received. */
+    uint64_t busiest_peak_slots;
+    uint64_t busiest_peak_rss_kb;
+} graph_phase_result_t;
+
+typedef enum graph_phase { GRAPH_DEGREE, GRAPH_ORIENT, GRAPH_TRIANGLE, GRAPH_PHASES } graph_phase_t;
+static const char *const graph_phase_names[GRAPH_PHASES] = {"degree", "orient", "triangle"};
+
+static int graph_rank0_printf(const graph_local_t *g, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int graph_rank0_printf(const graph_local_t *g, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (g->rank != 0) return 0;
+    va_start(ap, fmt);
+    n = vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+    return n;
+}
+
+static double graph_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int graph_owner(const graph_local_t *g, uint64_t id)
+{
+    return (int)(graph_mix64(id) % (uint64_t)g->size);
+}
+
+/* Index of `key` in the sorted array a[0..n), or -1. */
+static long graph_search(const uint64_t *a, size_t n, uint64_t key)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < key) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && a[lo] == key ? (long)lo : -1;
+}
+
+/* Resident memory high-water mark in KiB (VmHWM), or 0. */
+static uint64_t graph_peak_rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+
+    if (f == NULL) return 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+    }
+    fclose(f);
+    return kb;
+}
+
+/* Resets the high-water mark so that each phase measures its own (Linux clear_refs 5). */
+static void graph_reset_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f != NULL) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+/* Stops every rank: a communication error leaves no consistent way to go on. */
+static void graph_die(const graph_local_t *g, const char *what, mr_status_t st)
+{
+    fprintf(stderr, "mailrail_graph: rank %d: %s: %s\n", g->rank, what, mr_status_string(st));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/* ---- The exchange: records coalesced per owner. ---- */
+
+/* Handles every message that has arrived. */
+static void xch_drain(graph_xch_t *x)
+{
+    mr_message_t m;
+    mr_status_t st;
+
+    while ((st = mr_receive(&m)) == MR_OK) {
+        const uint64_t *words = m.data;
+        size_t records = m.length / (x->record_words * sizeof(uint64_t));
+        for (size_t r = 0; r < records; r++) x->handle(x->g, words + r * x->record_words);
+        mr_release(m.data);
+    }
+    if (st != MR_AGAIN) graph_die(x->g, "mr_receive", st);
+}
+
+static void xch_flush(graph_xch_t *x, int owner)
+{
+    size_t bytes = x->staged[owner] * x->record_words * sizeof(uint64_t);
+    void *buf;
+    mr_status_t st;
+
+    if (bytes == 0) return;
+    while ((st = mr_reserve(&buf)) == MR_AGAIN) xch_drain(x);
+    if (st != MR_OK) graph_die(x->g, "mr_reserve", st);
+    memcpy(buf, x->staging[owner], bytes);
+    x->staged[owner] = 0;
+    st = mr_send(buf, bytes, owner);
+    if (st != MR_OK) graph_die(x->g, "mr_send", st);
+}
+
+/* Queues one record for `owner`; records for this rank are handled at once. */
+static void xch_push(graph_xch_t *x, int owner, const uint64_t *record)
+{
+    if (owner == x->g->rank) {
+        x->handle(x->g, record);
+        return;
+    }
+    memcpy(x->staging[owner] + x->staged[owner] * x->record_words, record,
+           x->record_words * sizeof(uint64_t));
+    if (++x->staged[owner] == x->per_message) {
+        xch_flush(x, owner);
+        xch_drain(x);
+    }
+}
+
+/* Sends what is staged and handles messages until global quiescence. */
+static void xch_finish(graph_xch_t *x)
+{
+    mr_status_t st;
+
+    for (int owner = 0; owner < x->g->size; owner++) xch_flush(x, owner);
+    do {
+        xch_drain(x);
+        st = mr_quiesce();
+    } while (st == MR_AGAIN);
+    if (st != MR_OK) graph_die(x->g, "mr_quiesce", st);
+}
+
+/* ---- Phase handlers and generators. ---- */
+
+/* Degree phase: (u, v) arrives at the owner of u. */
+static void graph_on_arc(graph_local_t *g, const uint64_t *r)
+{
+    if (graph_owner(g, r[0]) != g->rank || !graph_edges_push(&g->arcs, r[0], r[1])) {
+        g->bad_records++;
+    }
+}
+
+static void graph_send_arcs(graph_local_t *g, graph_xch_t *x)
+{
+    g->self_loops = 0;
+    for (size_t e = 0; e < g->input.count; e++) {
+        uint64_t u = g->input.edge[e].u, v = g->input.edge[e].v;
+        if (u == v) {
+            g->self_loops++;
+            continue;
+        }
+        xch_push(x, graph_owner(g, u), (const uint64_t[]){u, v});
+        xch_push(x, graph_owner(g, v), (const uint64_t[]){v, u});
+    }
+}
+
+/* Orient phase: (w, u, degree of u) arrives at the owner of w. */
+static void graph_on_degree(graph_local_t *g, const uint64_t *r)
+{
+    long i = graph_search(g->ids, g->nv, r[0]);
+    long k = i < 0 ? -1 : graph_search(g->adj + g->offs[i], g->offs[i + 1] - g->offs[i], r[1]);
+
+    if (k < 0 || g->nbr_degree[g->offs[i] + (size_t)k] != 0) {
+        g->bad_records++;
+        return;
+    }
+    g->nbr_degree[g->offs[i] + (size_t)k] = r[2];
+    g->nbr_degrees_set++;
+}
+
+static void graph_send_degrees(graph_local_t *g, graph_xch_t *x)
+{
+    for (size_t i = 0; i < g->nv; i++) {
+        uint64_t degree = g->offs[i + 1] - g->offs[i];
+        for (size_t k = g->offs[i]; k < g->offs[i + 1]; k++) {
+            xch_push(x, graph_owner(g, g->adj[k]), (const uint64_t[]){g->adj[k], g->ids[i], degree});
+        }
+    }
+}
+
+/* Triangle phase: "is w adjacent to v?" arrives at the owner of v. */
+static void graph_on_query(graph_local_t *g, const uint64_t *r)
+{
+    long i = graph_search(g->ids, g->nv, r[0]);
+
+    if (i < 0) {
+        g->bad_records++;
+        return;
+    }
+    g->queries_answered++;
+    if (graph_search(g->adj + g->offs[i], g->offs[i + 1] - g->offs[i], r[1]) >= 0) g->triangles++;
+}
+
+/* A neighbour with its degree, for the (degree, id) order. */
+typedef struct graph_ranked {
+    uint64_t degree, id;
+} graph_ranked_t;
+
+static int graph_compare_ranked(const void *a, const void *b)
+{
+    const graph_ranked_t *x = a, *y = b;
+    if (x->degree != y->degree) return x->degree < y->degree ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static void graph_send_queries(graph_local_t *g, graph_xch_t *x)
+{
+    size_t max_degree = 0;
+    graph_ranked_t *higher;
+
+    for (size_t i = 0; i < g->nv; i++) {
+        if (g->offs[i + 1] - g->offs[i] > max_degree) max_degree = g->offs[i + 1] - g->offs[i];
+    }
+    higher = malloc((max_degree + 1) * sizeof(*higher));
+    if (higher == NULL) graph_die(g, "triangle phase", MR_ERR_NO_MEMORY);
+    for (size_t i = 0; i < g->nv; i++) {
+        graph_ranked_t self = {g->offs[i + 1] - g->offs[i], g->ids[i]};
+        size_t n = 0;
+        for (size_t k = g->offs[i]; k < g->offs[i + 1]; k++) {
+            graph_ranked_t other = {g->nbr_degree[k], g->adj[k]};
+            if (graph_compare_ranked(&self, &other) < 0) higher[n++] = other;
+        }
+        qsort(higher, n, sizeof(*higher), graph_compare_ranked);
+        for (size_t a = 0; a < n; a++) {
+            for (size_t b = a + 1; b < n; b++) {
+                g->queries_sent++;
+                xch_push(x, graph_owner(g, higher[a].id), (const uint64_t[]){higher[a].id, higher[b].id});
+            }
+        }
+    }
+    free(higher);
+}
+
+/* ---- Local work between phases. ---- */
+
+static int graph_compare_edges(const void *a, const void *b)
+{
+    const graph_edge_t *x = a, *y = b;
+    if (x->u != y->u) return x->u < y->u ? -1 : 1;
+    return (x->v > y->v) - (x->v < y->v);
+}
+
+static void graph_free_adjacency(graph_local_t *g)
+{
+    free(g->ids);
+    free(g->offs);
+    free(g->adj);
+    free(g->nbr_degree);
+    g->ids = g->adj = g->nbr_degree = NULL;
+    g->offs = NULL;
+    g->nv = 0;
+}
+
+/* Builds sorted adjacency lists without repeats from the arcs of the degree phase. */
+static void graph_build_adjacency(graph_local_t *g)
+{
+    size_t n = 0, nv = 0;
+    graph_edge_t *arcs = g->arcs.edge;
+
+    qsort(arcs, g->arcs.count, sizeof(*arcs), graph_compare_edges);
+    for (size_t a = 0; a < g->arcs.count; a++) {
+        if (n > 0 && arcs[n - 1].u == arcs[a].u && arcs[n - 1].v == arcs[a].v) continue;
+        arcs[n++] = arcs[a];
+    }
+    g->duplicate_arcs = g->arcs.count - n;
+    g->ids = malloc((n + 1) * sizeof(*g->ids));
+    g->offs = malloc((n + 2) * sizeof(*g->offs));
+    g->adj = malloc((n + 1) * sizeof(*g->adj));
+    g->nbr_degree = calloc(n + 1, sizeof(*g->nbr_degree));
+    if (g->ids == NULL || g->offs == NULL || g->adj == NULL || g->nbr_degree == NULL) {
+        graph_die(g, "adjacency", MR_ERR_NO_MEMORY);
+    }
+    for (size_t a = 0; a < n; a++) {
+        if (nv == 0 || g->ids[nv - 1] != arcs[a].u) {
+            g->ids[nv] = arcs[a].u;
+            g->offs[nv++] = a;
+        }
+        g->adj[a] = arcs[a].v;
+    }
+    g->offs[nv] = n;
+    g->nv = nv;
+}
+
+/* ---- One phase, measured. ---- */
+
+static void graph_measure(const graph_local_t *g, double seconds, const mr_stats_t *st,
+                          graph_phase_result_t *out)
+{
+    uint64_t mine[3] = {st->messages_sent, st->bytes_sent, st->credit_returns_sent}, sum[3];
+    uint64_t busiest[2] = {st->peak_recv_slots_in_use, graph_peak_rss_kb()};
+    struct {
+        double bytes;
+        int rank;
+    } in = {(double)st->bytes_received, g->rank}, max;
+    double received;
+
+    MPI_Allreduce(&seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(mine, sum, 3, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&in.bytes, &received, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&in, &max, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+    MPI_Bcast(busiest, 2, MPI_UINT64_T, max.rank, MPI_COMM_WORLD);
+    out->messages = sum[0];
+    out->bytes = sum[1];
+    out->credit_returns = sum[2];
+    out->busiest = max.rank;
+    out->busiest_share = received > 0 ? max.bytes / received : 0;
+    out->busiest_peak_slots = busiest[0];
+    out->busiest_peak_rss_kb = busiest[1];
+}
+
+/*
+ * Runs one phase under `policy`: MailRail is initialized for the phase, the
+ * generator's records are exchanged until quiescence, and the counters are
+ * reduced into *out.
+ */
+static void graph_run_phase(graph_local_t *g, const char *policy, graph_phase_t phase,
+                            graph_phase_result_t *out)
+{
+    static const size_t record_words[GRAPH_PHASES] = {2, 3, 2};
+    static const graph_handler_t handlers[GRAPH_PHASES] = {graph_on_arc, graph_on_degree,
+                                                            graph_on_query};
+    MPI_Comm comm = MPI_COMM_WORLD;
+    graph_xch_t x = {.g = g, .record_words = record_words[phase], .handle = handlers[phase]};
+    mr_stats_t stats = {.size = sizeof(stats)};
+    mr_status_t st;
+    double start, seconds;
+
+    setenv("MAILRAIL_FLOWCTL", policy, 1);
+    st = mr_init_mpi(&comm, sizeof(comm));
+    if (st != MR_OK) graph_die(g, "mr_init", st);
+    x.per_message = mr_datagram_size() / (x.record_words * sizeof(uint64_t));
+    if (x.per_message == 0) graph_die(g, "MAILRAIL_DATAGRAM_SIZE is smaller than one record",
+                                      MR_ERR_CONFIG);
+    x.staging = calloc((size_t)g->size, sizeof(*x.staging));
+    x.staged = calloc((size_t)g->size, sizeof(*x.staged));
+    if (x.staging == NULL || x.staged == NULL) graph_die(g, "staging", MR_ERR_NO_MEMORY);
+    for (int owner = 0; owner < g->size; owner++) {
+        x.staging[owner] = malloc(x.per_message * x.record_words * sizeof(uint64_t));
+        if (x.staging[owner] == NULL) graph_die(g, "staging", MR_ERR_NO_MEMORY);
+    }
+    graph_reset_peak_rss();
+    MPI_Barrier(MPI_COMM_WORLD);
+    start = graph_now();
+    switch (phase) {
+    case GRAPH_DEGREE: graph_send_arcs(g, &x); break;
+    case GRAPH_ORIENT: graph_send_degrees(g, &x); break;
+    default: graph_send_queries(g, &x); break;
+    }
+    xch_finish(&x);
+    seconds = graph_now() - start;
+    mr_get_stats(&stats);
+    st = mr_finalize();
+    if (st != MR_OK) graph_die(g, "mr_finalize", st);
+    for (int owner = 0; owner < g->size; owner++) free(x.staging[owner]);
+    free(x.staging);
+    free(x.staged);
+    graph_measure(g, seconds, &stats, out);
+}
+
+/* ---- The whole kernel, checked. ---- */
+
+/* Reduces the result over ranks and checks the invariants; false if one fails. */
+static bool graph_reduce(graph_local_t *g, graph_summary_t *s)
+{
+    uint64_t degree_sum = 0, checksum = 0, max_degree = 0, hub = GRAPH_NO_VERTEX, unset = 0;
+    uint64_t mine[10], all[10];
+
+    for (size_t i = 0; i < g->nv; i++) {
+        uint64_t degree = g->offs[i + 1] - g->offs[i];
+        degree_sum += degree;
+        checksum += graph_degree_term(g->ids[i], degree);
+        if (degree > max_degree || (degree == max_degree && g->ids[i] < hub)) {
+            max_degree = degree;
+            hub = g->ids[i];
+        }
+    }
+    for (size_t k = 0; g->offs != NULL && k < g->offs[g->nv]; k++) unset += g->nbr_degree[k] == 0;
+    mine[0] = g->input.count;
+    mine[1] = g->self_loops;
+    mine[2] = g->arcs.count;
+    mine[3] = g->duplicate_arcs;
+    mine[4] = g->nv;
+    mine[5] = degree_sum;
+    mine[6] = checksum;
+    mine[7] = g->triangles;
+    mine[8] = g->queries_sent - g->queries_answered + g->bad_records + unset;
+    mine[9] = g->nbr_degrees_set;
+    MPI_Allreduce(mine, all, 10, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&max_degree, &s->max_degree, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    /*
+     * MPICH 4.0.2 compares MPI_UINT64_T as signed in MPI_MIN and MPI_MAX, so
+     * the sentinel must stay below 2^63: ids do.
+     */
+    if (max_degree != s->max_degree) hub = GRAPH_NO_VERTEX;
+    MPI_Allreduce(&hub, &s->hub, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    if (s->max_degree == 0) s->hub = 0; /* An empty graph has no hub, as in the serial summary. */
+    s->edges_read = all[0];
+    s->self_loops = all[1];
+    s->duplicate_edges = all[3] / 2;
+    s->vertices = all[4];
+    s->edges = all[5] / 2;
+    s->degree_checksum = all[6];
+    s->triangles = all[7];
+
+    const char *broken = NULL;
+    if (all[2] != 2 * (all[0] - all[1])) broken = "the owners did not receive two arcs per edge";
+    else if (all[3] % 2 != 0 || all[5] % 2 != 0) broken = "the arcs of some edge are unpaired";
+    else if (all[9] != all[5]) broken = "neighbour degrees were not delivered exactly once";
+    else if (all[8] != 0) broken = "queries were lost or records misrouted";
+    if (broken != NULL) {
+        graph_rank0_printf(g, "mailrail_graph: CHECK FAILED: %s\n", broken);
+        return false;
+    }
+    return true;
+}
+
+static bool graph_same_summary(const graph_summary_t *a, const graph_summary_t *b)
+{
+    return a->edges_read == b->edges_read && a->self_loops == b->self_loops &&
+           a->duplicate_edges == b->duplicate_edges && a->vertices == b->vertices &&
+           a->edges == b->edges && a->max_degree == b->max_degree && a->hub == b->hub &&
+           a->degree_checksum == b->degree_checksum && a->triangles == b->triangles;
+}
+
+static void graph_print_summary(const graph_local_t *g, const char *label, const graph_summary_t *s)
+{
+    graph_rank0_printf(g,
+                       "%s: vertices=%llu edges=%llu triangles=%llu max_degree=%llu hub=%llu "
+                       "edges_read=%llu self_loops=%llu duplicates=%llu checksum=%016llx\n",
+                       label, (unsigned long long)s->vertices, (unsigned long long)s->edges,
+                       (unsigned long long)s->triangles, (unsigned long long)s->max_degree,
+                       (unsigned long long)s->hub, (unsigned long long)s->edges_read,
+                       (unsigned long long)s->self_loops, (unsigned long long)s->duplicate_edges,
+                       (unsigned long long)s->degree_checksum);
+}
+
+/* Runs the three phases once; false if a check fails. */
+static bool graph_kernel(graph_local_t *g, const char *policy, graph_phase_result_t results[],
+                         graph_summary_t *summary)
+{
+    graph_edges_free(&g->arcs);
+    graph_free_adjacency(g);
+    g->nbr_degrees_set = g->queries_sent = g->queries_answered = 0;
+    g->triangles = g->bad_records = g->duplicate_arcs = 0;
+
+    graph_run_phase(g, policy, GRAPH_DEGREE, &results[GRAPH_DEGREE]);
+    graph_build_adjacency(g);
+    graph_run_phase(g, policy, GRAPH_ORIENT, &results[GRAPH_ORIENT]);
+    graph_run_phase(g, policy, GRAPH_TRIANGLE, &results[GRAPH_TRIANGLE]);
+    return graph_reduce(g, summary);
+}
+
+/* ---- Input. ---- */
+
+/*
+ * Agrees on the first error over all ranks: every rank prints it, naming the
+ * file and the line (or offset). Returns true when no rank failed.
+ */
+static bool graph_agree_input(const graph_local_t *g, const char *source, bool ok, uint64_t line,
+                              const graph_error_t *error)
+{
+    struct {
+        long key;
+        int rank;
+    } mine = {ok ? LONG_MAX : (long)line, g->rank}, first;
+    graph_error_t shared;
+
+    MPI_Allreduce(&mine, &first, 1, MPI_LONG_INT, MPI_MINLOC, MPI_COMM_WORLD);
+    if (first.key == LONG_MAX) return true;
+    if (g->rank == first.rank) shared = *error;
+    MPI_Bcast(&shared, sizeof(shared), MPI_BYTE, first.rank, MPI_COMM_WORLD);
+    shared.reason[sizeof(shared.reason) - 1] = '\0';
+    if (first.key > 0) {
+        fprintf(stderr, "mailrail_graph: rank %d: %s:%ld: %s\n", g->rank, source, first.key,
+                shared.reason);
+    } else if (shared.offset > 0) {
+        fprintf(stderr, "mailrail_graph: rank %d: %s: offset %llu: %s\n", g->rank, source,
+                (unsigned long long)shared.offset, shared.reason);
+    } else {
+        fprintf(stderr, "mailrail_graph: rank %d: %s: %s\n", g->rank, source, shared.reason);
+    }
+    return false;
+}
+
+/* Loads this rank's slice of the edges; false (on every rank) after an error. */
+static bool graph_load(const graph_options_t *o, graph_local_t *g)
+{
+    graph_error_t error = {0};
+    uint64_t lines = 0, before = 0, total;
+    bool ok;
+
+    if (o->use_rmat) {
+        uint64_t m = graph_rmat_edges(&o->rmat);
+        uint64_t first = m / (uint64_t)g->size * (uint64_t)g->rank +
+                         m % (uint64_t)g->size * (uint64_t)g->rank / (uint64_t)g->size;
+        uint64_t next = m / (uint64_t)g->size * (uint64_t)(g->rank + 1) +
+                        m % (uint64_t)g->size * (uint64_t)(g->rank + 1) / (uint64_t)g->size;
+        ok = graph_rmat_generate(&o->rmat, first, next - first, &g->input);
+        if (!ok) snprintf(error.reason, sizeof(error.reason), "out of memory");
+        return graph_agree_input(g, "R-MAT generator", ok, 0, &error);
+    }
+    if (graph_file_is_binary(o->file)) {
+        ok = graph_binary_read(o->file, g->rank, g->size, &g->input, &total, &error);
+        return graph_agree_input(g, o->file, ok, 0, &error);
+    }
+    graph_text_slice_t slice;
+    ok = graph_text_slice(o->file, g->rank, g->size, &slice, &error) &&
+         graph_text_read(o->file, &slice, &g->input, &lines, &error);
+    MPI_Exscan(&lines, &before, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    if (g->rank == 0) before = 0;
+    return graph_agree_input(g, o->file, ok, error.line > 0 ? before + error.line : 0, &error);
+}
+
+static void graph_put_le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* Writes every rank's edges to `path` in the binary form; false on every rank on failure. */
+static bool graph_convert(const graph_local_t *g, const char *path)
+{
+    uint64_t count = g->input.count, before = 0, total = 0;
+    unsigned char *buf = malloc(16 * count + GRAPH_BINARY_HEADER_LEN);
+    MPI_File fh;
+    int ok = buf != NULL, all_ok;
+
+    MPI_Exscan(&count, &before, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&count, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    if (g->rank == 0) before = 0;
+    if (MPI_File_open(MPI_COMM_WORLD, path, MPI_MODE_WRONLY | MPI_MODE_CREATE, MPI_INFO_NULL,
+                      &fh) != MPI_SUCCESS) {
+        graph_rank0_printf(g, "mailrail_graph: %s: cannot create\n", path);
+        free(buf);
+        return false;
+    }
+    MPI_File_set_size(fh, 0);
+    if (ok) {
+        for (size_t e = 0; e < count; e++) {
+            graph_put_le64(buf + 16 * e, g->input.edge[e].u);
+            graph_put_le64(buf + 16 * e + 8, g->input.edge[e].v);
+        }
+        /* In pieces: MPI counts are ints. */
+        for (uint64_t done = 0; ok && done < 16 * count;) {
+            uint64_t piece = 16 * count - done < (1u << 30) ? 16 * count - done : (1u << 30);
+            ok = MPI_File_write_at(fh, (MPI_Offset)(GRAPH_BINARY_HEADER_LEN + 16 * before + done),
+                                   buf + done, (int)piece, MPI_BYTE,
+                                   MPI_STATUS_IGNORE) == MPI_SUCCESS;
+            done += piece;
+        }
+        if (ok && g->rank == 0) {
+            memcpy(buf, GRAPH_BINARY_MAGIC, GRAPH_BINARY_MAGIC_LEN);
+            graph_put_le64(buf + GRAPH_BINARY_MAGIC_LEN, total);
+            ok = MPI_File_write_at(fh, 0, buf, GRAPH_BINARY_HEADER_LEN, MPI_BYTE,
+                                   MPI_STATUS_IGNORE) == MPI_SUCCESS;
+        }
+    }
+    MPI_File_close(&fh);
+    free(buf);
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+    if (all_ok) {
+        graph_rank0_printf(g, "mailrail_graph: wrote %llu edges to %s\n",
+                           (unsigned long long)total, path);
+    } else {
+        graph_rank0_printf(g, "mailrail_graph: %s: write failed\n", path);
+    }
+    return all_ok;
+}
+
+/* The serial reference on rank 0: loads the whole graph again and computes the summary. */
+static bool graph_serial_reference(const graph_options_t *o, const graph_local_t *g,
+                                   graph_summary_t *out)
+{
+    graph_edges_t all = {0};
+    graph_error_t error;
+    bool ok;
+
+    if (o->use_rmat) {
+        ok = graph_rmat_generate(&o->rmat, 0, graph_rmat_edges(&o->rmat), &all);
+    } else if (graph_file_is_binary(o->file)) {
+        uint64_t total;
+        ok = graph_binary_read(o->file, 0, 1, &all, &total, &error);
+    } else {
+        graph_text_slice_t slice;
+        uint64_t lines;
+        ok = graph_text_slice(o->file, 0, 1, &slice, &error) &&
+             graph_text_read(o->file, &slice, &all, &lines, &error);
+    }
+    ok = ok && graph_serial_summary(&all, out);
+    graph_edges_free(&all);
+    if (!ok) fprintf(stderr, "mailrail_graph: rank %d: the serial reference failed\n", g->rank);
+    return ok;
+}
+
+/* ---- Options and main. ---- */
+
+static int graph_parse(int argc, char **argv, graph_options_t *o)
+{
+    static char policy_buf[64];
+    const char *policies = getenv("MAILRAIL_FLOWCTL") ? getenv("MAILRAIL_FLOWCTL") : "none";
+    int c;
+
+    o->rmat.edge_factor = 16;
+    o->rmat.seed = 1;
+    o->trials = 1;
+    while ((c = getopt(argc, argv, "f:r:e:S:p:t:Vc:o:qh")) != -1) {
+        switch (c) {
+        case 'f': o->file = optarg; break;
+        case 'r':
+            o->rmat.scale = atoi(optarg);
+            o->use_rmat = true;
+            break;
+        case 'e': o->rmat.edge_factor = atoi(optarg); break;
+        case 'S': o->rmat.seed = strtoull(optarg, NULL, 10); break;
+        case 'p': policies = optarg; break;
+        case 't': o->trials = atoi(optarg); break;
+        case 'V': o->verify = true; break;
+        case 'c': o->csv = optarg; break;
+        case 'o': o->convert = optarg; break;
+        case 'q': o->quiet = true; break;
+        default: return -1;
+        }
+    }
+    snprintf(policy_buf, sizeof(policy_buf), "%s", policies);
+    for (char *save = NULL, *p = strtok_r(policy_buf, ",", &save); p != NULL;
+         p = strtok_r(NULL, ",", &save)) {
+        if (o->npolicies == GRAPH_MAX_POLICIES) return -1;
+        o->policies[o->npolicies++] = p;
+    }
+    if ((o->file != NULL) == o->use_rmat || optind != argc) return -1;
+    if (o->use_rmat && (o->rmat.scale < 1 || o->rmat.scale > 40 || o->rmat.edge_factor < 1 ||
+                        o->rmat.edge_factor > 1024)) {
+        return -1;
+    }
+    return o->trials >= 1 && o->trials <= GRAPH_MAX_TRIALS && o->npolicies > 0 ? 0 : -1;
+}
+
+static void graph_report(const graph_options_t *o, const graph_local_t *g, FILE *csv,
+                         const char *policy, int trial, const graph_phase_result_t results[],
+                         const graph_summary_t *s)
+{
+    for (int p = 0; p < GRAPH_PHASES && g->rank == 0; p++) {
+        const graph_phase_result_t *r = &results[p];
+        if (!o->quiet) {
+            printf("  %-6s %5d %-8s %9.4f %10llu %12llu %4d %6.1f%% %6llu %9.1f %8llu\n", policy,
+                   trial, graph_phase_names[p], r->seconds, (unsigned long long)r->messages,
+                   (unsigned long long)r->bytes, r->busiest, 100.0 * r->busiest_share,
+                   (unsigned long long)r->busiest_peak_slots, (double)r->busiest_peak_rss_kb / 1024.0,
+                   (unsigned long long)r->credit_returns);
+        }
+        if (csv != NULL) {
+            fprintf(csv, "%s,%d,%s,%d,%.6f,%llu,%llu,%d,%.4f,%llu,%llu,%llu,%llu,%llu,%llu\n",
+                    policy, trial, graph_phase_names[p], g->size, r->seconds,
+                    (unsigned long long)r->messages, (unsigned long long)r->bytes, r->busiest,
+                    r->busiest_share, (unsigned long long)r->busiest_peak_slots,
+                    (unsigned long long)r->busiest_peak_rss_kb,
+                    (unsigned long long)r->credit_returns, (unsigned long long)s->vertices,
+                    (unsigned long long)s->edges, (unsigned long long)s->triangles);
+        }
+    }
+    fflush(stdout);
+}
+
+static FILE *graph_open_csv(const graph_local_t *g, const char *path)
+{
+    FILE *csv;
+
+    if (path == NULL || g->rank != 0) return NULL;
+    csv = fopen(path, "a");
+    if (csv != NULL && ftell(csv) == 0) {
+        fprintf(csv, "policy,trial,phase,ranks,seconds,messages,bytes,busiest_rank,busiest_share,"
+                     "busiest_peak_recv_slots,busiest_peak_rss_kb,credit_returns,vertices,edges,"
+                     "triangles\n");
+    }
+    return csv;
+}
+
+int main(int argc, char **argv)
+{
+    graph_options_t o = {0};
+    graph_local_t g = {0};
+    graph_summary_t first = {0}, reference;
+    graph_phase_result_t results[GRAPH_PHASES];
+    double best[GRAPH_MAX_POLICIES][GRAPH_PHASES];
+    bool have_first = false, ok = true;
+    FILE *csv;
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g.size);
+    if (graph_parse(argc, argv, &o) != 0) {
+        graph_rank0_printf(&g, "usage: mpiexec -n N mailrail_graph (-f edges | -r scale [-e factor] "
+                               "[-S seed]) [-p none,rank,node] [-t trials] [-V] [-c file.csv] "
+                               "[-o edges.bin] [-q]\n");
+        MPI_Finalize();
+        return 2;
+    }
+    if (!graph_load(&o, &g)) {
+        MPI_Finalize();
+        return 1;
+    }
+    if (o.convert != NULL) {
+        ok = graph_convert(&g, o.convert);
+        graph_edges_free(&g.input);
+        MPI_Finalize();
+        return ok ? 0 : 1;
+    }
+    if (!o.quiet) {
+        graph_rank0_printf(&g, "# mailrail_graph: %d ranks, %s", g.size,
+                           o.use_rmat ? "R-MAT" : o.file);
+        if (o.use_rmat) {
+            graph_rank0_printf(&g, " scale %d, edge factor %d, seed %llu", o.rmat.scale,
+                               o.rmat.edge_factor, (unsigned long long)o.rmat.seed);
+        }
+        graph_rank0_printf(&g, "\n# %-6s %5s %-8s %9s %10s %12s %4s %7s %6s %9s %8s\n", "policy",
+                           "trial", "phase", "seconds", "messages", "bytes", "busy", "share",
+                           "slots", "rss_MiB", "credits");
+    }
+    csv = graph_open_csv(&g, o.csv);
+    for (int p = 0; p < o.npolicies && ok; p++) {
+        for (int t = 0; t < o.trials && ok; t++) {
+            graph_summary_t s = {0};
+            ok = graph_kernel(&g, o.policies[p], results, &s);
+            if (!ok) break;
+            graph_report(&o, &g, csv, o.policies[p], t, results, &s);
+            for (int ph = 0; ph < GRAPH_PHASES; ph++) {
+                if (t == 0 || results[ph].seconds < best[p][ph]) best[p][ph] = results[ph].seconds;
+            }
+            if (!have_first) {
+                first = s;
+                have_first = true;
+                graph_print_summary(&g, "mailrail_graph: result", &s);
+            } else if (!graph_same_summary(&first, &s)) {
+                graph_print_summary(&g, "mailrail_graph: DIFFERENT RESULT", &s);
+                ok = false;
+            }
+        }
+    }
+    if (csv != NULL) fclose(csv);
+    if (ok && o.npolicies > 1 && g.rank == 0) {
+        for (int p = 1; p < o.npolicies; p++) {
+            printf("mailrail_graph: %s against %s, best time per phase:", o.policies[p],
+                   o.policies[0]);
+            for (int ph = 0; ph < GRAPH_PHASES; ph++) {
+                printf(" %s %.2fx", graph_phase_names[ph], best[0][ph] / best[p][ph]);
+            }
+            printf("\n");
+        }
+    }
+    if (ok && o.verify) {
+        int good = 1;
+        if (g.rank == 0) {
+            good = graph_serial_reference(&o, &g, &reference) && graph_same_summary(&first, &reference);
+            if (!good) graph_print_summary(&g, "mailrail_graph: SERIAL REFERENCE DIFFERS", &reference);
+            else printf("mailrail_graph: the serial reference agrees\n");
+        }
+        MPI_Bcast(&good, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        ok = good;
+    }
+    graph_edges_free(&g.input);
+    graph_edges_free(&g.arcs);
+    graph_free_adjacency(&g);
+    MPI_Finalize();
+    return ok ? 0 : 1;
+}
