@@ -1,0 +1,35 @@
+#!/bin/sh
+# Builds the graph kernel as a user's code would: against an installed copy of
+# MailRail found with `pkg-config mailrail`, compiled with mpicc outside the
+# source tree. Then runs it on the known graph over TCP, which also checks that
+# the installed library finds its plugins next to itself.
+#
+#   tests/run_embed.sh BUILD_DIR SOURCE_DIR MPIEXEC
+set -eu
+build=$1
+src=$2
+mpiexec=$3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+meson install -C "$build" --no-rebuild --destdir "$dir/root" --quiet > "$dir/install.log" 2>&1 || {
+    cat "$dir/install.log"; exit 1; }
+pc=$(find "$dir/root" -name mailrail.pc)
+prefix=$(sed -n 's/^prefix=//p' "$pc")
+export PKG_CONFIG_PATH
+PKG_CONFIG_PATH=$(dirname "$pc")
+flags=$(pkg-config --define-variable=prefix="$dir/root$prefix" --cflags --libs mailrail)
+echo "pkg-config mailrail: $flags"
+# shellcheck disable=SC2086
+mpicc -std=c11 -D_GNU_SOURCE -O2 -Wall -Werror -o "$dir/my_graph" \
+    "$src/tools/graph/mailrail_graph.c" "$src/tools/graph/graph_edges.c" \
+    "$src/tools/graph/graph_serial.c" $flags
+libdir=$(pkg-config --define-variable=prefix="$dir/root$prefix" --variable=libdir mailrail)
+# Only the installed library and its installed plugins may be used.
+env -u MAILRAIL_PLUGIN_PATH LD_LIBRARY_PATH="$libdir" MAILRAIL_SUBSTRATE=tcp MPIEXEC_TIMEOUT=60 \
+    timeout -k 5 90 "$mpiexec" -n 2 "$dir/my_graph" -f "$src/tests/graph/known.el" -V -q \
+    > "$dir/out" 2>&1 || { cat "$dir/out"; exit 1; }
+cat "$dir/out"
+LD_LIBRARY_PATH="$libdir" ldd "$dir/my_graph" | grep -q "$libdir/libmailrail.so" || { echo "FAIL: not linked to the installed copy"; exit 1; }
+grep -q "result: vertices=14 edges=15 triangles=5" "$dir/out"
+grep -q "the serial reference agrees" "$dir/out"
+echo "embedding check passed"
