@@ -144,6 +144,25 @@ END_TEST
 
 /* ---- AUTH ---------------------------------------------------------------------------- */
 
+START_TEST(auth_mac_known_answer)
+{
+    /* SipHash-2-4 itself: the test vector of the paper's appendix A. */
+    uint8_t vec[15];
+    for (unsigned i = 0; i < sizeof(vec); i++) vec[i] = (uint8_t)i;
+    ck_assert_uint_eq(mr_siphash24(test_key, vec, sizeof(vec)), UINT64_C(0xa129ca6149be45e5));
+
+    /* The MAC field is SipHash of nonce || connector (LE) || acceptor (LE) || "MRTCP-AUTH". */
+    uint8_t msg[TCP_WIRE_NONCE_LEN + 8 + 10], m[TCP_WIRE_AUTH_LEN];
+    memcpy(msg, test_nonce, TCP_WIRE_NONCE_LEN);
+    const uint8_t ranks[8] = {0x03, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00};
+    memcpy(msg + TCP_WIRE_NONCE_LEN, ranks, sizeof(ranks));
+    memcpy(msg + TCP_WIRE_NONCE_LEN + 8, "MRTCP-AUTH", 10);
+    uint64_t mac = mr_siphash24(test_key, msg, sizeof(msg));
+    tcp_wire_auth_encode(m, test_key, test_nonce, 3, 5);
+    for (unsigned i = 0; i < 8; i++) ck_assert_uint_eq(m[12 + i], (uint8_t)(mac >> (8 * i)));
+}
+END_TEST
+
 START_TEST(auth_round_trip)
 {
     uint8_t m[TCP_WIRE_AUTH_LEN];
@@ -284,6 +303,7 @@ static Suite *tcp_wire_suite(void)
     tcase_add_test(tc, frame_take_bounds);
     suite_add_tcase(s, tc);
     tc = tcase_create("auth");
+    tcase_add_test(tc, auth_mac_known_answer);
     tcase_add_test(tc, auth_round_trip);
     tcase_add_test(tc, auth_wrong_mac_rejected);
     tcase_add_test(tc, auth_bad_header_rejected);
