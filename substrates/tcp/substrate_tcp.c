@@ -5,7 +5,7 @@
  * rank j > i and accepts a connection from every rank j < i. All sockets are
  * non-blocking and driven by one epoll instance, level-triggered.
  *
- * Address. get_address() yields a 12-byte tcp_wire_addr_t, every field in
+ * Address. get_address() yields a 12-byte blob, every field in
  * network byte order: magic "MRTC", version, a reserved byte, the port and
  * the IPv4 address.
  *
@@ -13,7 +13,7 @@
  * 16-byte random nonce. The connector reads it and writes a 20-byte AUTH
  * message, little-endian:
  *
- *     u32 magic (TCP_AUTH_MAGIC), u16 version (1), u16 reserved (0),
+ *     u32 magic (TCP_WIRE_AUTH_MAGIC), u16 version (1), u16 reserved (0),
  *     i32 connector rank, u64 mac
  *
  * where mac = SipHash-2-4 under the first 16 bytes of the job key of
@@ -31,6 +31,8 @@
  * most the datagram size; control frames carry none. A control frame is
  * written before the next data frame, never inside a partly written one.
  *
+ * Every byte read from a peer is parsed by tcp_wire.c, which also writes them.
+ *
  * Failures. End of stream or a socket error on an established connection is
  * a peer failure, reported once through peer_failed() by the next progress
  * call, unless the core has called closing(): from then on it closes that
@@ -39,6 +41,7 @@
 #include "mr_substrate.h"
 #include "mr_time.h"
 #include "siphash.h"
+#include "tcp_wire.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -62,19 +65,9 @@
 /* ------------------------------------------------------------------------ */
 /* Constants of the wire format and of the implementation.                  */
 
-#define TCP_ADDR_MAGIC 0x4d525443u /* "MRTC", network byte order on the wire. */
-#define TCP_ADDR_VERSION 1
-
-#define TCP_NONCE_LEN 16
-#define TCP_AUTH_MAGIC 0x4d524155u /* "MRAU" as a number, little-endian on the wire. */
-#define TCP_AUTH_VERSION 1
-#define TCP_AUTH_LEN 20
-#define TCP_AUTH_DOMAIN "MRTCP-AUTH"
-#define TCP_AUTH_DOMAIN_LEN (sizeof(TCP_AUTH_DOMAIN) - 1)
-
-#define TCP_HDR_LEN 12
-#define TCP_CH_DATA 0
-#define TCP_CH_CONTROL 1
+#define TCP_NONCE_LEN TCP_WIRE_NONCE_LEN
+#define TCP_AUTH_LEN TCP_WIRE_AUTH_LEN
+#define TCP_HDR_LEN TCP_WIRE_HDR_LEN
 
 #define TCP_CTRL_RING 64          /* Control frames queued per connection. */
 #define TCP_RXBUF_LEN (16 * 1024) /* Read-ahead buffer per connection. */
@@ -137,17 +130,7 @@ static const mr_config_entry_t tcp_config_table[] = {
 /* ------------------------------------------------------------------------ */
 /* State.                                                                    */
 
-/* The address blob, every field in network byte order. */
-typedef struct tcp_wire_addr {
-    uint32_t magic;
-    uint8_t version;
-    uint8_t reserved;
-    uint16_t port;
-    uint32_t ipv4;
-} tcp_wire_addr_t;
-
-_Static_assert(sizeof(tcp_wire_addr_t) == 12, "the address blob must have no padding");
-_Static_assert(sizeof(tcp_wire_addr_t) <= MR_SUBSTRATE_ADDR_MAX, "address too long");
+_Static_assert(TCP_WIRE_ADDR_LEN <= MR_SUBSTRATE_ADDR_MAX, "address too long");
 
 /* One data send: a frame header and a payload owned by the core. */
 typedef struct tcp_req {
@@ -203,10 +186,8 @@ typedef struct tcp_conn {
     uint8_t *rxbuf;            /* TCP_RXBUF_LEN bytes; [rx_start, rx_end) unparsed. */
     size_t rx_start, rx_end;
     tcp_rx_phase_t rx_phase;
-    uint32_t rx_len, rx_imm;
-    uint8_t rx_kind;
+    tcp_wire_frame_t rx_frame; /* The data frame being received (RX_SLOT, RX_PAYLOAD). */
     void *rx_slot;
-    size_t rx_got;
     bool rx_paused;            /* Waiting for a receive slot; EPOLLIN is off. */
     bool on_rx_list;
     struct tcp_conn *rx_next;
@@ -275,34 +256,6 @@ static const mr_log_level_t tcp_default_threshold = MR_LOG_WARN;
 /* Small helpers.                                                            */
 
 
-static void put_le16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_le32(uint8_t *p, uint32_t v)
-{
-    for (unsigned i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8u * i));
-}
-
-static void put_le64(uint8_t *p, uint64_t v)
-{
-    for (unsigned i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8u * i));
-}
-
-static uint16_t get_le16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get_le32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (unsigned i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8u * i);
-    return v;
-}
-
 /* "a.b.c.d:port" into buf (at least 24 bytes). */
 static const char *sin_str(const struct sockaddr_in *sin, char *buf, size_t len)
 {
@@ -311,41 +264,6 @@ static const char *sin_str(const struct sockaddr_in *sin, char *buf, size_t len)
     if (inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip)) == NULL) snprintf(ip, sizeof(ip), "?");
     snprintf(buf, len, "%s:%u", ip, (unsigned)ntohs(sin->sin_port));
     return buf;
-}
-
-static bool wire_addr_parse(const void *blob, size_t length, struct sockaddr_in *out)
-{
-    tcp_wire_addr_t w;
-
-    if (blob == NULL || length < sizeof(w)) return false;
-    memcpy(&w, blob, sizeof(w));
-    if (ntohl(w.magic) != TCP_ADDR_MAGIC || w.version != TCP_ADDR_VERSION) return false;
-    memset(out, 0, sizeof(*out));
-    out->sin_family = AF_INET;
-    out->sin_port = w.port;
-    out->sin_addr.s_addr = w.ipv4;
-    return true;
-}
-
-/* The MAC of an AUTH message. */
-static uint64_t auth_mac(const mr_substrate_t *s, const uint8_t nonce[TCP_NONCE_LEN],
-                         int connector, int acceptor)
-{
-    uint8_t msg[TCP_NONCE_LEN + 4 + 4 + TCP_AUTH_DOMAIN_LEN];
-
-    memcpy(msg, nonce, TCP_NONCE_LEN);
-    put_le32(msg + TCP_NONCE_LEN, (uint32_t)connector);
-    put_le32(msg + TCP_NONCE_LEN + 4, (uint32_t)acceptor);
-    memcpy(msg + TCP_NONCE_LEN + 8, TCP_AUTH_DOMAIN, TCP_AUTH_DOMAIN_LEN);
-    return mr_siphash24(s->key, msg, sizeof(msg));
-}
-
-/* Compares n bytes in time independent of where they differ. */
-static bool ct_equal(const uint8_t *a, const uint8_t *b, size_t n)
-{
-    volatile uint8_t diff = 0;
-    for (size_t i = 0; i < n; i++) diff |= (uint8_t)(a[i] ^ b[i]);
-    return diff == 0;
 }
 
 static bool fill_random(uint8_t *buf, size_t len)
@@ -641,15 +559,14 @@ static void conn_flush(mr_substrate_t *s, tcp_conn_t *c)
 /* ------------------------------------------------------------------------ */
 /* Input.                                                                    */
 
-static void conn_protocol_error(mr_substrate_t *s, tcp_conn_t *c, const char *what,
-                                unsigned long value)
+static void conn_protocol_error(mr_substrate_t *s, tcp_conn_t *c, const tcp_wire_error_t *err)
 {
     char a[40];
 
     TLOG(s, MR_LOG_ERROR,
-         "TCP substrate: rank %d (%s) broke the frame protocol (%s: %lu); closing its "
+         "TCP substrate: rank %d (%s) broke the frame protocol (%s: %lld); closing its "
          "connection.",
-         c->rank, sin_str(&c->addr, a, sizeof(a)), what, value);
+         c->rank, sin_str(&c->addr, a, sizeof(a)), err->what, err->value);
     conn_fail(s, c, MR_ERR_PROTOCOL);
 }
 
@@ -682,42 +599,24 @@ static int conn_read(mr_substrate_t *s, tcp_conn_t *c)
         }
         if (c->rx_phase == RX_HEADER) {
             size_t avail = c->rx_end - c->rx_start;
-            if (avail >= TCP_HDR_LEN) {
-                const uint8_t *h = c->rxbuf + c->rx_start;
-                uint32_t len = get_le32(h), imm = get_le32(h + 4);
-                uint8_t kind = h[8], channel = h[9];
-                uint16_t reserved = get_le16(h + 10);
-
-                if (reserved != 0) {
-                    conn_protocol_error(s, c, "nonzero reserved header field", reserved);
-                    break;
-                }
-                if (channel == TCP_CH_CONTROL) {
-                    if (len != 0) {
-                        conn_protocol_error(s, c, "control frame with a payload of bytes", len);
-                        break;
-                    }
-                    c->rx_start += TCP_HDR_LEN;
+            tcp_wire_frame_t f;
+            tcp_wire_error_t err;
+            mr_status_t st = tcp_wire_frame_decode(c->rxbuf + c->rx_start, avail,
+                                                   s->datagram_size, &f, &err);
+            if (st == MR_OK) {
+                c->rx_start += TCP_HDR_LEN;
+                if (f.channel == TCP_WIRE_CH_CONTROL) {
                     frames++;
-                    s->up.control(s->core, c->rank, imm);
+                    s->up.control(s->core, c->rank, f.imm);
                     continue;
                 }
-                if (channel != TCP_CH_DATA) {
-                    conn_protocol_error(s, c, "unknown channel", channel);
-                    break;
-                }
-                if (len > s->datagram_size) {
-                    conn_protocol_error(s, c, "data frame longer than the datagram size, bytes",
-                                        len);
-                    break;
-                }
-                c->rx_start += TCP_HDR_LEN;
-                c->rx_len = len;
-                c->rx_imm = imm;
-                c->rx_kind = kind;
-                c->rx_got = 0;
+                c->rx_frame = f;
                 c->rx_phase = RX_SLOT;
                 continue;
+            }
+            if (st != MR_AGAIN) {
+                conn_protocol_error(s, c, &err);
+                break;
             }
             /* Not a whole header yet: compact and read more. */
             if (c->rx_start > 0) {
@@ -748,13 +647,12 @@ static int conn_read(mr_substrate_t *s, tcp_conn_t *c)
                 conn_update_interest(s, c);
             }
         } else {
-            size_t need = c->rx_len - c->rx_got;
+            size_t need = tcp_wire_frame_need(&c->rx_frame);
             size_t avail = c->rx_end - c->rx_start;
             if (avail > 0 && need > 0) {
-                size_t k = avail < need ? avail : need;
-                memcpy((uint8_t *)c->rx_slot + c->rx_got, c->rxbuf + c->rx_start, k);
+                size_t off, k = tcp_wire_frame_take(&c->rx_frame, avail, &off);
+                memcpy((uint8_t *)c->rx_slot + off, c->rxbuf + c->rx_start, k);
                 c->rx_start += k;
-                c->rx_got += k;
                 need -= k;
             }
             if (need == 0) {
@@ -765,8 +663,8 @@ static int conn_read(mr_substrate_t *s, tcp_conn_t *c)
                 c->rx_phase = RX_HEADER;
                 if (c->rx_start == c->rx_end) c->rx_start = c->rx_end = 0;
                 frames++;
-                st = s->up.deliver(s->core, c->rank, c->rx_kind, c->rx_imm, slot, c->rx_len,
-                                   NULL);
+                st = s->up.deliver(s->core, c->rank, c->rx_frame.kind, c->rx_frame.imm, slot,
+                                   c->rx_frame.length, NULL);
                 if (st != MR_OK) {
                     TLOG(s, MR_LOG_DEBUG, "TCP substrate: the core refused a message from "
                          "rank %d (status %d).", c->rank, (int)st);
@@ -776,18 +674,14 @@ static int conn_read(mr_substrate_t *s, tcp_conn_t *c)
             /* The buffer is empty: payload straight into the slot, what follows into rxbuf. */
             struct iovec iov[2];
             c->rx_start = c->rx_end = 0;
-            iov[0].iov_base = (uint8_t *)c->rx_slot + c->rx_got;
+            iov[0].iov_base = (uint8_t *)c->rx_slot + c->rx_frame.got;
             iov[0].iov_len = need;
             iov[1].iov_base = c->rxbuf;
             iov[1].iov_len = TCP_RXBUF_LEN;
             ssize_t n = readv(c->fd, iov, 2);
             if (n > 0) {
-                if ((size_t)n <= need) {
-                    c->rx_got += (size_t)n;
-                } else {
-                    c->rx_got += need;
-                    c->rx_end = (size_t)n - need;
-                }
+                size_t off, k = tcp_wire_frame_take(&c->rx_frame, (size_t)n, &off);
+                c->rx_end = (size_t)n - k;
                 continue;
             }
             if (!conn_read_error(s, c, n)) break;
@@ -882,28 +776,30 @@ static void conn_established(mr_substrate_t *s, tcp_conn_t *c)
 
 static void pending_verify(mr_substrate_t *s, tcp_pending_t *p)
 {
-    const uint8_t *m = p->auth;
-    uint32_t magic = get_le32(m);
-    uint16_t version = get_le16(m + 4), reserved = get_le16(m + 6);
-    int32_t rank = (int32_t)get_le32(m + 8);
-    uint8_t expect[8];
+    int32_t rank = -1;
+    tcp_wire_error_t err;
     tcp_conn_t *c;
+    mr_status_t st = tcp_wire_auth_verify(p->auth, p->auth_got, s->key, p->nonce, s->rank,
+                                          &rank, &err);
 
-    if (magic != TCP_AUTH_MAGIC || version != TCP_AUTH_VERSION || reserved != 0) {
-        pending_drop(s, p,
-                     "its handshake is not a MailRail TCP AUTH message (magic 0x%08x, version "
-                     "%u, reserved %u)",
-                     magic, (unsigned)version, (unsigned)reserved);
-        return;
-    }
-    if (rank < 0 || rank >= s->rank) {
-        pending_drop(s, p, "it claims rank %d, which does not connect to rank %d", (int)rank,
-                     s->rank);
-        return;
-    }
-    put_le64(expect, auth_mac(s, p->nonce, rank, s->rank));
-    if (!ct_equal(expect, m + 12, sizeof(expect))) {
-        pending_drop(s, p, "it claims rank %d but its proof of the job key is wrong", (int)rank);
+    if (st != MR_OK) {
+        switch (st == MR_AGAIN ? TCP_WIRE_TRUNCATED : err.fault) {
+        case TCP_WIRE_BAD_RANK:
+            pending_drop(s, p, "it claims rank %lld, which does not connect to rank %d",
+                         err.value, s->rank);
+            break;
+        case TCP_WIRE_BAD_MAC:
+            pending_drop(s, p, "it claims rank %lld but its proof of the job key is wrong",
+                         err.value);
+            break;
+        case TCP_WIRE_TRUNCATED:
+            pending_drop(s, p, "its handshake is shorter than a MailRail TCP AUTH message");
+            break;
+        default:
+            pending_drop(s, p, "its handshake is not a MailRail TCP AUTH message (%s: %lld)",
+                         err.what, err.value);
+            break;
+        }
         return;
     }
     c = &s->conns[rank];
@@ -1144,11 +1040,7 @@ static void connector_read_nonce(mr_substrate_t *s, tcp_conn_t *c)
     }
     uint8_t nonce[TCP_NONCE_LEN];
     memcpy(nonce, c->hs, TCP_NONCE_LEN);
-    put_le32(c->hs, TCP_AUTH_MAGIC);
-    put_le16(c->hs + 4, TCP_AUTH_VERSION);
-    put_le16(c->hs + 6, 0);
-    put_le32(c->hs + 8, (uint32_t)s->rank);
-    put_le64(c->hs + 12, auth_mac(s, nonce, s->rank, c->rank));
+    tcp_wire_auth_encode(c->hs, s->key, nonce, s->rank, c->rank);
     c->hs_off = 0;
     c->state = C_AUTH;
     connector_send_auth(s, c);
@@ -1514,15 +1406,11 @@ fail:
 
 static mr_status_t tcp_get_address(mr_substrate_t *s, void *addr, size_t *length)
 {
-    tcp_wire_addr_t w;
+    uint8_t w[TCP_WIRE_ADDR_LEN];
 
     if (s == NULL || addr == NULL || length == NULL) return MR_ERR_INVALID_PARAM;
-    memset(&w, 0, sizeof(w));
-    w.magic = htonl(TCP_ADDR_MAGIC);
-    w.version = TCP_ADDR_VERSION;
-    w.port = s->laddr.sin_port;
-    w.ipv4 = s->laddr.sin_addr.s_addr;
-    memcpy(addr, &w, sizeof(w));
+    tcp_wire_addr_encode(w, &s->laddr);
+    memcpy(addr, w, sizeof(w));
     *length = sizeof(w);
     return MR_OK;
 }
@@ -1533,7 +1421,7 @@ static void tcp_format_address(const void *addr, size_t length, char *buf, size_
     char a[40];
 
     if (buf == NULL || len == 0) return;
-    if (!wire_addr_parse(addr, length, &sin)) {
+    if (tcp_wire_addr_parse(addr, length, &sin, NULL) != MR_OK) {
         snprintf(buf, len, "tcp (not a TCP substrate address)");
         return;
     }
@@ -1592,15 +1480,16 @@ static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr
 
     if (s == NULL || s->connect_started) return MR_ERR_INVALID_PARAM;
     s->connect_started = true;
-    if (s->size > 1 && (addrs == NULL || addr_len < sizeof(tcp_wire_addr_t))) {
+    if (s->size > 1 && (addrs == NULL || addr_len < TCP_WIRE_ADDR_LEN)) {
         TLOG(s, MR_LOG_ERROR, "TCP substrate: the address table holds %zu-byte entries, fewer "
-             "than the %zu bytes of a TCP address.", addr_len, sizeof(tcp_wire_addr_t));
+             "than the %d bytes of a TCP address.", addr_len, TCP_WIRE_ADDR_LEN);
         return MR_ERR_PROTOCOL;
     }
     for (int r = 0; r < s->size && s->size > 1; r++) {
         const uint8_t *blob = (const uint8_t *)addrs + (size_t)r * addr_len;
         tcp_conn_t *c = &s->conns[r];
-        if (!wire_addr_parse(blob, addr_len, &c->addr) || c->addr.sin_port == 0 ||
+        if (tcp_wire_addr_parse(blob, addr_len, &c->addr, NULL) != MR_OK ||
+            c->addr.sin_port == 0 ||
             c->addr.sin_addr.s_addr == htonl(INADDR_ANY)) {
             TLOG(s, MR_LOG_ERROR, "TCP substrate: the address of rank %d is not a valid TCP "
                  "substrate address (wrong magic, version, port or IP address).", r);
@@ -1677,11 +1566,7 @@ static mr_status_t tcp_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     if (kind > UINT8_MAX || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
     r = req_alloc(s);
     if (r == NULL) return MR_AGAIN;
-    put_le32(r->hdr, (uint32_t)length);
-    put_le32(r->hdr + 4, imm);
-    r->hdr[8] = (uint8_t)kind;
-    r->hdr[9] = TCP_CH_DATA;
-    put_le16(r->hdr + 10, 0);
+    tcp_wire_frame_encode(r->hdr, TCP_WIRE_CH_DATA, (uint8_t)kind, imm, (uint32_t)length);
     r->data = data;
     r->length = length;
     r->cookie = cookie;
@@ -1706,11 +1591,7 @@ static mr_status_t tcp_send_control(mr_substrate_t *s, int dest, uint32_t imm)
     if (c->ctrl_count == TCP_CTRL_RING) return MR_AGAIN;
     idle = !conn_has_output(c);
     h = c->ctrl + (size_t)((c->ctrl_head + c->ctrl_count) % TCP_CTRL_RING) * TCP_HDR_LEN;
-    put_le32(h, 0);
-    put_le32(h + 4, imm);
-    h[8] = 0;
-    h[9] = TCP_CH_CONTROL;
-    put_le16(h + 10, 0);
+    tcp_wire_frame_encode(h, TCP_WIRE_CH_CONTROL, 0, imm, 0);
     c->ctrl_count++;
     if (idle) conn_flush(s, c);
     return MR_OK;
