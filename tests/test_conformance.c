@@ -12,8 +12,13 @@
  */
 #include "mr_test.h"
 
+#include "mr_node_segment.h"
+
 #include <arpa/inet.h>
 #include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <mpi.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -311,33 +316,183 @@ START_TEST(bad_input_loses_nothing)
 }
 END_TEST
 
-/* A bad setting fails init with MR_ERR_CONFIG or MR_ERR_PLUGIN and leaves nothing behind. */
+/* ---- Failed inits leave nothing behind ---------------------------------------------- */
+
+/* Returns a copy of an environment variable's value, or NULL when it is unset. */
+static char *save_env(const char *name)
+{
+    return getenv(name) ? strdup(getenv(name)) : NULL;
+}
+
+/* Puts back (and frees) what save_env() returned. */
+static void restore_env(const char *name, char *saved)
+{
+    if (saved) setenv(name, saved, 1);
+    else unsetenv(name);
+    free(saved);
+}
+
+/* The open file descriptors, one "fd -> target" per line, without the one listing them. */
+static void list_fds(char *out, size_t len)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    size_t used = 0;
+
+    ck_assert_ptr_nonnull(d);
+    out[0] = '\0';
+    while ((e = readdir(d)) != NULL) {
+        char path[300], target[256];
+        ssize_t n;
+
+        if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d)) continue;
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        n = readlink(path, target, sizeof(target) - 1);
+        target[n < 0 ? 0 : n] = '\0';
+        used += (size_t)snprintf(out + used, len - used, "%s -> %s\n", e->d_name, target);
+        ck_assert_uint_lt(used, len);
+    }
+    closedir(d);
+}
+
+/* Counts the node segments in /dev/shm created by one of the `n` processes in `pids`. */
+static int segments_of(const int *pids, int n)
+{
+    DIR *d = opendir("/dev/shm");
+    struct dirent *e;
+    int found = 0;
+
+    ck_assert_ptr_nonnull(d);
+    while ((e = readdir(d)) != NULL) {
+        char path[300];
+        mr_node_segment_t head;
+        int fd;
+
+        if (strncmp(e->d_name, MR_NODE_SEGMENT_PREFIX, strlen(MR_NODE_SEGMENT_PREFIX)) != 0) {
+            continue;
+        }
+        snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue; /* Another job's, unlinked meanwhile. */
+        if (pread(fd, &head, sizeof(head), 0) == (ssize_t)sizeof(head) &&
+            head.magic == MR_NODE_SEGMENT_MAGIC) {
+            for (int i = 0; i < n; i++) found += head.creator_pid == pids[i];
+        }
+        close(fd);
+    }
+    closedir(d);
+    return found;
+}
+
+/* What a failed mr_init_mpi() did: its status, its log, the descriptors before and after. */
+typedef struct init_attempt {
+    mr_status_t status;
+    int pids[64];             /* Of every rank of the job. */
+    char log[8192];
+    char fds_before[8192], fds_after[8192];
+} init_attempt_t;
+
+/*
+ * Calls mr_init_mpi() on MPI_COMM_WORLD with stderr captured into a->log,
+ * listing the open file descriptors before and after. Collective. Asserts
+ * nothing about the outcome, so that the caller can restore the settings
+ * first and then call expect_nothing_left().
+ */
+static void attempt_init(init_attempt_t *a)
+{
+    MPI_Comm comm = MPI_COMM_WORLD;
+    int pid = (int)getpid();
+    FILE *capture = tmpfile();
+    size_t n;
+    int saved;
+
+    ck_assert_ptr_nonnull(capture);
+    MPI_Allgather(&pid, 1, MPI_INT, a->pids, 1, MPI_INT, MPI_COMM_WORLD);
+    fflush(stderr);
+    saved = dup(STDERR_FILENO);
+    ck_assert_int_ge(saved, 0);
+    ck_assert_int_eq(dup2(fileno(capture), STDERR_FILENO), STDERR_FILENO);
+    list_fds(a->fds_before, sizeof(a->fds_before));
+    a->status = mr_init_mpi(&comm, sizeof(comm));
+    list_fds(a->fds_after, sizeof(a->fds_after));
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    rewind(capture);
+    n = fread(a->log, 1, sizeof(a->log) - 1, capture);
+    a->log[n] = '\0';
+    fclose(capture);
+    fputs(a->log, stderr); /* The test log shows what the user would see. */
+}
+
+/*
+ * Checks that the init attempt failed and left nothing behind: MailRail is
+ * not initialized, no file descriptor was opened or closed, and no node
+ * segment of this job is left in /dev/shm on any rank. Collective.
+ */
+static void expect_nothing_left(const init_attempt_t *a)
+{
+    ck_assert_int_ne(a->status, MR_OK);
+    ck_assert_int_eq(mr_rank(), -1);
+    ck_assert_msg(strcmp(a->fds_before, a->fds_after) == 0,
+                  "mr_init left file descriptors behind.\nBefore:\n%s\nAfter:\n%s",
+                  a->fds_before, a->fds_after);
+    /* Once every rank has unwound its init, none of them may have left a segment. */
+    MPI_Barrier(MPI_COMM_WORLD);
+    ck_assert_int_eq(segments_of(a->pids, world_size), 0);
+}
+
+/*
+ * A bad setting fails init with MR_ERR_CONFIG or MR_ERR_PLUGIN, with a
+ * message that names the setting and its value, and leaves nothing behind;
+ * then a good init works in the same process.
+ */
 START_TEST(bad_settings_fail_init)
 {
     static const struct {
         const char *name, *value;
         mr_status_t expect;
+        const char *says; /* What the log must contain. */
     } cases[] = {
-        {"MAILRAIL_DATAGRAM_SIZE", "huge", MR_ERR_CONFIG},
-        {"MAILRAIL_RECV_SLOTS", "0", MR_ERR_CONFIG},
-        {"MAILRAIL_FLOWCTL", "fast", MR_ERR_CONFIG},
-        {"MAILRAIL_LOG_LEVEL", "7", MR_ERR_CONFIG},
-        {"MAILRAIL_SUBSTRATE", "carrier-pigeon", MR_ERR_PLUGIN},
-        {"MAILRAIL_SUBSTRATE", "../tcp", MR_ERR_PLUGIN},
-        {"MAILRAIL_PLUGIN_PATH", "/nonexistent", MR_ERR_PLUGIN},
+        {"MAILRAIL_DATAGRAM_SIZE", "huge", MR_ERR_CONFIG,
+         "MAILRAIL_DATAGRAM_SIZE=\"huge\" is invalid: allowed is"},
+        {"MAILRAIL_SEND_SLOTS", "12x", MR_ERR_CONFIG,
+         "MAILRAIL_SEND_SLOTS=\"12x\" is invalid: allowed is"},
+        {"MAILRAIL_RECV_SLOTS", "0", MR_ERR_CONFIG, "MAILRAIL_RECV_SLOTS=\"0\" is invalid"},
+        {"MAILRAIL_FLOWCTL", "fast", MR_ERR_CONFIG, "MAILRAIL_FLOWCTL=\"fast\" is invalid"},
+        {"MAILRAIL_LOG_LEVEL", "7", MR_ERR_CONFIG, "MAILRAIL_LOG_LEVEL=\"7\" is invalid"},
+        {"MAILRAIL_SUBSTRATE", "nonexistent", MR_ERR_PLUGIN,
+         "MAILRAIL_SUBSTRATE=\"nonexistent\" cannot be used"},
+        {"MAILRAIL_SUBSTRATE", "carrier-pigeon", MR_ERR_PLUGIN,
+         "MAILRAIL_SUBSTRATE=\"carrier-pigeon\" cannot be used"},
+        {"MAILRAIL_SUBSTRATE", "../tcp", MR_ERR_PLUGIN, "MAILRAIL_SUBSTRATE=\"../tcp\""},
+        {"MAILRAIL_PLUGIN_PATH", "/nonexistent", MR_ERR_PLUGIN, "/nonexistent"},
     };
+    const char *substrate = getenv("MAILRAIL_SUBSTRATE") ? getenv("MAILRAIL_SUBSTRATE") : "ucx";
+    static init_attempt_t a;
     MPI_Comm comm = MPI_COMM_WORLD;
 
     setup_env(NULL, NULL, NULL);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        char *saved = getenv(cases[i].name) ? strdup(getenv(cases[i].name)) : NULL;
+        char *saved = save_env(cases[i].name);
+
         setenv(cases[i].name, cases[i].value, 1);
-        ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), cases[i].expect);
-        ck_assert_int_eq(mr_rank(), -1);
-        if (saved) setenv(cases[i].name, saved, 1);
-        else unsetenv(cases[i].name);
-        free(saved);
+        attempt_init(&a);
+        restore_env(cases[i].name, saved);
+        expect_nothing_left(&a);
+        ck_assert_int_eq(a.status, cases[i].expect);
+        ck_assert_msg(strstr(a.log, cases[i].says) != NULL,
+                      "%s=%s: the log does not say \"%s\":\n%s", cases[i].name, cases[i].value,
+                      cases[i].says, a.log);
+        /* An unknown substrate's message lists the ones that work. */
+        if (strcmp(cases[i].value, "nonexistent") == 0) {
+            ck_assert_ptr_nonnull(strstr(a.log, "Substrates found: "));
+            ck_assert_ptr_nonnull(strstr(strstr(a.log, "Substrates found: "), substrate));
+        }
     }
+    /* The status names say what kind of thing to fix. */
+    ck_assert_ptr_nonnull(strstr(mr_status_string(MR_ERR_CONFIG), "MAILRAIL_"));
+    ck_assert_ptr_nonnull(strstr(mr_status_string(MR_ERR_PLUGIN), "plugin"));
     ck_assert_int_eq(mr_init_mpi(NULL, 0), MR_ERR_INVALID_PARAM);
     ck_assert_int_eq(mr_init_mpi(&comm, 1), MR_ERR_INVALID_PARAM);
     /* After all those failures a good init still works. */
@@ -492,16 +647,19 @@ END_TEST
 /*
  * A failure on one rank during init fails init on every rank, promptly,
  * instead of leaving the others waiting in a collective: rank 1's TCP port
- * is taken before it can listen.
+ * is taken before it can listen. The node policy has created and mapped its
+ * segment by then, so unwinding it is checked too. Nothing is left behind,
+ * the logs say what to fix, and a good init then works.
  */
 START_TEST(init_fails_everywhere_when_one_rank_fails)
 {
+    const uint32_t per_dest = 20;
     struct sockaddr_in sa = {.sin_family = AF_INET};
     socklen_t len = sizeof(sa);
-    int taken = -1, base = 0;
-    char port[16];
-    MPI_Comm comm = MPI_COMM_WORLD;
-    mr_status_t st;
+    int taken = -1, base = 0, all[64];
+    static init_attempt_t a;
+    char port[16], says[64], *policy = save_env("MAILRAIL_FLOWCTL");
+    tally_t t;
     double start;
 
     setup_env(NULL, NULL, NULL);
@@ -518,18 +676,37 @@ START_TEST(init_fails_everywhere_when_one_rank_fails)
     snprintf(port, sizeof(port), "%d", base);
     setenv("MAILRAIL_TCP_PORT", port, 1);
     setenv("MAILRAIL_TIMEOUT", "20", 1);
+    setenv("MAILRAIL_FLOWCTL", "node", 1);
     start = now_s();
-    st = mr_init_mpi(&comm, sizeof(comm));
+    attempt_init(&a);
     unsetenv("MAILRAIL_TCP_PORT");
     unsetenv("MAILRAIL_TIMEOUT");
-    ck_assert_int_ne(st, MR_OK);
-    ck_assert_int_eq(mr_rank(), -1);
-    if (world_rank == 1) ck_assert_int_ne(st, MR_ERR_PEER_FAILED);
-    ck_assert_msg(now_s() - start < 10.0, "init took %.1f s to fail", now_s() - start);
     if (taken >= 0) close(taken);
-    /* MPI is still usable and a good init works. */
+    ck_assert_msg(now_s() - start < 10.0, "init took %.1f s to fail", now_s() - start);
+    expect_nothing_left(&a);
+    if (world_rank == 1) {
+        /* The rank that failed says which port and why. */
+        ck_assert_int_eq(a.status, MR_ERR_TRANSPORT);
+        snprintf(says, sizeof(says), "MAILRAIL_TCP_PORT=%d): %s", base, strerror(EADDRINUSE));
+        ck_assert_msg(strstr(a.log, says) != NULL, "the log does not say \"%s\":\n%s", says,
+                      a.log);
+    } else {
+        /* The others point at it. */
+        ck_assert_int_eq(a.status, MR_ERR_PEER_FAILED);
+        ck_assert_msg(strstr(a.log, "1 other rank(s) failed to initialize") != NULL,
+                      "the log does not name the failure elsewhere:\n%s", a.log);
+    }
+    /* MPI is still usable, and a good init works and carries traffic. */
     init_on_world();
+    ck_assert_str_eq(mr_flowctl_name(), "node");
+    for (int r = 0; r < world_size; r++) all[r] = r;
+    tally_init(&t, per_dest);
+    exchange(all, world_size, per_dest, &t);
+    quiesce(&t);
+    expect_all_from(&t, all, world_size, per_dest);
     ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+    restore_env("MAILRAIL_FLOWCTL", policy);
 }
 END_TEST
 
