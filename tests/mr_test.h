@@ -34,6 +34,13 @@ double now_s(void);
 /* Fills a message of `length` bytes (>= sizeof header; shorter ones are left as they are). */
 void fill_message(void *buf, size_t length, int source, int dest, uint32_t seq);
 
+/*
+ * Returns the index of the first payload byte of `m` that differs from the
+ * pattern of header `h`, or m->length when the payload is intact. Asserts
+ * nothing, so that hot loops can call it.
+ */
+size_t first_corrupt_byte(const mr_message_t *m, const msg_header_t *h);
+
 /* Checks a received message against its header and the sender. Returns its seq. */
 uint32_t check_message(const mr_message_t *m);
 
@@ -53,6 +60,9 @@ void *reserve_or_progress(tally_t *t);
 
 /* Receives until mr_quiesce() returns MR_OK. */
 void quiesce(tally_t *t);
+
+/* The same with another receive loop: `receive(arg)` between mr_quiesce() calls. */
+void quiesce_with(void (*receive)(void *arg), void *arg);
 
 /* Sends `per_dest` messages of varying lengths to each of `dests`. */
 void exchange(const int *dests, int ndest, uint32_t per_dest, tally_t *t);

@@ -1,16 +1,27 @@
 #!/bin/sh
-# Runs the peer-failure test on 3 ranks, one of which kills itself. mpiexec
-# then exits non-zero whatever the survivors did, so the verdict is their
-# "survivor <rank>: ok" lines.
+# Runs the peer-failure test on 3 ranks, one of which is killed with SIGKILL.
+# Both survivors must print "survivor <rank>: ok", the victim's launcher (see
+# test_peer_failure.c) must print that its rank died of SIGKILL, and mpiexec
+# must exit with 0: every process it started exited normally.
 set -u
 mpiexec=$1
 test=$2
 out=$(MPIEXEC_TIMEOUT=60 timeout -k 5 90 "$mpiexec" -disable-auto-cleanup -n 3 "$test" 2>&1)
+rc=$?
 printf '%s\n' "$out"
+echo "mpiexec exited with $rc"
 for r in 0 2; do
     if ! printf '%s\n' "$out" | grep -q "^survivor $r: ok$"; then
         echo "FAIL: survivor rank $r did not pass" >&2
         exit 1
     fi
 done
-echo "both survivors saw the failure and finished"
+if ! printf '%s\n' "$out" | grep -q "^victim 1: killed by SIGKILL$"; then
+    echo "FAIL: rank 1 did not die of SIGKILL" >&2
+    exit 1
+fi
+if [ "$rc" -ne 0 ]; then
+    echo "FAIL: mpiexec exited with $rc" >&2
+    exit 1
+fi
+echo "rank 1 died of SIGKILL; both survivors saw the failure and finished"

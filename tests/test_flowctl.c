@@ -289,9 +289,9 @@ static void plant_segment(const char *name, pid_t pid)
 
 /*
  * The node segment exists only while the ranks map it: its name is gone
- * after init and after finalize, it is owner-only, and a segment left by a
- * killed run (creator dead) is removed by the next run while a live one is
- * left alone.
+ * after init and after finalize (test_unit.c checks that it is owner-only),
+ * and a segment left by a killed run (creator dead) is removed by the next
+ * run while a live one is left alone.
  */
 START_TEST(segments_cleaned_up)
 {

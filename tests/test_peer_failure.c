@@ -1,24 +1,34 @@
 /*
  * A peer that dies turns into an error, not a hang. Run under
  * `mpiexec -disable-auto-cleanup -n 3`: rank 1 sends five messages to rank 0
- * and dies at once with _exit(), without finalizing; ranks 0 and 2 must get MR_ERR_PEER_FAILED
- * from mr_receive() within a few seconds, keep every message that arrived
- * before the failure, still talk to each other, and get MR_ERR_PEER_FAILED
- * (not a hang) from mr_quiesce() and mr_finalize(). Each survivor prints
- * "survivor <rank>: ok" for tests/run_peer_failure.sh to check.
+ * and is then killed with SIGKILL, without finalizing; ranks 0 and 2 must get
+ * MR_ERR_PEER_FAILED from mr_receive() within a few seconds, keep every
+ * message that arrived before the failure, still talk to each other, and get
+ * MR_ERR_PEER_FAILED (not a hang) from mr_quiesce() and mr_finalize(). Each
+ * survivor prints "survivor <rank>: ok", and the victim's launcher prints
+ * "victim 1: killed by SIGKILL", for tests/run_peer_failure.sh to check.
  *
- * Why _exit() and not SIGKILL: MPICH's hydra kills the whole job when a rank
- * dies of a signal, even with -disable-auto-cleanup, while it lets the others
- * run on after an exit. Seen from the peers both are the same: the kernel
- * closes the dead process's sockets with nothing flushed or shut down.
+ * MPICH's hydra kills the whole job when a process it started dies of a
+ * signal, even with -disable-auto-cleanup, while it lets the others run on
+ * after an exit. So every process that mpiexec starts forks at once, before
+ * MPI_Init: the child is the rank (it inherits the PMI environment and
+ * socket), and the parent only waits for it and then exits normally, with
+ * status 0 when the child finished well or, on the victim only, died of the
+ * expected SIGKILL. Hydra sees a normal exit; the peers see what a crash
+ * looks like: the kernel closes the dead process's sockets with nothing
+ * flushed or shut down.
  */
 #include "mailrail.h"
 
 #include <check.h>
-#include <stdbool.h>
+#include <errno.h>
 #include <mpi.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,7 +74,8 @@ START_TEST(survivors_see_the_failure)
         while (now_s() - start < 0.2) {
             if (mr_receive(&m) == MR_OK) mr_release(m.data);
         }
-        _exit(7);
+        kill(getpid(), SIGKILL);
+        _exit(7); /* Not reached: the launcher fails the test if the child exits. */
     }
     other = rank == 0 ? 2 : 0;
     start = now_s();
@@ -128,6 +139,58 @@ START_TEST(survivors_see_the_failure)
 }
 END_TEST
 
+static pid_t pf_child;
+
+/* Passes a signal meant for the rank on to it. */
+static void pf_forward(int sig)
+{
+    kill(pf_child, sig);
+}
+
+/*
+ * Forks the rank off the process that mpiexec started. Returns in the child;
+ * the parent waits for it and exits 0 if it exited with 0 or, when this is
+ * the victim (PMI_RANK, set by hydra), if it died of SIGKILL. Meanwhile the
+ * parent forwards the signals hydra sends to the rank: SIGUSR1 above all,
+ * which hydra (with -disable-auto-cleanup) sends to every process when one
+ * dies, which MPICH handles in the rank, and whose default action would kill
+ * the parent.
+ */
+static void pf_fork_rank(void)
+{
+    const char *pmi_rank = getenv("PMI_RANK");
+    bool victim = pmi_rank != NULL && atoi(pmi_rank) == VICTIM;
+    struct sigaction sa = {.sa_handler = pf_forward, .sa_flags = SA_RESTART};
+    int status;
+
+    pf_child = fork();
+    if (pf_child < 0) {
+        perror("fork");
+        exit(1);
+    }
+    if (pf_child == 0) return;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    while (waitpid(pf_child, &status, 0) < 0) {
+        if (errno != EINTR) {
+            perror("waitpid");
+            _exit(1);
+        }
+    }
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        bool expected = victim && sig == SIGKILL;
+
+        printf("%s %s: killed by %s%s\n", victim ? "victim" : "rank", pmi_rank ? pmi_rank : "?",
+               sig == SIGKILL ? "SIGKILL" : strsignal(sig), expected ? "" : " (unexpected)");
+        _exit(expected ? 0 : 1);
+    }
+    if (victim) printf("victim %s: exited instead of dying of SIGKILL\n", pmi_rank);
+    _exit(!victim && WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
+
 int main(int argc, char **argv)
 {
     Suite *s = suite_create("peer-failure");
@@ -136,6 +199,7 @@ int main(int argc, char **argv)
     int rank, failed;
 
     setvbuf(stdout, NULL, _IONBF, 0);
+    pf_fork_rank();
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     tcase_add_test(tc, survivors_see_the_failure);

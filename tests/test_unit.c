@@ -1,16 +1,25 @@
 /*
- * Unit tests of the core's building blocks: the settings parser, the pools and
- * the deferred send queue. Single process, no MPI.
+ * Unit tests of the core's building blocks: the settings parser, the pools,
+ * the deferred send queue, the pointer map and the node credit segment.
+ * Single process, no MPI.
  */
 #include "mr_config.h"
 #include "mr_flowctl.h"
 #include "mr_log.h"
+#include "mr_node_segment.h"
 #include "mr_pool.h"
 
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ---- Settings ------------------------------------------------------------------------ */
 
@@ -289,6 +298,73 @@ START_TEST(ptrmap_matches_reference)
 }
 END_TEST
 
+/* ---- Node credit segment ------------------------------------------------------------- */
+
+/* Opens a segment by name and returns its fstat(), failing the test if it is not there. */
+static struct stat segment_stat(const char *name)
+{
+    struct stat st;
+    int fd = shm_open(name, O_RDONLY, 0);
+
+    ck_assert_msg(fd >= 0, "%s: %s", name, strerror(errno));
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    close(fd);
+    return st;
+}
+
+/*
+ * A node segment is owner-only (0600) however permissive the umask, and an
+ * existing name is never adopted (O_EXCL). One whose creator was SIGKILLed
+ * before it could unlink the name (what a killed job leaves) is removed by
+ * the cleanup that the next job's creator runs, while a live creator's is
+ * kept. (test_flowctl.c checks the same cleanup through mr_init().)
+ */
+START_TEST(node_segment_owner_only_and_stale_cleanup)
+{
+    char job[40], name[128], expected[128];
+    mr_node_segment_t *seg = NULL, *again = NULL;
+    struct stat st;
+    mode_t mask;
+    pid_t child;
+    int status;
+
+    snprintf(job, sizeof(job), "mr-unit%d", (int)getpid());
+    mr_node_segment_name(name, sizeof(name), job, 3);
+    snprintf(expected, sizeof(expected), "/mailrail-%s-n3", job);
+    ck_assert_str_eq(name, expected);
+    mask = umask(0);
+    ck_assert_int_eq(mr_node_segment_create(name, job, 3, 4, 8, &seg), MR_OK);
+    umask(mask);
+    st = segment_stat(name);
+    ck_assert_uint_eq(st.st_mode & 07777, 0600);
+    ck_assert_uint_eq(st.st_uid, geteuid());
+    ck_assert_int_eq(seg->creator_pid, (int32_t)getpid());
+    ck_assert_uint_eq(atomic_load(&seg->credits[3]), 8);
+    ck_assert_int_eq(mr_node_segment_create(name, job, 3, 4, 8, &again), MR_ERR_NO_MEMORY);
+    ck_assert_ptr_null(again);
+    mr_node_segment_cleanup_stale();
+    ck_assert_uint_eq(segment_stat(name).st_ino, st.st_ino);
+    mr_node_segment_unlink(name);
+    ck_assert_int_lt(shm_open(name, O_RDONLY, 0), 0);
+    ck_assert_int_eq(errno, ENOENT);
+    mr_node_segment_unmap(seg);
+
+    mr_node_segment_name(name, sizeof(name), job, 4);
+    child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        if (mr_node_segment_create(name, job, 4, 2, 1, &seg) == MR_OK) kill(getpid(), SIGKILL);
+        _exit(1);
+    }
+    ck_assert_int_eq(waitpid(child, &status, 0), child);
+    ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    ck_assert_uint_eq(segment_stat(name).st_mode & 07777, 0600);
+    ck_assert_int_ge(mr_node_segment_cleanup_stale(), 1);
+    ck_assert_int_lt(shm_open(name, O_RDONLY, 0), 0);
+    ck_assert_int_eq(errno, ENOENT);
+}
+END_TEST
+
 static Suite *unit_suite(void)
 {
     Suite *s = suite_create("unit");
@@ -309,6 +385,9 @@ static Suite *unit_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("ptrmap");
     tcase_add_test(tc, ptrmap_matches_reference);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("node_segment");
+    tcase_add_test(tc, node_segment_owner_only_and_stale_cleanup);
     suite_add_tcase(s, tc);
     return s;
 }
