@@ -19,6 +19,24 @@
  * never allocate. MPI_Testsome in progress() completes them, and only there
  * does send_complete() run.
  *
+ * Send window. MPI's eager protocol completes a small send as soon as the
+ * data has left, whether or not the receiver has a receive posted: a sender
+ * faster than its receiver fills the receiver's unexpected-message queue
+ * without bound, and from then on every message is copied twice (into the
+ * queue, then out of it when a receive is posted) and searched for, so the
+ * receiver falls further behind and never catches up. Without flow control
+ * that halved the rate of 4 KiB streams. So the substrate keeps at most
+ * MAILRAIL_MPI_SEND_WINDOW data messages per destination that the receiver is
+ * not known to have matched, like the bounded buffer of a TCP connection:
+ * every window/4-th message is sent with MPI_Issend, whose completion means
+ * that the receiver matched it and, since MPI keeps the order of one
+ * sender's messages, everything sent before it; send() returns MR_AGAIN
+ * while a whole window is unconfirmed. This is no credit protocol: nothing
+ * is sent for it and the receiver keeps no count; it only bounds what MPI
+ * buffers on the receiver's behalf. A window no larger than the receives the
+ * receiver keeps posted (MAILRAIL_MAX_RECVS) lets messages land directly in
+ * posted receives.
+ *
  * Tags and MPI_TAG_UB. A tag may not exceed MPI_TAG_UB (2^28 - 1 with
  * MPICH's ch4:ucx device; the standard only promises 32767), but the
  * immediate is 32 bits wide. An immediate above the bound cannot ride in the
@@ -36,10 +54,12 @@
  * takes the oldest waiting message; so the receives of the ring are matched
  * in ring order, and that is the arrival order (per sender it is also the
  * send order: MPI does not let messages of one sender overtake each other).
- * progress() therefore tests every posted receive with one MPI_Testsome,
- * then delivers completed ones from the head of the ring, stopping at the
- * first that has not completed, even if later ones have; new receives are
- * only ever posted after the last posted one.
+ * progress() therefore tests the posted receives from the oldest not yet
+ * completed on, a few at a time (MRMPI_TEST_BATCH, so that each
+ * MPI_Testsome runs MPICH's progress engine once), then delivers completed
+ * ones from the head of the ring, stopping at the first that has not
+ * completed, even if later ones have; new receives are only ever posted
+ * after the last posted one.
  *
  * Staging buffers, zero copy. Each posted receive lands in a staging buffer
  * of the datagram size owned by the substrate, which is delivered to the core
@@ -108,11 +128,19 @@
 #define MRMPI_ADDR_VERSION 1
 #define MRMPI_ADDR_HOST_LEN 64
 
-#define MRMPI_CTRL_RECVS 16          /* Control receives kept posted. */
+#define MRMPI_CTRL_RECVS 7           /* Control receives kept posted (see MRMPI_TEST_BATCH). */
 #define MRMPI_CTRL_SENDS 64          /* Control sends in flight, besides room for a split. */
 #define MRMPI_SPIN_YIELDS 16         /* sched_yield() rounds before progress() sleeps. */
 #define MRMPI_NAP_NS 50000L          /* Sleep between polls while waiting (50 us). */
 #define MRMPI_CLOSE_WAIT_NS UINT64_C(2000000000) /* Bound on close() waiting for MPI. */
+#define MRMPI_MARKS_PER_WINDOW 4     /* Synchronous sends per send window. */
+/*
+ * Receives tested by one MPI_Testsome. MPICH 4.0 runs its progress engine
+ * before testing and again after every MPIR_CVAR_REQUEST_POLL_FREQ (8)
+ * requests it tests: an MPI_Testsome over 64 receives costs 9 progress
+ * passes, however few of them completed.
+ */
+#define MRMPI_TEST_BATCH 7
 
 #define NS_PER_MS MR_NS_PER_MS
 #define NS_PER_S MR_NS_PER_S
@@ -122,6 +150,7 @@
 
 typedef struct mpi_config {
     uint64_t max_recvs;
+    uint64_t send_window;
 } mpi_config_t;
 
 static const mr_config_entry_t mpi_config_table[] = {
@@ -136,6 +165,16 @@ static const mr_config_entry_t mpi_config_table[] = {
             "twice this many buffers are allocated at init, since the application holds "
             "received messages in them (zero copy). Messages beyond the posted receives wait "
             "inside MPI."},
+    {.name = "MAILRAIL_MPI_SEND_WINDOW",
+     .default_value = "64",
+     .type = MR_CONFIG_UINT,
+     .offset = offsetof(mpi_config_t, send_window),
+     .min = 0,
+     .max = 1048576,
+     .doc = "The most data messages the MPI substrate sends to one rank before MPI confirms "
+            "that the receiver matched the older ones (every window/4-th message is an "
+            "MPI_Issend whose completion confirms it); 0 sends without limit, letting a fast "
+            "sender fill the receiver's unexpected-message queue."},
     {.name = NULL},
 };
 
@@ -214,6 +253,17 @@ struct mr_substrate {
     MPI_Request *send_req;
     void **send_cookie;
     int *send_dest;
+    uint64_t *send_mark;       /* For an MPI_Issend marker, peer_sent after it; else 0. */
+
+    /*
+     * The send window, per destination: data messages sent, and how many of
+     * them the receiver is known to have matched (those up to the newest
+     * completed marker). A send waits while they differ by send_window.
+     */
+    uint64_t send_window;
+    uint64_t mark_every;
+    uint64_t *peer_sent;
+    uint64_t *peer_matched;
 
     /* Control sends in flight, dense in [0, nctrl). */
     size_t max_ctrl;
@@ -411,6 +461,7 @@ static void compact_sends(mr_substrate_t *s)
             s->send_req[j] = s->send_req[i];
             s->send_cookie[j] = s->send_cookie[i];
             s->send_dest[j] = s->send_dest[i];
+            s->send_mark[j] = s->send_mark[i];
         }
         j++;
     }
@@ -459,6 +510,10 @@ static int progress_sends(mr_substrate_t *s)
         s->done_cookie[ndone] = s->send_cookie[i];
         s->done_dest[ndone] = s->send_dest[i];
         s->done_err[ndone] = testsome_err(rc, &s->statuses[k]);
+        /* A completed marker: the receiver matched every message up to it. */
+        if (s->send_mark[i] > s->peer_matched[s->send_dest[i]]) {
+            s->peer_matched[s->send_dest[i]] = s->send_mark[i];
+        }
         /* An erroneous request is freed by MPI too, but make sure it is not tested again. */
         s->send_req[i] = MPI_REQUEST_NULL;
         ndone++;
@@ -579,22 +634,40 @@ static int progress_data_recvs(mr_substrate_t *s)
 
     if (!s->data_posted) return 0;
     /*
-     * One MPI_Testsome over every posted receive drives MPI's progress once
-     * for all of them (an MPI_Test per message made the receiver three times
-     * slower); then completed receives are delivered strictly in ring order.
+     * MPI matches receives in ring order, so the oldest ones complete first:
+     * test a batch of MRMPI_TEST_BATCH from the oldest not completed, one
+     * MPI_Testsome (one progress pass) each, and go on to the next batch
+     * only when the whole batch completed. An MPI_Test per message made the
+     * receiver three times slower, and one MPI_Testsome over the whole ring
+     * costs a progress pass per 8 receives (see MRMPI_TEST_BATCH).
      */
-    int outcount = 0;
-    int rc = MPI_Testsome((int)s->nrecv, s->recv_req, &outcount, s->indices, s->statuses);
-    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
-        return mpi_fatal(s, rc, "testing data receives (MPI_Testsome)");
-    }
-    for (int k = 0; outcount != MPI_UNDEFINED && k < outcount; k++) {
-        mpi_recv_t *e = &s->recvs[s->indices[k]];
-        e->status = s->statuses[k];
-        e->rc = testsome_err(rc, &s->statuses[k]);
-        e->posted = false;
-        e->done = true;
-        s->recv_req[s->indices[k]] = MPI_REQUEST_NULL;
+    for (;;) {
+        unsigned skip = 0, first, len = 0, active = 0;
+        int outcount = 0, rc;
+
+        while (skip < s->nposted && s->recvs[(s->head + skip) % s->nrecv].done) skip++;
+        if (skip == s->nposted) break;
+        first = (s->head + skip) % s->nrecv;
+        /* A batch never wraps: MPI_Testsome takes a contiguous array. */
+        while (len < MRMPI_TEST_BATCH && skip + len < s->nposted && first + len < s->nrecv) {
+            if (!s->recvs[first + len].done) active++;
+            len++;
+        }
+        rc = MPI_Testsome((int)len, s->recv_req + first, &outcount, s->indices, s->statuses);
+        if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+            return mpi_fatal(s, rc, "testing data receives (MPI_Testsome)");
+        }
+        if (outcount == MPI_UNDEFINED) outcount = 0;
+        for (int k = 0; k < outcount; k++) {
+            unsigned i = first + (unsigned)s->indices[k];
+            mpi_recv_t *e = &s->recvs[i];
+            e->status = s->statuses[k];
+            e->rc = testsome_err(rc, &s->statuses[k]);
+            e->posted = false;
+            e->done = true;
+            s->recv_req[i] = MPI_REQUEST_NULL;
+        }
+        if ((unsigned)outcount < active) break;
     }
     while (s->nposted > 0) {
         unsigned i = s->head;
@@ -774,10 +847,14 @@ static mr_status_t mpi_open(const mr_substrate_params_t *p, mr_substrate_t **out
         memcpy(&s->cfg, p->config, sizeof(s->cfg));
     } else {
         s->cfg.max_recvs = 64;
+        s->cfg.send_window = 64;
     }
     if (s->cfg.max_recvs < 1) s->cfg.max_recvs = 1;
     if (s->cfg.max_recvs > 65536) s->cfg.max_recvs = 65536;
     s->nrecv = (unsigned)s->cfg.max_recvs;
+    s->send_window = s->cfg.send_window;
+    s->mark_every = s->send_window / MRMPI_MARKS_PER_WINDOW;
+    if (s->mark_every == 0) s->mark_every = 1;
     /* Staged messages beyond the receive pool could not be delivered anyway. */
     if (p->recv_slots > 0 && s->nrecv > p->recv_slots) s->nrecv = (unsigned)p->recv_slots;
 
@@ -803,6 +880,7 @@ static mr_status_t mpi_open(const mr_substrate_params_t *p, mr_substrate_t **out
     s->send_req = malloc(s->max_sends * sizeof(*s->send_req));
     s->send_cookie = malloc(s->max_sends * sizeof(*s->send_cookie));
     s->send_dest = malloc(s->max_sends * sizeof(*s->send_dest));
+    s->send_mark = malloc(s->max_sends * sizeof(*s->send_mark));
     s->ctrl_req = malloc(s->max_ctrl * sizeof(*s->ctrl_req));
     s->ctrl_dest = malloc(s->max_ctrl * sizeof(*s->ctrl_dest));
     s->indices = malloc(scratch * sizeof(*s->indices));
@@ -812,9 +890,12 @@ static mr_status_t mpi_open(const mr_substrate_params_t *p, mr_substrate_t **out
     s->done_err = malloc(s->max_sends * sizeof(*s->done_err));
     s->peer = calloc((size_t)s->size, sizeof(*s->peer));
     s->peer_why = calloc((size_t)s->size, sizeof(*s->peer_why));
+    s->peer_sent = calloc((size_t)s->size, sizeof(*s->peer_sent));
+    s->peer_matched = calloc((size_t)s->size, sizeof(*s->peer_matched));
     if (s->recvs == NULL || s->recv_req == NULL || s->staging == NULL ||
         s->stage_free == NULL || s->send_req == NULL ||
-        s->send_cookie == NULL || s->send_dest == NULL || s->ctrl_req == NULL ||
+        s->send_cookie == NULL || s->send_dest == NULL || s->send_mark == NULL ||
+        s->peer_sent == NULL || s->peer_matched == NULL || s->ctrl_req == NULL ||
         s->ctrl_dest == NULL || s->indices == NULL || s->statuses == NULL ||
         s->done_cookie == NULL || s->done_dest == NULL || s->done_err == NULL ||
         s->peer == NULL || s->peer_why == NULL) {
@@ -960,6 +1041,8 @@ static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
 {
     mr_status_t st = send_check(s, dest);
     uint32_t tag = imm;
+    uint64_t seq;
+    bool mark;
     size_t k;
     int rc;
 
@@ -967,6 +1050,10 @@ static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     if (kind != MR_KIND_DATA || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
     if (length > s->datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
     if (s->nsend == s->max_sends) return MR_AGAIN;
+    /* The receiver is a whole window behind: wait for a marker to complete. */
+    seq = s->peer_sent[dest] + 1;
+    if (s->send_window > 0 && seq - s->peer_matched[dest] > s->send_window) return MR_AGAIN;
+    mark = s->send_window > 0 && seq % s->mark_every == 0;
     if (imm > (uint32_t)s->tag_ub) {
         /*
          * The credits do not fit in a tag: they go ahead as control messages
@@ -981,7 +1068,13 @@ static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
         tag = 0;
     }
     k = s->nsend;
-    rc = MPI_Isend(data, (int)length, MPI_BYTE, dest, (int)tag, s->data_comm, &s->send_req[k]);
+    if (mark) {
+        rc = MPI_Issend(data, (int)length, MPI_BYTE, dest, (int)tag, s->data_comm,
+                        &s->send_req[k]);
+    } else {
+        rc = MPI_Isend(data, (int)length, MPI_BYTE, dest, (int)tag, s->data_comm,
+                       &s->send_req[k]);
+    }
     if (rc != MPI_SUCCESS) {
         s->send_req[k] = MPI_REQUEST_NULL;
         peer_mpi_error(s, dest, rc, "a data send to");
@@ -989,6 +1082,8 @@ static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     }
     s->send_cookie[k] = cookie;
     s->send_dest[k] = dest;
+    s->send_mark[k] = mark ? seq : 0;
+    s->peer_sent[dest] = seq;
     s->nsend++;
     return MR_OK;
 }
@@ -1196,6 +1291,7 @@ static void mpi_close(mr_substrate_t *s)
     free(s->send_req);
     free(s->send_cookie);
     free(s->send_dest);
+    free(s->send_mark);
     free(s->ctrl_req);
     free(s->ctrl_dest);
     free(s->indices);
@@ -1205,6 +1301,8 @@ static void mpi_close(mr_substrate_t *s)
     free(s->done_err);
     free(s->peer);
     free(s->peer_why);
+    free(s->peer_sent);
+    free(s->peer_matched);
     free(s);
 }
 
