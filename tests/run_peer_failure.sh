@@ -2,7 +2,11 @@
 # Runs the peer-failure test on 3 ranks, one of which is killed with SIGKILL.
 # Both survivors must print "survivor <rank>: ok", the victim's launcher (see
 # test_peer_failure.c) must print that its rank died of SIGKILL, and mpiexec
-# must exit with 0: every process it started exited normally.
+# must end by itself. Every process it started exits 0, yet in about one run
+# in six hydra still ends with "EXIT STRING: Hangup (signal 1)" and status 1
+# (the killed rank's PMI connection closes without a finalize; the process
+# that hydra started did get no signal: checked with a SIGHUP handler in the
+# launcher). So 0 and 1 are accepted, and a timeout (124, 137) is not.
 set -u
 mpiexec=$1
 test=$2
@@ -20,7 +24,7 @@ if ! printf '%s\n' "$out" | grep -q "^victim 1: killed by SIGKILL$"; then
     echo "FAIL: rank 1 did not die of SIGKILL" >&2
     exit 1
 fi
-if [ "$rc" -ne 0 ]; then
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ]; then
     echo "FAIL: mpiexec exited with $rc" >&2
     exit 1
 fi
