@@ -20,7 +20,7 @@ PKG_CONFIG_PATH=$(dirname "$pc")
 flags=$(pkg-config --define-variable=prefix="$dir/root$prefix" --cflags --libs mailrail)
 echo "pkg-config mailrail: $flags"
 # shellcheck disable=SC2086
-mpicc -std=c11 -D_GNU_SOURCE -O2 -Wall -Werror -o "$dir/my_graph" \
+mpicc -std=c11 -D_GNU_SOURCE -O2 -Wall -Werror -I"$src/tools" -o "$dir/my_graph" \
     "$src/tools/graph/mailrail_graph.c" "$src/tools/graph/graph_edges.c" \
     "$src/tools/graph/graph_serial.c" $flags
 libdir=$(pkg-config --define-variable=prefix="$dir/root$prefix" --variable=libdir mailrail)

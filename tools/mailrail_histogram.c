@@ -19,6 +19,7 @@
  * against the first.
  */
 #include "mailrail.h"
+#include "tool_common.h"
 
 #include <mpi.h>
 #include <stdbool.h>
@@ -193,12 +194,9 @@ static int hist_parse(int argc, char **argv, hist_options_t *o)
         default: return -1;
         }
     }
-    snprintf(policy_buf, sizeof(policy_buf), "%s", policies);
-    for (char *save = NULL, *p = strtok_r(policy_buf, ",", &save); p != NULL;
-         p = strtok_r(NULL, ",", &save)) {
-        if (o->npolicies == HIST_MAX_POLICIES) return -1;
-        o->policies[o->npolicies++] = p;
-    }
+    o->npolicies = tool_split_policies(policies, policy_buf, sizeof(policy_buf), o->policies,
+                                       HIST_MAX_POLICIES);
+    if (o->npolicies < 0) return -1;
     return o->scale >= 1 && o->scale <= 40 && o->inserts >= 0 && o->trials >= 1 &&
                    o->trials <= HIST_MAX_TRIALS && o->npolicies > 0
                ? 0

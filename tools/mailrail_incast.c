@@ -23,6 +23,7 @@
  * sent to it (count, bytes and a checksum of every message).
  */
 #include "mailrail.h"
+#include "tool_common.h"
 
 #include <mpi.h>
 #include <stdbool.h>
@@ -105,31 +106,6 @@ static uint64_t incast_tag(int source, uint64_t seq)
 {
     uint64_t state = ((uint64_t)source << 40) ^ (seq + 0x9E3779B97F4A7C15ull);
     return incast_random(&state);
-}
-
-/* Resident memory high-water mark in KiB (VmHWM), or 0. */
-static uint64_t incast_peak_rss_kb(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    unsigned long long kb = 0;
-
-    if (f == NULL) return 0;
-    while (fgets(line, sizeof(line), f) != NULL) {
-        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
-    }
-    fclose(f);
-    return kb;
-}
-
-/* Resets the high-water mark so that each trial measures its own (Linux clear_refs 5). */
-static void incast_reset_peak_rss(void)
-{
-    FILE *f = fopen("/proc/self/clear_refs", "w");
-    if (f != NULL) {
-        fputs("5", f);
-        fclose(f);
-    }
 }
 
 static void incast_sample(incast_rank_t *r, double now)
@@ -334,11 +310,11 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     r->sent_total = r->sent_total_bytes = 0;
     r->nsamples = 0;
     r->max_send_gap = r->max_recv_gap = 0;
-    incast_reset_peak_rss();
+    tool_reset_peak_rss();
 
     st = incast_communicate(&run, &rng, &seconds);
     mr_get_stats(&stats);
-    uint64_t rss = incast_peak_rss_kb();
+    uint64_t rss = tool_peak_rss_kb();
     if (st != MR_OK) {
         fprintf(stderr, "mailrail_incast: rank %d: %s\n", r->rank, mr_status_string(st));
         mr_finalize();
@@ -400,12 +376,9 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
         default: return -1;
         }
     }
-    snprintf(policy_buf, sizeof(policy_buf), "%s", policies);
-    for (char *save = NULL, *p = strtok_r(policy_buf, ",", &save); p != NULL;
-         p = strtok_r(NULL, ",", &save)) {
-        if (o->npolicies == INCAST_MAX_POLICIES) return -1;
-        o->policies[o->npolicies++] = p;
-    }
+    o->npolicies = tool_split_policies(policies, policy_buf, sizeof(policy_buf), o->policies,
+                                       INCAST_MAX_POLICIES);
+    if (o->npolicies < 0) return -1;
     if (o->victims < 1 || o->messages < 0 || o->trials < 1 || o->trials > INCAST_MAX_TRIALS ||
         o->npolicies == 0 || o->period_s < 0) {
         return -1;

@@ -18,6 +18,7 @@
  * YGM_COMM_TRACE=1 and YGM_COMM_TRACE_PATH=<dir> (see docs/benchmarks.md).
  */
 #include "mailrail.h"
+#include "tool_common.h"
 #include "ygm_trace.h"
 
 #include <mpi.h>
@@ -351,12 +352,9 @@ static int replay_parse(int argc, char **argv, replay_options_t *o)
         default: return -1;
         }
     }
-    snprintf(policy_buf, sizeof(policy_buf), "%s", policies);
-    for (char *save = NULL, *p = strtok_r(policy_buf, ",", &save); p != NULL;
-         p = strtok_r(NULL, ",", &save)) {
-        if (o->npolicies == REPLAY_MAX_POLICIES) return -1;
-        o->policies[o->npolicies++] = p;
-    }
+    o->npolicies = tool_split_policies(policies, policy_buf, sizeof(policy_buf), o->policies,
+                                       REPLAY_MAX_POLICIES);
+    if (o->npolicies < 0) return -1;
     if (o->generate != NULL) {
         return o->gen_ranks > 0 && o->gen_events >= 0 && o->gen_epochs >= 0 &&
                        o->gen_max_bytes > 0

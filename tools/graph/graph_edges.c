@@ -50,6 +50,13 @@ void graph_edges_free(graph_edges_t *edges)
     memset(edges, 0, sizeof(*edges));
 }
 
+int graph_edge_compare(const void *a, const void *b)
+{
+    const graph_edge_t *x = a, *y = b;
+    if (x->u != y->u) return x->u < y->u ? -1 : 1;
+    return (x->v > y->v) - (x->v < y->v);
+}
+
 /* Opens `path` for reading and returns its size; -1 with *error filled on failure. */
 static int edges_open(const char *path, uint64_t *size, graph_error_t *error)
 {

@@ -52,6 +52,9 @@ bool graph_edges_push(graph_edges_t *edges, uint64_t u, uint64_t v);
 
 void graph_edges_free(graph_edges_t *edges);
 
+/* Orders edges by u, then v: a qsort() comparator. */
+int graph_edge_compare(const void *a, const void *b);
+
 /* True when the file starts with GRAPH_BINARY_MAGIC. */
 bool graph_file_is_binary(const char *path);
 

@@ -6,13 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int serial_compare_edges(const void *a, const void *b)
-{
-    const graph_edge_t *x = a, *y = b;
-    if (x->u != y->u) return x->u < y->u ? -1 : 1;
-    return (x->v > y->v) - (x->v < y->v);
-}
-
 /* Counts common entries of two sorted lists that are larger than `above`. */
 static uint64_t serial_common_above(const uint64_t *a, size_t na, const uint64_t *b, size_t nb,
                                     uint64_t above)
@@ -63,7 +56,7 @@ bool graph_serial_summary(const graph_edges_t *edges, graph_summary_t *out)
         arcs[narcs++] = x;
         arcs[narcs++] = (graph_edge_t){x.v, x.u};
     }
-    qsort(arcs, narcs, sizeof(*arcs), serial_compare_edges);
+    qsort(arcs, narcs, sizeof(*arcs), graph_edge_compare);
     for (size_t a = 0; a < narcs; a++) {
         if (nunique > 0 && arcs[nunique - 1].u == arcs[a].u && arcs[nunique - 1].v == arcs[a].v)
             continue;

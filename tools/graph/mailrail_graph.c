@@ -40,6 +40,7 @@
 #include "graph_edges.h"
 #include "graph_serial.h"
 #include "mailrail.h"
+#include "tool_common.h"
 
 #include <limits.h>
 #include <mpi.h>
@@ -149,31 +150,6 @@ static long graph_search(const uint64_t *a, size_t n, uint64_t key)
         else hi = mid;
     }
     return lo < n && a[lo] == key ? (long)lo : -1;
-}
-
-/* Resident memory high-water mark in KiB (VmHWM), or 0. */
-static uint64_t graph_peak_rss_kb(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    unsigned long long kb = 0;
-
-    if (f == NULL) return 0;
-    while (fgets(line, sizeof(line), f) != NULL) {
-        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
-    }
-    fclose(f);
-    return kb;
-}
-
-/* Resets the high-water mark so that each phase measures its own (Linux clear_refs 5). */
-static void graph_reset_peak_rss(void)
-{
-    FILE *f = fopen("/proc/self/clear_refs", "w");
-    if (f != NULL) {
-        fputs("5", f);
-        fclose(f);
-    }
 }
 
 /* Stops every rank: a communication error leaves no consistent way to go on. */
@@ -346,13 +322,6 @@ static void graph_send_queries(graph_local_t *g, graph_xch_t *x)
 
 /* ---- Local work between phases. ---- */
 
-static int graph_compare_edges(const void *a, const void *b)
-{
-    const graph_edge_t *x = a, *y = b;
-    if (x->u != y->u) return x->u < y->u ? -1 : 1;
-    return (x->v > y->v) - (x->v < y->v);
-}
-
 static void graph_free_adjacency(graph_local_t *g)
 {
     free(g->ids);
@@ -370,7 +339,7 @@ static void graph_build_adjacency(graph_local_t *g)
     size_t n = 0, nv = 0;
     graph_edge_t *arcs = g->arcs.edge;
 
-    qsort(arcs, g->arcs.count, sizeof(*arcs), graph_compare_edges);
+    qsort(arcs, g->arcs.count, sizeof(*arcs), graph_edge_compare);
     for (size_t a = 0; a < g->arcs.count; a++) {
         if (n > 0 && arcs[n - 1].u == arcs[a].u && arcs[n - 1].v == arcs[a].v) continue;
         arcs[n++] = arcs[a];
@@ -400,7 +369,7 @@ static void graph_measure(const graph_local_t *g, double seconds, const mr_stats
                           graph_phase_result_t *out)
 {
     uint64_t mine[3] = {st->messages_sent, st->bytes_sent, st->credit_returns_sent}, sum[3];
-    uint64_t busiest[2] = {st->peak_recv_slots_in_use, graph_peak_rss_kb()};
+    uint64_t busiest[2] = {st->peak_recv_slots_in_use, tool_peak_rss_kb()};
     struct {
         double bytes;
         int rank;
@@ -451,7 +420,7 @@ static void graph_run_phase(graph_local_t *g, const char *policy, graph_phase_t 
         x.staging[owner] = malloc(x.per_message * x.record_words * sizeof(uint64_t));
         if (x.staging[owner] == NULL) graph_die(g, "staging", MR_ERR_NO_MEMORY);
     }
-    graph_reset_peak_rss();
+    tool_reset_peak_rss();
     MPI_Barrier(MPI_COMM_WORLD);
     start = graph_now();
     switch (phase) {
@@ -733,12 +702,9 @@ static int graph_parse(int argc, char **argv, graph_options_t *o)
         default: return -1;
         }
     }
-    snprintf(policy_buf, sizeof(policy_buf), "%s", policies);
-    for (char *save = NULL, *p = strtok_r(policy_buf, ",", &save); p != NULL;
-         p = strtok_r(NULL, ",", &save)) {
-        if (o->npolicies == GRAPH_MAX_POLICIES) return -1;
-        o->policies[o->npolicies++] = p;
-    }
+    o->npolicies = tool_split_policies(policies, policy_buf, sizeof(policy_buf), o->policies,
+                                       GRAPH_MAX_POLICIES);
+    if (o->npolicies < 0) return -1;
     if ((o->file != NULL) == o->use_rmat || optind != argc) return -1;
     if (o->use_rmat && (o->rmat.scale < 1 || o->rmat.scale > 40 || o->rmat.edge_factor < 1 ||
                         o->rmat.edge_factor > 1024)) {

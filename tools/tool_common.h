@@ -1,0 +1,59 @@
+/*
+ * Helpers shared by the benchmark tools and the graph kernel: the list of
+ * flow-control policies to compare, and the peak resident memory. They are
+ * the tools' own, not part of MailRail's API, and are not installed.
+ */
+#ifndef MAILRAIL_TOOL_COMMON_H
+#define MAILRAIL_TOOL_COMMON_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/*
+ * Splits a comma-separated list of policies ("none,rank,node") into
+ * out[0..max): the names point into `buf`, which must outlive them. Returns
+ * the number of names, or -1 when there are more than `max` or the list
+ * does not fit in `buf`.
+ */
+static inline int tool_split_policies(const char *list, char *buf, size_t len, const char *out[],
+                                      int max)
+{
+    int n = 0;
+
+    if (strlen(list) >= len) return -1;
+    memcpy(buf, list, strlen(list) + 1);
+    for (char *save = NULL, *p = strtok_r(buf, ",", &save); p != NULL;
+         p = strtok_r(NULL, ",", &save)) {
+        if (n == max) return -1;
+        out[n++] = p;
+    }
+    return n;
+}
+
+/* The resident-memory high-water mark of this process in KiB (VmHWM), or 0. */
+static inline uint64_t tool_peak_rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+
+    if (f == NULL) return 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+    }
+    fclose(f);
+    return kb;
+}
+
+/* Resets the high-water mark, so that each trial or phase measures its own (Linux clear_refs 5). */
+static inline void tool_reset_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f != NULL) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+#endif /* MAILRAIL_TOOL_COMMON_H */
