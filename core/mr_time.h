@@ -18,4 +18,16 @@ static inline uint64_t mr_now_ns(void)
     return (uint64_t)ts.tv_sec * MR_NS_PER_S + (uint64_t)ts.tv_nsec;
 }
 
+/*
+ * Nanoseconds on CLOCK_MONOTONIC_COARSE: a few milliseconds of resolution,
+ * but only a memory read, so that periodic checks on the progress path cost
+ * next to nothing.
+ */
+static inline uint64_t mr_coarse_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * MR_NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
 #endif /* MR_TIME_H */

@@ -1798,7 +1798,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
         for (int i = 0; i < UCX_PROGRESS_BURST && !rx_paused(s); i++) {
             if (ucp_worker_progress(s->worker) == 0) break;
         }
-        if (s->npidfds > 0 && (now = mr_now_ns()) >= s->next_pidfd_check) {
+        if (s->npidfds > 0 && (now = mr_coarse_now_ns()) >= s->next_pidfd_check) {
             s->next_pidfd_check = now + UCX_PIDFD_CHECK_MS * NS_PER_MS;
             check_events(s, 0);
         }
@@ -1817,7 +1817,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
             ucs_status_t us = ucp_worker_arm(s->worker);
             if (us == UCS_OK) {
                 check_events(s, timeout_ms);
-                s->next_pidfd_check = mr_now_ns() + UCX_PIDFD_CHECK_MS * NS_PER_MS;
+                s->next_pidfd_check = mr_coarse_now_ns() + UCX_PIDFD_CHECK_MS * NS_PER_MS;
             } else if (us != UCS_ERR_BUSY) {
                 sched_yield();
             }
