@@ -174,6 +174,76 @@ mr_status_t mr_config_parse_value(const mr_config_entry_t *entry, const char *va
     return MR_ERR_CONFIG;
 }
 
+/* The Levenshtein distance between two short strings, capped at 64 characters each. */
+static size_t config_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a) < 64 ? strlen(a) : 64, lb = strlen(b) < 64 ? strlen(b) : 64;
+    size_t row[65];
+
+    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diagonal = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t above = row[j];
+            size_t best = diagonal + (a[i - 1] != b[j - 1]);
+            if (above + 1 < best) best = above + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diagonal = above;
+        }
+    }
+    return row[lb];
+}
+
+int mr_config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntables,
+                           const char *const *skip_prefixes)
+{
+    extern char **environ;
+    int unknown = 0;
+
+    for (char **env = environ; env != NULL && *env != NULL; env++) {
+        const char *var = *env, *eq = strchr(var, '=');
+        char name[128];
+        const char *closest = NULL;
+        size_t closest_distance = 4; /* Suggest only names this near. */
+        bool known = false, skipped = false;
+
+        if (strncmp(var, "MAILRAIL_", 9) != 0 || eq == NULL || (size_t)(eq - var) >= sizeof(name)) {
+            continue;
+        }
+        memcpy(name, var, (size_t)(eq - var));
+        name[eq - var] = '\0';
+        for (size_t p = 0; skip_prefixes != NULL && skip_prefixes[p] != NULL; p++) {
+            skipped |= strncmp(name, skip_prefixes[p], strlen(skip_prefixes[p])) == 0;
+        }
+        for (size_t t = 0; t < ntables && !known && !skipped; t++) {
+            for (const mr_config_entry_t *e = tables[t]; e != NULL && e->name != NULL; e++) {
+                size_t d;
+                if (strcmp(e->name, name) == 0) {
+                    known = true;
+                    break;
+                }
+                d = config_distance(e->name, name);
+                if (d < closest_distance) {
+                    closest_distance = d;
+                    closest = e->name;
+                }
+            }
+        }
+        if (known || skipped) continue;
+        unknown++;
+        if (closest != NULL) {
+            mr_warn("%s is not a MailRail setting and is ignored; did you mean %s? "
+                    "(mailrail_info -c lists every setting)", name, closest);
+        } else {
+            mr_warn("%s is not a MailRail setting and is ignored (mailrail_info -c lists every "
+                    "setting).", name);
+        }
+    }
+    return unknown;
+}
+
 mr_status_t mr_config_parse(const mr_config_entry_t *table, void *out)
 {
     char err[512];

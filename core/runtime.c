@@ -13,6 +13,7 @@
  */
 #include "mailrail.h"
 #include "mr_bootstrap.h"
+#include "mr_build_paths.h"
 #include "mr_config.h"
 #include "mr_flowctl.h"
 #include "mr_log.h"
@@ -377,6 +378,45 @@ static int rt_progress(int timeout_ms)
 }
 
 /* ---- Init and finalize --------------------------------------------------------------- */
+
+/*
+ * Warns about MAILRAIL_* variables that no setting of the core or of a
+ * flow-control policy declares. Names under a substrate's prefix
+ * (MAILRAIL_TCP_*, ...) are the plugins' own business: the loaded one parses
+ * its table, and the others' settings are not unknown, only unused now.
+ */
+static void rt_warn_unknown_settings(void)
+{
+    const mr_config_entry_t *tables[8] = {mr_core_config_table};
+    const char *prefixes[16] = {NULL};
+    char prefix_text[16][40];
+    char known[] = MR_KNOWN_SUBSTRATES;
+    size_t ntables = 1, nprefixes = 0;
+
+    for (size_t i = 0; mr_flowctl_names[i] != NULL && ntables < 8; i++) {
+        const mr_flowctl_ops_t *policy = mr_flowctl_find(mr_flowctl_names[i]);
+        if (policy != NULL && policy->config_table != NULL) tables[ntables++] = policy->config_table;
+    }
+    /* The substrates of this tree, and the one loaded (maybe from elsewhere). */
+    char *save = NULL;
+    const char *name = strtok_r(known, ":", &save);
+    for (bool loaded_done = false; nprefixes < 15; name = strtok_r(NULL, ":", &save)) {
+        if (name == NULL) {
+            if (loaded_done) break;
+            name = rt.substrate->name;
+            loaded_done = true;
+        }
+        int n = snprintf(prefix_text[nprefixes], sizeof(prefix_text[0]), "MAILRAIL_%s_", name);
+        if (n <= 0 || (size_t)n >= sizeof(prefix_text[0])) continue;
+        for (char *c = prefix_text[nprefixes]; *c != '\0'; c++) {
+            if (*c >= 'a' && *c <= 'z') *c = (char)(*c - 'a' + 'A');
+        }
+        prefixes[nprefixes] = prefix_text[nprefixes];
+        nprefixes++;
+        if (loaded_done) break;
+    }
+    mr_config_warn_unknown(tables, ntables, prefixes);
+}
 
 typedef struct rt_found {
     char list[512];
@@ -770,6 +810,8 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
                                 &rt.size);
     if (status != MR_OK) goto err_substrate_config;
     mr_log_set_rank(rt.rank);
+    /* Every rank has the same environment under mpiexec: one warning is enough. */
+    if (rt.rank == 0) rt_warn_unknown_settings();
     /*
      * From here on every rank must fail together: rt_agree() after each step
      * that can fail on some ranks only.

@@ -502,6 +502,47 @@ START_TEST(bad_settings_fail_init)
 }
 END_TEST
 
+/*
+ * A misspelt setting does not fail init, but rank 0 names it, with the
+ * setting it probably meant; a setting of another substrate is not flagged.
+ */
+START_TEST(unknown_settings_are_named)
+{
+    static const char *const vars[] = {"MAILRAIL_DATAGRAM_SIZ", "MAILRAIL_XYZZY",
+                                       "MAILRAIL_LOG_LEVEL", NULL};
+    static const char *const values[] = {"1K", "1", "warn"};
+    const char *other = strcmp(getenv("MAILRAIL_SUBSTRATE") ? getenv("MAILRAIL_SUBSTRATE") : "ucx",
+                               "tcp") == 0 ? "MAILRAIL_MPI_MAX_RECVS" : "MAILRAIL_TCP_PORT";
+    static init_attempt_t a;
+    char *saved[4];
+
+    setup_env(NULL, NULL, NULL);
+    for (int i = 0; vars[i] != NULL; i++) {
+        saved[i] = save_env(vars[i]);
+        setenv(vars[i], values[i], 1);
+    }
+    saved[3] = save_env(other);
+    setenv(other, "7", 1);
+    attempt_init(&a);
+    for (int i = 0; vars[i] != NULL; i++) restore_env(vars[i], saved[i]);
+    restore_env(other, saved[3]);
+    ck_assert_int_eq(a.status, MR_OK);
+    /* The misspelt size was ignored: the default stays. */
+    ck_assert_uint_eq(mr_datagram_size(), 4096);
+    if (world_rank == 0) {
+        ck_assert_msg(strstr(a.log, "MAILRAIL_DATAGRAM_SIZ is not a MailRail setting and is "
+                                    "ignored; did you mean MAILRAIL_DATAGRAM_SIZE?") != NULL,
+                      "no warning about the typo:\n%s", a.log);
+        ck_assert_ptr_nonnull(strstr(a.log, "MAILRAIL_XYZZY is not a MailRail setting"));
+        ck_assert_ptr_null(strstr(a.log, other));
+    } else {
+        ck_assert_ptr_null(strstr(a.log, "is not a MailRail setting"));
+    }
+    ck_assert_ptr_null(strstr(a.log, "MAILRAIL_LOG_LEVEL is not"));
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+}
+END_TEST
+
 /* ---- Topology ------------------------------------------------------------------------ */
 
 /*
@@ -955,6 +996,7 @@ static Suite *conformance_suite(void)
     tcase_add_test(tc, quiescence_waits_for_chains);
     tcase_add_test(tc, bad_input_loses_nothing);
     tcase_add_test(tc, bad_settings_fail_init);
+    tcase_add_test(tc, unknown_settings_are_named);
     tcase_add_test(tc, virtual_nodes);
     tcase_add_test(tc, sub_communicator);
     if (substrate == NULL || strcmp(substrate, "tcp") == 0) {
