@@ -51,6 +51,11 @@ grep -q "the serial reference agrees" "$dir/out"
 # One row per policy and phase.
 test "$(grep -cE '^  (none|rank|node) +0 (degree|orient|triangle) ' "$dir/out")" -eq 9
 
+# One rank: every record is handled locally, and the answers are the same.
+run 1 -f "$known" -V -q
+expect triangles 5
+expect edges 15
+
 # Small datagrams: many messages per phase, deferred sends and credit returns.
 MAILRAIL_DATAGRAM_SIZE=256 MAILRAIL_RECV_SLOTS=16 MAILRAIL_SEND_SLOTS=8 \
     run 4 -r 9 -e 8 -S 7 -V -p none,rank,node -c "$dir/graph.csv"
@@ -85,6 +90,20 @@ for bad in "7 x|'x' is not a vertex id" "42|one column" "-3 4|negative vertex id
         grep -qF "mailrail_graph: rank $rank: $dir/bad.el:302: $reason" "$dir/out" || {
             echo "FAIL: rank $rank did not name line 302 ($reason)"; exit 1; }
     done
+done
+# A conversion that cannot write fails on every rank and leaves no file.
+if timeout -k 5 60 "$mpiexec" -n 2 "$graph" -f "$known" -o "$dir/no/such/dir/g.bin" > "$dir/out" 2>&1; then
+    cat "$dir/out"; echo "FAIL: writing into a missing directory succeeded"; exit 1
+fi
+cat "$dir/out"
+test ! -e "$dir/no"
+# Bad options are refused before anything runs.
+for bad in "-r 3x" "-r 10 -t 0" "-r 10 -p fast" "-r 10 -S junk" "-r 41" "-f $known -r 5"; do
+    # shellcheck disable=SC2086
+    if timeout -k 5 60 "$mpiexec" -n 2 "$graph" $bad > "$dir/out" 2>&1; then
+        echo "FAIL: mailrail_graph $bad was accepted"; exit 1
+    fi
+    grep -q "^usage: " "$dir/out"
 done
 if timeout -k 5 60 "$mpiexec" -n 2 "$graph" -f "$dir/missing.el" > "$dir/out" 2>&1; then
     echo "FAIL: a missing file was accepted"; exit 1

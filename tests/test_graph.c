@@ -113,6 +113,7 @@ START_TEST(text_malformed_lines_are_named)
         {"1 99999999999999999999999\n", 1, "is larger than"},
         {"12a 3\n", 1, "'12a' is not a vertex id"},
         {"1 2\n+5 6\n", 2, "'+5' is not a vertex id"},
+        {"1 2\r3 4\r5 6\r", 1, "carriage return inside the line"},
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         const char *path = write_text(cases[c].text);
@@ -123,6 +124,51 @@ START_TEST(text_malformed_lines_are_named)
         ck_assert_uint_eq(error.line, cases[c].line);
         ck_assert_msg(strstr(error.reason, cases[c].reason) != NULL, "case %zu: '%s'", c,
                       error.reason);
+        graph_edges_free(&edges);
+        unlink(path);
+    }
+}
+END_TEST
+
+/* CRLF line ends and an empty file are fine; a line of 1 MiB or more is refused. */
+START_TEST(text_line_ends_and_lengths)
+{
+    graph_edges_t edges = {0};
+    graph_error_t error;
+    uint64_t lines;
+    const char *path = write_text("1 2\r\n3 4\r\n");
+
+    ck_assert(read_all(path, &edges, &lines, &error));
+    ck_assert_uint_eq(edges.count, 2);
+    ck_assert_uint_eq(edges.edge[1].v, 4);
+    graph_edges_free(&edges);
+    unlink(path);
+
+    path = write_text("");
+    ck_assert(read_all(path, &edges, &lines, &error));
+    ck_assert_uint_eq(lines, 0);
+    ck_assert_uint_eq(edges.count, 0);
+    unlink(path);
+
+    /* A comment of 2^20 - 1 bytes plus its newline fits; one byte more does not. */
+    for (size_t len = (1u << 20) - 1; len <= (1u << 20); len++) {
+        char *text = malloc(len + 16);
+        ck_assert_ptr_nonnull(text);
+        text[0] = '#';
+        memset(text + 1, 'a', len - 1);
+        memcpy(text + len, "\n5 6\n", 5);
+        path = write_temp(text, len + 5);
+        free(text);
+        bool ok = read_all(path, &edges, &lines, &error);
+        if (len < (1u << 20)) {
+            ck_assert_msg(ok, "a line of %zu bytes was refused: %s", len, error.reason);
+            ck_assert_uint_eq(edges.count, 1);
+            ck_assert_uint_eq(edges.edge[0].u, 5);
+        } else {
+            ck_assert(!ok);
+            ck_assert_uint_eq(error.line, 1);
+            ck_assert_ptr_nonnull(strstr(error.reason, "line of 1048576 bytes or more"));
+        }
         graph_edges_free(&edges);
         unlink(path);
     }
@@ -271,6 +317,7 @@ int main(void)
     tcase_add_test(tc, text_parses_edges_comments_and_extra_columns);
     tcase_add_test(tc, text_slices_cover_every_line_once);
     tcase_add_test(tc, text_malformed_lines_are_named);
+    tcase_add_test(tc, text_line_ends_and_lengths);
     tcase_add_test(tc, missing_file_is_an_error);
     tcase_add_test(tc, binary_form_reads_in_parts_and_rejects_bad_files);
     tcase_add_test(tc, rmat_is_deterministic_and_skewed);

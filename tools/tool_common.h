@@ -6,6 +6,7 @@
 #ifndef MAILRAIL_TOOL_COMMON_H
 #define MAILRAIL_TOOL_COMMON_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,8 +14,8 @@
 /*
  * Splits a comma-separated list of policies ("none,rank,node") into
  * out[0..max): the names point into `buf`, which must outlive them. Returns
- * the number of names, or -1 when there are more than `max` or the list
- * does not fit in `buf`.
+ * the number of names, or -1 when there are more than `max`, a name is not a
+ * policy, or the list does not fit in `buf`.
  */
 static inline int tool_split_policies(const char *list, char *buf, size_t len, const char *out[],
                                       int max)
@@ -26,9 +27,31 @@ static inline int tool_split_policies(const char *list, char *buf, size_t len, c
     for (char *save = NULL, *p = strtok_r(buf, ",", &save); p != NULL;
          p = strtok_r(NULL, ",", &save)) {
         if (n == max) return -1;
+        if (strcmp(p, "none") != 0 && strcmp(p, "rank") != 0 && strcmp(p, "node") != 0) {
+            return -1;
+        }
         out[n++] = p;
     }
     return n;
+}
+
+/*
+ * Parses a decimal option value in [min, max] into *out. Returns false, and
+ * leaves *out alone, for anything else: junk, a sign, or an overflow.
+ */
+static inline bool tool_parse_uint(const char *text, uint64_t min, uint64_t max, uint64_t *out)
+{
+    uint64_t value = 0;
+
+    if (text == NULL || *text == '\0') return false;
+    for (const char *p = text; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9') return false;
+        if (value > (UINT64_MAX - (uint64_t)(*p - '0')) / 10) return false;
+        value = value * 10 + (uint64_t)(*p - '0');
+    }
+    if (value < min || value > max) return false;
+    *out = value;
+    return true;
 }
 
 /* The resident-memory high-water mark of this process in KiB (VmHWM), or 0. */

@@ -52,10 +52,11 @@ function depends(field,    count, parts, i, alts, k, a, target) {
 /^(Pre-)?Depends:/ { line = $0; sub(/^[A-Za-z-]+:[ \t]*/, "", line); depends(line); next }
 END {
     printf "# Debian package dependency graph (Depends and Pre-Depends, every alternative)\n" > out
-    printf "# from apt-cache dumpavail: %d packages (vertices), %d dependencies (edges)\n", n, m > out
+    printf "# from apt-cache dumpavail: %d package names, %d directed dependencies (a name without\n", n, m > out
+    printf "# any dependency is no vertex of the graph; mutual dependencies are one undirected edge)\n" > out
     printf "# vertex names: %s\n", names > out
     for (e = 0; e < m; e++) print edges[e] > out
     for (v = 0; v < n; v++) print v, label[v] > names
-    printf "vertices %d edges %d\n", n, m
+    printf "package names %d, directed dependencies %d\n", n, m
     for (v = 0; v < n; v++) if (indeg[v] > 0) printf "%d %s\n", indeg[v], label[v] | "sort -rn | head -10 | sed \"s/^/in-degree /\""
 }' "$packages"

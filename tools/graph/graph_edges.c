@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Text is read in chunks of this size; a longer line is an error. */
+/* Text is read in chunks of this size; a line this long or longer is an error. */
 #define EDGES_CHUNK (1u << 20)
 
 /* Fills *error; `line` and `offset` as in graph_error_t. */
@@ -81,6 +81,7 @@ static bool edges_pread(int fd, void *buf, size_t len, uint64_t offset)
 {
     size_t done = 0;
 
+    errno = 0; /* A short read leaves errno 0, so that callers can tell it from an error. */
     while (done < len) {
         ssize_t n = pread(fd, (char *)buf + done, len - done, (off_t)(offset + done));
         if (n < 0 && errno == EINTR) continue;
@@ -147,7 +148,7 @@ bool graph_text_slice(const char *path, int part, int parts, graph_text_slice_t 
     ok = edges_line_start(fd, size, lo, &begin) && edges_line_start(fd, size, hi, &end);
     close(fd);
     if (!ok) {
-        edges_fail(error, 0, 0, "read error: %s", strerror(errno));
+        edges_fail(error, 0, 0, "read error: %s", errno ? strerror(errno) : "short read");
         return false;
     }
     slice->begin = begin;
@@ -166,7 +167,7 @@ static bool edges_parse_id(const char **p, const char *end, uint64_t *id, char *
     uint64_t value = 0;
     int toklen;
 
-    while (tok < end && *tok != ' ' && *tok != '\t' && *tok != '\r') tok++;
+    while (tok < end && *tok != ' ' && *tok != '\t') tok++;
     toklen = (int)(tok - s) > 40 ? 40 : (int)(tok - s);
     if (s < end && *s == '-') {
         snprintf(reason, reason_len, "negative vertex id '%.*s'", toklen, s);
@@ -186,7 +187,7 @@ static bool edges_parse_id(const char **p, const char *end, uint64_t *id, char *
         }
         value = value * 10 + digit;
     }
-    if (s < end && *s != ' ' && *s != '\t' && *s != '\r') {
+    if (s < end && *s != ' ' && *s != '\t') {
         snprintf(reason, reason_len, "'%.*s' is not a vertex id (expected a non-negative integer)",
                  toklen, *p);
         return false;
@@ -198,7 +199,7 @@ static bool edges_parse_id(const char **p, const char *end, uint64_t *id, char *
 
 static const char *edges_skip_blanks(const char *p, const char *end)
 {
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\r')) p++;
+    while (p < end && (*p == ' ' || *p == '\t')) p++;
     return p;
 }
 
@@ -208,6 +209,15 @@ static bool edges_parse_line(const char *p, const char *end, graph_edges_t *edge
 {
     uint64_t u, v;
 
+    /* CRLF files are fine; a carriage return elsewhere means CR-only line ends. */
+    if (end > p && end[-1] == '\r') end--;
+    for (const char *c = p; c < end; c++) {
+        if (*c == '\r') {
+            snprintf(reason, reason_len, "carriage return inside the line (CR-only line endings "
+                                         "are not supported)");
+            return false;
+        }
+    }
     p = edges_skip_blanks(p, end);
     if (p == end || *p == '#' || *p == '%') return true;
     if (!edges_parse_id(&p, end, &u, reason, reason_len)) return false;
@@ -269,7 +279,7 @@ bool graph_text_read(const char *path, const graph_text_slice_t *slice, graph_ed
         held = (size_t)(end - p);
         if (last) break;
         if (held == EDGES_CHUNK) {
-            edges_fail(error, line + 1, 0, "line longer than %u bytes", EDGES_CHUNK);
+            edges_fail(error, line + 1, 0, "line of %u bytes or more", EDGES_CHUNK);
             goto out;
         }
         memmove(buf, p, held);
@@ -358,7 +368,7 @@ uint64_t graph_rmat_edges(const graph_rmat_t *rmat)
 bool graph_rmat_generate(const graph_rmat_t *rmat, uint64_t first, uint64_t count,
                          graph_edges_t *edges)
 {
-    /* Quadrant thresholds of the Graph500 parameters, scaled to 2^53. */
+    /* The Graph500 quadrant probabilities, compared with a uniform draw in [0, 1). */
     const double a = 0.57, b = 0.19, c = 0.19;
 
     for (uint64_t i = first; i < first + count; i++) {

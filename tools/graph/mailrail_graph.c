@@ -75,6 +75,7 @@ typedef struct graph_local {
     graph_edges_t input;       /* The edges this rank read or generated. */
     uint64_t self_loops;       /* Among them. */
     graph_edges_t arcs;        /* Degree phase: (u owned here, neighbour v), repeats included. */
+    uint64_t arcs_received;    /* Their number, kept once they are freed. */
     size_t nv;                 /* Vertices owned here that have an edge. */
     uint64_t *ids;             /* Their ids, sorted. */
     size_t *offs;              /* Adjacency of ids[i]: adj[offs[i] .. offs[i + 1]). */
@@ -170,6 +171,7 @@ static void xch_drain(graph_xch_t *x)
     while ((st = mr_receive(&m)) == MR_OK) {
         const uint64_t *words = m.data;
         size_t records = m.length / (x->record_words * sizeof(uint64_t));
+        if (m.length % (x->record_words * sizeof(uint64_t)) != 0) x->g->bad_records++;
         for (size_t r = 0; r < records; r++) x->handle(x->g, words + r * x->record_words);
         mr_release(m.data);
     }
@@ -345,6 +347,7 @@ static void graph_build_adjacency(graph_local_t *g)
         arcs[n++] = arcs[a];
     }
     g->duplicate_arcs = g->arcs.count - n;
+    g->arcs_received = g->arcs.count;
     g->ids = malloc((n + 1) * sizeof(*g->ids));
     g->offs = malloc((n + 2) * sizeof(*g->offs));
     g->adj = malloc((n + 1) * sizeof(*g->adj));
@@ -361,6 +364,8 @@ static void graph_build_adjacency(graph_local_t *g)
     }
     g->offs[nv] = n;
     g->nv = nv;
+    /* The arcs are in the adjacency now: free them before the next phases are measured. */
+    graph_edges_free(&g->arcs);
 }
 
 /* ---- One phase, measured. ---- */
@@ -445,7 +450,7 @@ static void graph_run_phase(graph_local_t *g, const char *policy, graph_phase_t 
 static bool graph_reduce(graph_local_t *g, graph_summary_t *s)
 {
     uint64_t degree_sum = 0, checksum = 0, max_degree = 0, hub = GRAPH_NO_VERTEX, unset = 0;
-    uint64_t mine[10], all[10];
+    uint64_t mine[13], all[13];
 
     for (size_t i = 0; i < g->nv; i++) {
         uint64_t degree = g->offs[i + 1] - g->offs[i];
@@ -459,15 +464,18 @@ static bool graph_reduce(graph_local_t *g, graph_summary_t *s)
     for (size_t k = 0; g->offs != NULL && k < g->offs[g->nv]; k++) unset += g->nbr_degree[k] == 0;
     mine[0] = g->input.count;
     mine[1] = g->self_loops;
-    mine[2] = g->arcs.count;
+    mine[2] = g->arcs_received;
     mine[3] = g->duplicate_arcs;
     mine[4] = g->nv;
     mine[5] = degree_sum;
     mine[6] = checksum;
     mine[7] = g->triangles;
-    mine[8] = g->queries_sent - g->queries_answered + g->bad_records + unset;
+    mine[8] = g->queries_sent;
     mine[9] = g->nbr_degrees_set;
-    MPI_Allreduce(mine, all, 10, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    mine[10] = g->queries_answered;
+    mine[11] = g->bad_records;
+    mine[12] = unset;
+    MPI_Allreduce(mine, all, 13, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(&max_degree, &s->max_degree, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
     /*
      * MPICH 4.0.2 compares MPI_UINT64_T as signed in MPI_MIN and MPI_MAX, so
@@ -487,8 +495,13 @@ static bool graph_reduce(graph_local_t *g, graph_summary_t *s)
     const char *broken = NULL;
     if (all[2] != 2 * (all[0] - all[1])) broken = "the owners did not receive two arcs per edge";
     else if (all[3] % 2 != 0 || all[5] % 2 != 0) broken = "the arcs of some edge are unpaired";
-    else if (all[9] != all[5]) broken = "neighbour degrees were not delivered exactly once";
-    else if (all[8] != 0) broken = "queries were lost or records misrouted";
+    else if (all[9] != all[5] || all[12] != 0) {
+        broken = "neighbour degrees were not delivered exactly once";
+    } else if (all[10] != all[8]) {
+        broken = "triangle queries were not answered exactly once";
+    } else if (all[11] != 0) {
+        broken = "records arrived at a rank that does not own their vertex, or were cut short";
+    }
     if (broken != NULL) {
         graph_rank0_printf(g, "mailrail_graph: CHECK FAILED: %s\n", broken);
         return false;
@@ -523,7 +536,7 @@ static bool graph_kernel(graph_local_t *g, const char *policy, graph_phase_resul
     graph_edges_free(&g->arcs);
     graph_free_adjacency(g);
     g->nbr_degrees_set = g->queries_sent = g->queries_answered = 0;
-    g->triangles = g->bad_records = g->duplicate_arcs = 0;
+    g->triangles = g->bad_records = g->duplicate_arcs = g->arcs_received = 0;
 
     graph_run_phase(g, policy, GRAPH_DEGREE, &results[GRAPH_DEGREE]);
     graph_build_adjacency(g);
@@ -598,7 +611,11 @@ static void graph_put_le64(unsigned char *p, uint64_t v)
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
-/* Writes every rank's edges to `path` in the binary form; false on every rank on failure. */
+/*
+ * Writes every rank's edges to `path` in the binary form; false on every rank
+ * on failure. The header, which makes the file readable, is written last and
+ * only once every rank has written its edges; a failed file is deleted.
+ */
 static bool graph_convert(const graph_local_t *g, const char *path)
 {
     uint64_t count = g->input.count, before = 0, total = 0;
@@ -615,7 +632,8 @@ static bool graph_convert(const graph_local_t *g, const char *path)
         free(buf);
         return false;
     }
-    MPI_File_set_size(fh, 0);
+    /* Collective: truncates what an earlier file of that name held. */
+    ok = MPI_File_set_size(fh, 0) == MPI_SUCCESS && ok;
     if (ok) {
         for (size_t e = 0; e < count; e++) {
             graph_put_le64(buf + 16 * e, g->input.edge[e].u);
@@ -629,21 +647,23 @@ static bool graph_convert(const graph_local_t *g, const char *path)
                                    MPI_STATUS_IGNORE) == MPI_SUCCESS;
             done += piece;
         }
-        if (ok && g->rank == 0) {
-            memcpy(buf, GRAPH_BINARY_MAGIC, GRAPH_BINARY_MAGIC_LEN);
-            graph_put_le64(buf + GRAPH_BINARY_MAGIC_LEN, total);
-            ok = MPI_File_write_at(fh, 0, buf, GRAPH_BINARY_HEADER_LEN, MPI_BYTE,
-                                   MPI_STATUS_IGNORE) == MPI_SUCCESS;
-        }
     }
-    MPI_File_close(&fh);
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+    if (all_ok && g->rank == 0) {
+        memcpy(buf, GRAPH_BINARY_MAGIC, GRAPH_BINARY_MAGIC_LEN);
+        graph_put_le64(buf + GRAPH_BINARY_MAGIC_LEN, total);
+        ok = MPI_File_write_at(fh, 0, buf, GRAPH_BINARY_HEADER_LEN, MPI_BYTE,
+                               MPI_STATUS_IGNORE) == MPI_SUCCESS;
+    }
+    ok = MPI_File_close(&fh) == MPI_SUCCESS && ok;
     free(buf);
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
     if (all_ok) {
         graph_rank0_printf(g, "mailrail_graph: wrote %llu edges to %s\n",
                            (unsigned long long)total, path);
     } else {
-        graph_rank0_printf(g, "mailrail_graph: %s: write failed\n", path);
+        if (g->rank == 0) MPI_File_delete(path, MPI_INFO_NULL);
+        graph_rank0_printf(g, "mailrail_graph: %s: write failed; the file was removed\n", path);
     }
     return all_ok;
 }
@@ -653,7 +673,7 @@ static bool graph_serial_reference(const graph_options_t *o, const graph_local_t
                                    graph_summary_t *out)
 {
     graph_edges_t all = {0};
-    graph_error_t error;
+    graph_error_t error = {.reason = "out of memory"};
     bool ok;
 
     if (o->use_rmat) {
@@ -667,9 +687,15 @@ static bool graph_serial_reference(const graph_options_t *o, const graph_local_t
         ok = graph_text_slice(o->file, 0, 1, &slice, &error) &&
              graph_text_read(o->file, &slice, &all, &lines, &error);
     }
-    ok = ok && graph_serial_summary(&all, out);
+    if (ok && !graph_serial_summary(&all, out)) {
+        snprintf(error.reason, sizeof(error.reason), "out of memory");
+        ok = false;
+    }
     graph_edges_free(&all);
-    if (!ok) fprintf(stderr, "mailrail_graph: rank %d: the serial reference failed\n", g->rank);
+    if (!ok) {
+        fprintf(stderr, "mailrail_graph: rank %d: the serial reference failed: %s\n", g->rank,
+                error.reason);
+    }
     return ok;
 }
 
@@ -679,22 +705,22 @@ static int graph_parse(int argc, char **argv, graph_options_t *o)
 {
     static char policy_buf[64];
     const char *policies = getenv("MAILRAIL_FLOWCTL") ? getenv("MAILRAIL_FLOWCTL") : "none";
+    uint64_t scale = 0, factor = 16, trials = 1;
+    bool ok = true;
     int c;
 
-    o->rmat.edge_factor = 16;
     o->rmat.seed = 1;
-    o->trials = 1;
     while ((c = getopt(argc, argv, "f:r:e:S:p:t:Vc:o:qh")) != -1) {
         switch (c) {
         case 'f': o->file = optarg; break;
         case 'r':
-            o->rmat.scale = atoi(optarg);
+            ok &= tool_parse_uint(optarg, 1, 40, &scale);
             o->use_rmat = true;
             break;
-        case 'e': o->rmat.edge_factor = atoi(optarg); break;
-        case 'S': o->rmat.seed = strtoull(optarg, NULL, 10); break;
+        case 'e': ok &= tool_parse_uint(optarg, 1, 1024, &factor); break;
+        case 'S': ok &= tool_parse_uint(optarg, 0, UINT64_MAX, &o->rmat.seed); break;
         case 'p': policies = optarg; break;
-        case 't': o->trials = atoi(optarg); break;
+        case 't': ok &= tool_parse_uint(optarg, 1, GRAPH_MAX_TRIALS, &trials); break;
         case 'V': o->verify = true; break;
         case 'c': o->csv = optarg; break;
         case 'o': o->convert = optarg; break;
@@ -702,15 +728,12 @@ static int graph_parse(int argc, char **argv, graph_options_t *o)
         default: return -1;
         }
     }
+    o->rmat.scale = (int)scale;
+    o->rmat.edge_factor = (int)factor;
+    o->trials = (int)trials;
     o->npolicies = tool_split_policies(policies, policy_buf, sizeof(policy_buf), o->policies,
                                        GRAPH_MAX_POLICIES);
-    if (o->npolicies < 0) return -1;
-    if ((o->file != NULL) == o->use_rmat || optind != argc) return -1;
-    if (o->use_rmat && (o->rmat.scale < 1 || o->rmat.scale > 40 || o->rmat.edge_factor < 1 ||
-                        o->rmat.edge_factor > 1024)) {
-        return -1;
-    }
-    return o->trials >= 1 && o->trials <= GRAPH_MAX_TRIALS && o->npolicies > 0 ? 0 : -1;
+    return ok && o->npolicies > 0 && (o->file != NULL) != o->use_rmat && optind == argc ? 0 : -1;
 }
 
 static void graph_report(const graph_options_t *o, const graph_local_t *g, FILE *csv,
@@ -774,6 +797,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (!graph_load(&o, &g)) {
+        graph_edges_free(&g.input);
         MPI_Finalize();
         return 1;
     }
@@ -828,9 +852,13 @@ int main(int argc, char **argv)
     if (ok && o.verify) {
         int good = 1;
         if (g.rank == 0) {
-            good = graph_serial_reference(&o, &g, &reference) && graph_same_summary(&first, &reference);
-            if (!good) graph_print_summary(&g, "mailrail_graph: SERIAL REFERENCE DIFFERS", &reference);
-            else printf("mailrail_graph: the serial reference agrees\n");
+            if (graph_serial_reference(&o, &g, &reference)) {
+                good = graph_same_summary(&first, &reference);
+                if (good) printf("mailrail_graph: the serial reference agrees\n");
+                else graph_print_summary(&g, "mailrail_graph: SERIAL REFERENCE DIFFERS", &reference);
+            } else {
+                good = 0;
+            }
         }
         MPI_Bcast(&good, 1, MPI_INT, 0, MPI_COMM_WORLD);
         ok = good;
