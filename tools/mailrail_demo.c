@@ -8,6 +8,7 @@
  *   mpiexec -n 4 mailrail_demo [messages-per-destination] [message-bytes]
  */
 #include "mailrail.h"
+#include "tool_common.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -64,14 +65,22 @@ static void demo_receive_all(demo_state_t *st)
 
 int main(int argc, char **argv)
 {
-    unsigned long count = argc > 1 ? strtoul(argv[1], NULL, 10) : 10000;
-    size_t bytes = argc > 2 ? strtoul(argv[2], NULL, 10) : 256;
+    unsigned long count = 10000;
+    size_t bytes = 256;
     demo_state_t st = {0};
     mr_status_t status;
     mr_stats_t stats = {.size = sizeof(stats)};
     double start, elapsed;
     int rank, size;
 
+    uint64_t messages = count, length = bytes;
+    if (argc > 3 || (argc > 1 && !tool_parse_uint(argv[1], 1, UINT32_MAX, &messages)) ||
+        (argc > 2 && !tool_parse_uint(argv[2], 0, UINT32_MAX, &length))) {
+        fprintf(stderr, "usage: mpiexec -n N mailrail_demo [messages-per-destination [bytes]]\n");
+        return 2;
+    }
+    count = (unsigned long)messages;
+    bytes = (size_t)length;
     status = mr_init();
     if (status != MR_OK) {
         fprintf(stderr, "mailrail_demo: mr_init failed: %s\n", mr_status_string(status));

@@ -176,6 +176,7 @@ static int hist_parse(int argc, char **argv, hist_options_t *o)
 {
     static char policy_buf[64];
     const char *policies = getenv("MAILRAIL_FLOWCTL") ? getenv("MAILRAIL_FLOWCTL") : "none";
+    bool ok = true;
     int c;
 
     o->scale = 20;
@@ -184,23 +185,19 @@ static int hist_parse(int argc, char **argv, hist_options_t *o)
     o->seed = 1;
     while ((c = getopt(argc, argv, "s:i:t:p:kS:c:h")) != -1) {
         switch (c) {
-        case 's': o->scale = atoi(optarg); break;
-        case 'i': o->inserts = strtol(optarg, NULL, 10); break;
-        case 't': o->trials = atoi(optarg); break;
+        case 's': ok &= tool_parse_int(optarg, 1, 40, &o->scale); break;
+        case 'i': ok &= tool_parse_long(optarg, 0, LONG_MAX, &o->inserts); break;
+        case 't': ok &= tool_parse_int(optarg, 1, HIST_MAX_TRIALS, &o->trials); break;
         case 'p': policies = optarg; break;
         case 'k': o->skewed = true; break;
-        case 'S': o->seed = (unsigned)strtoul(optarg, NULL, 10); break;
+        case 'S': ok &= tool_parse_unsigned(optarg, &o->seed); break;
         case 'c': o->csv = optarg; break;
         default: return -1;
         }
     }
     o->npolicies = tool_split_policies(policies, policy_buf, sizeof(policy_buf), o->policies,
                                        HIST_MAX_POLICIES);
-    if (o->npolicies < 0) return -1;
-    return o->scale >= 1 && o->scale <= 40 && o->inserts >= 0 && o->trials >= 1 &&
-                   o->trials <= HIST_MAX_TRIALS && o->npolicies > 0
-               ? 0
-               : -1;
+    return ok && o->npolicies > 0 ? 0 : -1;
 }
 
 /* Runs the warm-up and the trials of one policy; returns the median seconds, or < 0. */

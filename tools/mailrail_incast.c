@@ -354,6 +354,8 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
 {
     static char policy_buf[64];
     const char *policies = getenv("MAILRAIL_FLOWCTL") ? getenv("MAILRAIL_FLOWCTL") : "none";
+    long period_ms = 0, bytes = 0;
+    bool ok = true;
     int c;
 
     o->victims = 1;
@@ -363,14 +365,14 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
     o->stats_prefix = "incast_stats";
     while ((c = getopt(argc, argv, "v:b:m:t:p:s:c:i:o:qh")) != -1) {
         switch (c) {
-        case 'v': o->victims = atoi(optarg); break;
-        case 'b': o->bytes = strtoul(optarg, NULL, 10); break;
-        case 'm': o->messages = strtol(optarg, NULL, 10); break;
-        case 't': o->trials = atoi(optarg); break;
+        case 'v': ok &= tool_parse_int(optarg, 1, INT_MAX, &o->victims); break;
+        case 'b': ok &= tool_parse_long(optarg, 0, LONG_MAX, &bytes); break;
+        case 'm': ok &= tool_parse_long(optarg, 0, LONG_MAX, &o->messages); break;
+        case 't': ok &= tool_parse_int(optarg, 1, INCAST_MAX_TRIALS, &o->trials); break;
         case 'p': policies = optarg; break;
-        case 's': o->seed = (unsigned)strtoul(optarg, NULL, 10); break;
+        case 's': ok &= tool_parse_unsigned(optarg, &o->seed); break;
         case 'c': o->csv = optarg; break;
-        case 'i': o->period_s = atof(optarg) / 1000.0; break;
+        case 'i': ok &= tool_parse_long(optarg, 0, 3600000, &period_ms); break;
         case 'o': o->stats_prefix = optarg; break;
         case 'q': o->quiet = true; break;
         default: return -1;
@@ -378,12 +380,9 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
     }
     o->npolicies = tool_split_policies(policies, policy_buf, sizeof(policy_buf), o->policies,
                                        INCAST_MAX_POLICIES);
-    if (o->npolicies < 0) return -1;
-    if (o->victims < 1 || o->messages < 0 || o->trials < 1 || o->trials > INCAST_MAX_TRIALS ||
-        o->npolicies == 0 || o->period_s < 0) {
-        return -1;
-    }
-    return 0;
+    o->bytes = (size_t)bytes;
+    o->period_s = (double)period_ms / 1000.0;
+    return ok && o->npolicies > 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv)

@@ -20,6 +20,7 @@
  * finalize. Prints one line per size and a summary line.
  */
 #include "mailrail.h"
+#include "tool_common.h"
 
 #include <mpi.h>
 #include <stdbool.h>
@@ -64,6 +65,7 @@ static void perf_usage(void)
 static int perf_parse(int argc, char **argv, perf_options_t *o)
 {
     const char *sizes = "8,64,512,4096";
+    bool ok = true;
     int c;
 
     o->count = 100000;
@@ -72,9 +74,9 @@ static int perf_parse(int argc, char **argv, perf_options_t *o)
     while ((c = getopt(argc, argv, "s:n:r:w:lmc:h")) != -1) {
         switch (c) {
         case 's': sizes = optarg; break;
-        case 'n': o->count = strtol(optarg, NULL, 10); break;
-        case 'r': o->reps = atoi(optarg); break;
-        case 'w': o->window = atoi(optarg); break;
+        case 'n': ok &= tool_parse_long(optarg, 1, LONG_MAX, &o->count); break;
+        case 'r': ok &= tool_parse_int(optarg, 1, 1000, &o->reps); break;
+        case 'w': ok &= tool_parse_int(optarg, 1, 1 << 20, &o->window); break;
         case 'l': o->latency = true; break;
         case 'm': o->raw_mpi = true; break;
         case 'c': o->csv = optarg; break;
@@ -87,7 +89,7 @@ static int perf_parse(int argc, char **argv, perf_options_t *o)
         if (end == p) return -1;
         p = *end == ',' ? end + 1 : end;
     }
-    return o->count > 0 && o->reps > 0 && o->window > 0 && o->nsizes > 0 ? 0 : -1;
+    return ok && o->nsizes > 0 ? 0 : -1;
 }
 
 /* ---- Through MailRail ------------------------------------------------------------------ */

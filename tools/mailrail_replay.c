@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #define REPLAY_MAX_POLICIES 3
+#define REPLAY_MAX_TRIALS 1000
 
 /* Header of every replayed datagram. */
 typedef struct replay_header {
@@ -323,6 +324,7 @@ static int replay_parse(int argc, char **argv, replay_options_t *o)
 {
     static char policy_buf[64];
     const char *policies = getenv("MAILRAIL_FLOWCTL") ? getenv("MAILRAIL_FLOWCTL") : "none";
+    bool ok = true;
     int c;
 
     o->dir = ".";
@@ -341,27 +343,22 @@ static int replay_parse(int argc, char **argv, replay_options_t *o)
             else return -1;
             break;
         case 'p': policies = optarg; break;
-        case 't': o->trials = atoi(optarg); break;
+        case 't': ok &= tool_parse_int(optarg, 1, REPLAY_MAX_TRIALS, &o->trials); break;
         case 'c': o->csv = optarg; break;
         case 'g': o->generate = optarg; break;
-        case 'R': o->gen_ranks = atoi(optarg); break;
-        case 'e': o->gen_events = atoi(optarg); break;
-        case 'E': o->gen_epochs = atoi(optarg); break;
-        case 'z': o->gen_max_bytes = (uint32_t)strtoul(optarg, NULL, 10); break;
-        case 'S': o->seed = (unsigned)strtoul(optarg, NULL, 10); break;
+        case 'R': ok &= tool_parse_int(optarg, 1, 1 << 20, &o->gen_ranks); break;
+        case 'e': ok &= tool_parse_int(optarg, 0, INT_MAX, &o->gen_events); break;
+        case 'E': ok &= tool_parse_int(optarg, 0, INT_MAX, &o->gen_epochs); break;
+        case 'z': ok &= tool_parse_unsigned(optarg, &o->gen_max_bytes) && o->gen_max_bytes > 0; break;
+        case 'S': ok &= tool_parse_unsigned(optarg, &o->seed); break;
         default: return -1;
         }
     }
     o->npolicies = tool_split_policies(policies, policy_buf, sizeof(policy_buf), o->policies,
                                        REPLAY_MAX_POLICIES);
-    if (o->npolicies < 0) return -1;
-    if (o->generate != NULL) {
-        return o->gen_ranks > 0 && o->gen_events >= 0 && o->gen_epochs >= 0 &&
-                       o->gen_max_bytes > 0
-                   ? 0
-                   : -1;
-    }
-    return o->trials >= 1 && o->npolicies > 0 ? 0 : -1;
+    if (!ok) return -1;
+    if (o->generate != NULL) return 0;
+    return o->npolicies > 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv)

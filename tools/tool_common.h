@@ -7,6 +7,7 @@
 #define MAILRAIL_TOOL_COMMON_H
 
 #include <stdbool.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -51,6 +52,31 @@ static inline bool tool_parse_uint(const char *text, uint64_t min, uint64_t max,
     }
     if (value < min || value > max) return false;
     *out = value;
+    return true;
+}
+
+/* tool_parse_uint() into an int, a long or an unsigned (min >= 0). */
+static inline bool tool_parse_int(const char *text, int min, int max, int *out)
+{
+    uint64_t v;
+    if (!tool_parse_uint(text, (uint64_t)min, (uint64_t)max, &v)) return false;
+    *out = (int)v;
+    return true;
+}
+
+static inline bool tool_parse_long(const char *text, long min, long max, long *out)
+{
+    uint64_t v;
+    if (!tool_parse_uint(text, (uint64_t)min, (uint64_t)max, &v)) return false;
+    *out = (long)v;
+    return true;
+}
+
+static inline bool tool_parse_unsigned(const char *text, unsigned *out)
+{
+    uint64_t v;
+    if (!tool_parse_uint(text, 0, UINT32_MAX, &v)) return false;
+    *out = (unsigned)v;
     return true;
 }
 
