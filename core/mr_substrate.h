@@ -158,7 +158,27 @@ typedef struct mr_substrate_ops {
      * agreed to finalize, so end-of-stream from peers is expected then.
      */
     void (*close)(mr_substrate_t *s);
+
+    /*
+     * Fields below were added after the first version of this table. The
+     * core reads one only when ops_size covers it, so that a plugin built
+     * against an older header still loads.
+     */
+
+    /*
+     * A prefix of MAILRAIL_* names that the plugin hands on to a library of
+     * its own, which checks them itself (the UCX plugin: "MAILRAIL_UCX_", for
+     * UCX). The core does not report names under it as unknown. May be NULL.
+     */
+    const char *settings_passthrough_prefix;
 } mr_substrate_ops_t;
+
+/* The smallest ops table the core accepts: the first version's fields. */
+#define MR_SUBSTRATE_OPS_MIN_SIZE offsetof(mr_substrate_ops_t, settings_passthrough_prefix)
+
+/* True when the plugin's ops table has `field` (it was built with a header that had it). */
+#define MR_SUBSTRATE_OPS_HAS(ops, field)                                                  \
+    ((ops)->ops_size >= offsetof(mr_substrate_ops_t, field) + sizeof((ops)->field))
 
 typedef const mr_substrate_ops_t *(*mr_substrate_entry_fn)(void);
 

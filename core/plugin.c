@@ -136,7 +136,7 @@ static bool plugin_substrate_valid(const mr_substrate_ops_t *ops, const char *na
         return false;
     }
     if (!plugin_header_valid(ops->abi_version, MR_SUBSTRATE_ABI_VERSION, ops->ops_size,
-                             sizeof(*ops), ops->name, name, why, why_len)) {
+                             MR_SUBSTRATE_OPS_MIN_SIZE, ops->name, name, why, why_len)) {
         return false;
     }
     if (!ops->open || !ops->get_address || !ops->connect || !ops->send || !ops->send_control ||

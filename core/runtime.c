@@ -380,32 +380,28 @@ static int rt_progress(int timeout_ms)
 /* ---- Init and finalize --------------------------------------------------------------- */
 
 /*
- * Warns about MAILRAIL_* variables that no setting of the core or of a
- * flow-control policy declares. Names under a substrate's prefix
- * (MAILRAIL_TCP_*, ...) are the plugins' own business: the loaded one parses
- * its table, and the others' settings are not unknown, only unused now.
+ * Warns about MAILRAIL_* variables that no setting of the core, of a
+ * flow-control policy or of the loaded substrate declares. The other
+ * substrates' settings (MAILRAIL_MPI_* while running over tcp) are not
+ * unknown, only unused now; and a substrate may hand a prefix on to a library
+ * that checks it (MAILRAIL_UCX_* to UCX).
  */
 static void rt_warn_unknown_settings(void)
 {
-    const mr_config_entry_t *tables[8] = {mr_core_config_table};
+    const mr_config_entry_t *tables[8] = {mr_core_config_table, rt.substrate->config_table};
     const char *prefixes[16] = {NULL};
     char prefix_text[16][40];
     char known[] = MR_KNOWN_SUBSTRATES;
-    size_t ntables = 1, nprefixes = 0;
+    size_t ntables = 2, nprefixes = 0;
+    char *save = NULL;
 
     for (size_t i = 0; mr_flowctl_names[i] != NULL && ntables < 8; i++) {
         const mr_flowctl_ops_t *policy = mr_flowctl_find(mr_flowctl_names[i]);
         if (policy != NULL && policy->config_table != NULL) tables[ntables++] = policy->config_table;
     }
-    /* The substrates of this tree, and the one loaded (maybe from elsewhere). */
-    char *save = NULL;
-    const char *name = strtok_r(known, ":", &save);
-    for (bool loaded_done = false; nprefixes < 15; name = strtok_r(NULL, ":", &save)) {
-        if (name == NULL) {
-            if (loaded_done) break;
-            name = rt.substrate->name;
-            loaded_done = true;
-        }
+    for (const char *name = strtok_r(known, ":", &save); name != NULL && nprefixes < 15;
+         name = strtok_r(NULL, ":", &save)) {
+        if (strcmp(name, rt.substrate->name) == 0) continue;
         int n = snprintf(prefix_text[nprefixes], sizeof(prefix_text[0]), "MAILRAIL_%s_", name);
         if (n <= 0 || (size_t)n >= sizeof(prefix_text[0])) continue;
         for (char *c = prefix_text[nprefixes]; *c != '\0'; c++) {
@@ -413,7 +409,10 @@ static void rt_warn_unknown_settings(void)
         }
         prefixes[nprefixes] = prefix_text[nprefixes];
         nprefixes++;
-        if (loaded_done) break;
+    }
+    if (MR_SUBSTRATE_OPS_HAS(rt.substrate, settings_passthrough_prefix) &&
+        rt.substrate->settings_passthrough_prefix != NULL) {
+        prefixes[nprefixes++] = rt.substrate->settings_passthrough_prefix;
     }
     mr_config_warn_unknown(tables, ntables, prefixes);
 }

@@ -508,24 +508,28 @@ END_TEST
  */
 START_TEST(unknown_settings_are_named)
 {
-    static const char *const vars[] = {"MAILRAIL_DATAGRAM_SIZ", "MAILRAIL_XYZZY",
-                                       "MAILRAIL_LOG_LEVEL", NULL};
-    static const char *const values[] = {"1K", "1", "warn"};
-    const char *other = strcmp(getenv("MAILRAIL_SUBSTRATE") ? getenv("MAILRAIL_SUBSTRATE") : "ucx",
-                               "tcp") == 0 ? "MAILRAIL_MPI_MAX_RECVS" : "MAILRAIL_TCP_PORT";
+    const char *substrate = getenv("MAILRAIL_SUBSTRATE") ? getenv("MAILRAIL_SUBSTRATE") : "ucx";
+    bool tcp = strcmp(substrate, "tcp") == 0, mpi = strcmp(substrate, "mpi") == 0;
+    /* A typo of the loaded substrate's own setting, when the core checks its names. */
+    const char *own = tcp ? "MAILRAIL_TCP_PORTS" : mpi ? "MAILRAIL_MPI_SEND_WINDOWS" : NULL;
+    const char *own_meant = tcp ? "MAILRAIL_TCP_PORT" : "MAILRAIL_MPI_SEND_WINDOW";
+    /* Another substrate's setting: unused, not unknown. */
+    const char *other = tcp ? "MAILRAIL_MPI_MAX_RECVS" : "MAILRAIL_TCP_PORT";
+    const char *vars[] = {"MAILRAIL_DATAGRAM_SIZ", "MAILRAIL_XYZZY", "MAILRAIL_LOG_LEVEL", other,
+                          own};
+    const char *values[] = {"1K", "1", "warn", "7", "7"};
+    size_t nvars = own != NULL ? 5 : 4;
     static init_attempt_t a;
-    char *saved[4];
+    char *saved[5];
+    char expect[160];
 
     setup_env(NULL, NULL, NULL);
-    for (int i = 0; vars[i] != NULL; i++) {
+    for (size_t i = 0; i < nvars; i++) {
         saved[i] = save_env(vars[i]);
         setenv(vars[i], values[i], 1);
     }
-    saved[3] = save_env(other);
-    setenv(other, "7", 1);
     attempt_init(&a);
-    for (int i = 0; vars[i] != NULL; i++) restore_env(vars[i], saved[i]);
-    restore_env(other, saved[3]);
+    for (size_t i = 0; i < nvars; i++) restore_env(vars[i], saved[i]);
     ck_assert_int_eq(a.status, MR_OK);
     /* The misspelt size was ignored: the default stays. */
     ck_assert_uint_eq(mr_datagram_size(), 4096);
@@ -535,6 +539,11 @@ START_TEST(unknown_settings_are_named)
                       "no warning about the typo:\n%s", a.log);
         ck_assert_ptr_nonnull(strstr(a.log, "MAILRAIL_XYZZY is not a MailRail setting"));
         ck_assert_ptr_null(strstr(a.log, other));
+        if (own != NULL) {
+            snprintf(expect, sizeof(expect), "%s is not a MailRail setting and is ignored; did "
+                     "you mean %s?", own, own_meant);
+            ck_assert_msg(strstr(a.log, expect) != NULL, "no \"%s\" in:\n%s", expect, a.log);
+        }
     } else {
         ck_assert_ptr_null(strstr(a.log, "is not a MailRail setting"));
     }

@@ -141,10 +141,10 @@ int main(int argc, char **argv)
                "environment at `mr_init()`. A malformed or out-of-range value makes "
                "`mr_init()` fail with `MR_ERR_CONFIG` and a message naming the variable, the "
                "value and what is allowed. A `MAILRAIL_*` name that no table declares is "
-               "ignored with a warning from rank 0 that suggests the closest setting. Names "
-               "under a substrate's prefix (`MAILRAIL_TCP_*`, ...) are not checked by the "
-               "core; the UCX substrate passes `MAILRAIL_UCX_<NAME>` to UCX, which warns "
-               "about the names it does not know.\n");
+               "ignored with a warning from rank 0 that suggests the closest setting. The "
+               "settings of substrates other than the loaded one are unused, not unknown; the "
+               "UCX substrate passes `MAILRAIL_UCX_<NAME>` to UCX, which warns about the "
+               "names it does not know.\n");
     } else {
         printf("# MailRail %d.%d.%d\n", MR_VERSION_MAJOR, MR_VERSION_MINOR, MR_VERSION_PATCH);
     }

@@ -1974,6 +1974,7 @@ static const mr_substrate_ops_t ucx_ops = {
     .closing = ucx_closing,
     .stats = NULL,
     .close = ucx_close,
+    .settings_passthrough_prefix = UCX_OWN_PREFIX,
 };
 
 __attribute__((visibility("default"))) const mr_substrate_ops_t *mr_substrate_get_ops(void)
