@@ -1,12 +1,15 @@
 #!/bin/sh
 # A substrate plugin that cannot load is listed by mailrail_info with the
 # reason, and mr_init names it: here a file that is not a shared object, and
-# a plugin whose transport library is missing.
+# a plugin whose transport library is missing. Then the ops table's growth:
+# a plugin built with the first version's table (no fields added since) still
+# loads and carries a job, and a table shorter than that is refused.
 set -eu
 info=$1
 demo=$2
 bootstrap_dir=$3
 tcp_plugin=$4
+src=$5
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 echo "not an ELF file" > "$dir/mailrail_substrate_broken.so"
@@ -35,4 +38,37 @@ for name in broken orphan; do
     printf '%s\n' "$out"
     printf '%s\n' "$out" | grep -q "MAILRAIL_SUBSTRATE=\"$name\" cannot be used"
 done
-echo "plugin load failures are reported"
+
+# "old<N>" wraps the TCP plugin, reporting an ops table of N bytes.
+cat > "$dir/old.c" <<'C'
+#include "mr_substrate.h"
+#include <dlfcn.h>
+#include <string.h>
+static mr_substrate_ops_t old_ops;
+const mr_substrate_ops_t *mr_substrate_get_ops(void)
+{
+    void *h = dlopen(TCP_PLUGIN, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) return NULL;
+    const mr_substrate_ops_t *(*get)(void) =
+        (const mr_substrate_ops_t *(*)(void))dlsym(h, "mr_substrate_get_ops");
+    memcpy(&old_ops, get(), OPS_SIZE);
+    old_ops.ops_size = OPS_SIZE;
+    old_ops.name = NAME;
+    return &old_ops;
+}
+C
+min=$(printf '#include "mr_substrate.h"\n#include <stdio.h>\nint main(void){printf("%%zu", MR_SUBSTRATE_OPS_MIN_SIZE);}' |
+      cc -x c -I"$src/core" -I"$src/core/include" - -o "$dir/min" && "$dir/min")
+short=$((min - 8))
+for size in "$min" "$short"; do
+    cc -shared -fPIC -I"$src/core" -I"$src/core/include" -DTCP_PLUGIN="\"$tcp_plugin\"" \
+        -DOPS_SIZE="$size" -DNAME="\"old$size\"" -o "$dir/mailrail_substrate_old$size.so" "$dir/old.c" -ldl
+done
+out=$(MAILRAIL_PLUGIN_PATH="$dir:$bootstrap_dir" MAILRAIL_SUBSTRATE=old$min timeout 60 "$demo" 3 64 2>&1) || {
+    printf '%s\n' "$out"; echo "FAIL: a plugin with the first version's ops table ($min bytes) did not work"; exit 1; }
+printf '%s\n' "$out" | grep -q "all delivered exactly once"
+if out=$(MAILRAIL_PLUGIN_PATH="$dir:$bootstrap_dir" MAILRAIL_SUBSTRATE=old$short timeout 60 "$demo" 1 16 2>&1); then
+    echo "FAIL: an ops table of $short bytes was accepted"; exit 1
+fi
+printf '%s\n' "$out" | grep -q "ops table of $short bytes, this library needs $min"
+echo "plugin load failures are reported; a first-version ops table ($min bytes) loads"
