@@ -57,6 +57,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -74,6 +75,7 @@
 #define TCP_RX_BUDGET 64          /* Frames read per connection per progress call. */
 #define TCP_MAX_IOV 64            /* iovecs gathered per sendmsg. */
 #define TCP_MAX_PENDING 64        /* Incoming connections authenticating at once. */
+#define TCP_SPARE_FDS 64          /* Descriptors left for the application and MPI. */
 #define TCP_MAX_EVENTS 64         /* epoll events per wait. */
 #define TCP_ACCEPT_BURST 64       /* accept() calls per listener event. */
 #define TCP_CONNECT_POLL_MS 50    /* epoll wait per round of the connect() loop. */
@@ -1264,6 +1266,43 @@ static mr_status_t tcp_resolve(mr_substrate_t *s, const char *text, struct in_ad
 
 static void tcp_close(mr_substrate_t *s);
 
+/*
+ * Every rank keeps a connection to every other, plus its listener, epoll and
+ * connections being authenticated. When the soft RLIMIT_NOFILE is too low for
+ * that (and for the application's and MPI's own descriptors), it is raised
+ * towards the hard limit; when even the hard limit is too low, the substrate
+ * refuses to start with the number to ask for, instead of failing with EMFILE
+ * halfway through connecting.
+ */
+static mr_status_t tcp_reserve_descriptors(mr_substrate_t *s)
+{
+    rlim_t need = (rlim_t)s->size + TCP_MAX_PENDING + TCP_SPARE_FDS;
+    struct rlimit rl;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
+        return MR_OK;
+    }
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
+        TLOG(s, MR_LOG_ERROR,
+             "TCP substrate: %d ranks need about %llu file descriptors per process, but the hard "
+             "limit is %llu (ulimit -Hn): raise it, or use a substrate that does not keep a "
+             "socket per peer (MAILRAIL_SUBSTRATE=ucx).",
+             s->size, (unsigned long long)need, (unsigned long long)rl.rlim_max);
+        return MR_ERR_TRANSPORT;
+    }
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = need;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot raise the descriptor limit from %llu to %llu "
+             "for %d ranks: %s.", (unsigned long long)was, (unsigned long long)need, s->size,
+             strerror(errno));
+        return MR_ERR_TRANSPORT;
+    }
+    TLOG(s, MR_LOG_INFO, "TCP substrate: raised the soft descriptor limit from %llu to %llu for "
+         "%d ranks.", (unsigned long long)was, (unsigned long long)need, s->size);
+    return MR_OK;
+}
+
 static mr_status_t tcp_open(const mr_substrate_params_t *p, mr_substrate_t **out)
 {
     mr_substrate_t *s;
@@ -1320,6 +1359,8 @@ static mr_status_t tcp_open(const mr_substrate_params_t *p, mr_substrate_t **out
         st = MR_ERR_CONFIG;
         goto fail;
     }
+    st = tcp_reserve_descriptors(s);
+    if (st != MR_OK) goto fail;
 
     /* Per-peer state, and the request pool: nothing is allocated on the data path. */
     s->conns = calloc((size_t)s->size, sizeof(*s->conns));
