@@ -1,5 +1,7 @@
 #!/bin/sh
-# The graph kernel on several ranks under every flow-control policy:
+# The graph kernel on several ranks under every flow-control policy, in one
+# MailRail session (messages of the next phase reach ranks still finishing
+# the previous one) and with a session per phase (-P):
 #  - a hand-made graph whose answers are known (tests/graph/known.el), checked
 #    value by value and against the serial reference;
 #  - a small R-MAT graph against the serial reference, then written in the
@@ -66,6 +68,11 @@ test "$triangles" -gt 0
 # 1 header + 3 policies x 3 phases, and credits were returned under rank.
 test "$(wc -l < "$dir/graph.csv")" -eq 10
 awk -F, '$1 == "rank" && $3 == "degree" { exit !($12 > 0) }' "$dir/graph.csv"
+
+# A session per phase (-P) gives the same result.
+run 3 -r 9 -e 8 -S 7 -P -p rank -q
+expect triangles "$triangles"
+expect checksum "$checksum"
 
 run 2 -r 9 -e 8 -S 7 -o "$dir/rmat.bin"
 test "$(stat -c %s "$dir/rmat.bin")" -eq $((16 + 16 * 4096))

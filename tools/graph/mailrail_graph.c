@@ -17,6 +17,7 @@
  *     -c FILE     append one CSV row per policy, trial and phase to FILE
  *     -o FILE     write the loaded edges to FILE in the binary form and stop
  *     -q          only the result lines
+ *     -P          one MailRail session per phase instead of one for the whole kernel
  *
  * Vertices are owned by hash. The kernel has three phases, each ended by
  * MailRail's quiescence:
@@ -29,8 +30,14 @@
  *   triangle  every vertex u sends, for each pair v < w of its higher
  *             neighbours, a query "is w adjacent to v?" to v's owner, which
  *             counts a triangle when it is. Each triangle is counted once.
- * MailRail is initialized afresh for each phase (not timed), so that the
- * per-phase counters and peaks start from zero.
+ * One MailRail session (mr_init to mr_finalize) carries all three phases, as
+ * in an application: a rank starts the next phase as soon as it has seen
+ * quiescence and built what it needs, and messages of a phase that reach a
+ * rank still finishing the previous one are held, zero copy, until it gets
+ * there (each message carries its phase). Per-phase counters are differences
+ * of mr_get_stats(); the peak receive slots are sampled whenever the kernel
+ * drains. With -P, MailRail is initialized afresh for each phase instead (not
+ * timed) and the ranks start each phase together, so the peaks are exact.
  *
  * Checked every run: the owners received exactly two arcs per edge that is not
  * a self loop; every neighbour degree arrived exactly once; every query was
@@ -67,7 +74,21 @@ typedef struct graph_options {
     const char *csv;
     const char *convert;
     bool quiet;
+    bool session_per_phase;
 } graph_options_t;
+
+typedef enum graph_phase { GRAPH_DEGREE, GRAPH_ORIENT, GRAPH_TRIANGLE, GRAPH_PHASES } graph_phase_t;
+static const char *const graph_phase_names[GRAPH_PHASES] = {"degree", "orient", "triangle"};
+
+/*
+ * A message that arrived for the next phase while this rank was still
+ * finishing the current one (another rank saw quiescence first): it stays in
+ * MailRail's receive buffer until the next phase begins.
+ */
+typedef struct graph_early {
+    void *data;
+    size_t length;
+} graph_early_t;
 
 /* This rank's part of the graph. */
 typedef struct graph_local {
@@ -87,6 +108,12 @@ typedef struct graph_local {
     uint64_t queries_answered;
     uint64_t triangles;
     uint64_t bad_records;      /* Records naming a vertex or arc that is not here. */
+    uint64_t phase;            /* The phase this rank is in: the tag of its messages. */
+    graph_early_t *early;      /* Messages for the next phase, held until it starts. */
+    size_t nearly, early_capacity;
+    bool sample_slots;         /* One session for all phases: sample the receive slots. */
+    uint64_t sampled_peak_slots;
+    uint64_t bytes_received[GRAPH_PHASES]; /* By the phase the messages belong to. */
 } graph_local_t;
 
 typedef void (*graph_handler_t)(graph_local_t *g, const uint64_t *record);
@@ -95,24 +122,30 @@ typedef void (*graph_handler_t)(graph_local_t *g, const uint64_t *record);
 typedef struct graph_xch {
     graph_local_t *g;
     size_t record_words;
-    size_t per_message;    /* Records per datagram. */
+    size_t per_message;    /* Records per datagram, after the phase tag. */
     uint64_t **staging;    /* Per owner. */
     size_t *staged;        /* Records staged per owner. */
     graph_handler_t handle;
 } graph_xch_t;
 
+/* What one phase measured on this rank. */
+typedef struct graph_phase_local {
+    double seconds;
+    uint64_t messages, bytes_sent, bytes_received, credit_returns;
+    uint64_t peak_slots, peak_rss_kb;
+    uint64_t early;            /* Messages that were here before this rank began the phase. */
+} graph_phase_local_t;
+
 /* What one phase measured, reduced over ranks. */
 typedef struct graph_phase_result {
     double seconds;
-    uint64_t messages, bytes, credit_returns;
+    uint64_t messages, bytes, credit_returns, early;
     int busiest;                /* The rank that received the most bytes. */
     double busiest_share;       /* Its share of all bytes received. */
     uint64_t busiest_peak_slots;
     uint64_t busiest_peak_rss_kb;
 } graph_phase_result_t;
 
-typedef enum graph_phase { GRAPH_DEGREE, GRAPH_ORIENT, GRAPH_TRIANGLE, GRAPH_PHASES } graph_phase_t;
-static const char *const graph_phase_names[GRAPH_PHASES] = {"degree", "orient", "triangle"};
 
 static int graph_rank0_printf(const graph_local_t *g, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -162,20 +195,65 @@ static void graph_die(const graph_local_t *g, const char *what, mr_status_t st)
 
 /* ---- The exchange: records coalesced per owner. ---- */
 
-/* Handles every message that has arrived. */
+/*
+ * A message is the sender's phase (one 64-bit word) followed by records of
+ * record_words words each.
+ */
+static void xch_handle(graph_xch_t *x, const void *data, size_t length)
+{
+    size_t record_bytes = x->record_words * sizeof(uint64_t);
+    const uint64_t *words = (const uint64_t *)data + 1;
+    size_t records = (length - sizeof(uint64_t)) / record_bytes;
+
+    if ((length - sizeof(uint64_t)) % record_bytes != 0) x->g->bad_records++;
+    for (size_t r = 0; r < records; r++) x->handle(x->g, words + r * x->record_words);
+}
+
+/* Handles every message that has arrived; keeps those for the next phase. */
 static void xch_drain(graph_xch_t *x)
 {
+    graph_local_t *g = x->g;
     mr_message_t m;
     mr_status_t st;
 
+    if (g->sample_slots) {
+        mr_stats_t now = {.size = sizeof(now)};
+        if (mr_get_stats(&now) == MR_OK && now.recv_slots_in_use > g->sampled_peak_slots) {
+            g->sampled_peak_slots = now.recv_slots_in_use;
+        }
+    }
     while ((st = mr_receive(&m)) == MR_OK) {
-        const uint64_t *words = m.data;
-        size_t records = m.length / (x->record_words * sizeof(uint64_t));
-        if (m.length % (x->record_words * sizeof(uint64_t)) != 0) x->g->bad_records++;
-        for (size_t r = 0; r < records; r++) x->handle(x->g, words + r * x->record_words);
+        uint64_t tag = UINT64_MAX;
+        if (m.length >= sizeof(tag)) memcpy(&tag, m.data, sizeof(tag));
+        if (tag < GRAPH_PHASES) g->bytes_received[tag] += m.length;
+        if (tag == g->phase + 1) {
+            if (g->nearly == g->early_capacity) {
+                size_t capacity = g->early_capacity ? 2 * g->early_capacity : 64;
+                graph_early_t *grown = realloc(g->early, capacity * sizeof(*grown));
+                if (grown == NULL) graph_die(g, "holding early messages", MR_ERR_NO_MEMORY);
+                g->early = grown;
+                g->early_capacity = capacity;
+            }
+            g->early[g->nearly++] = (graph_early_t){m.data, m.length};
+            continue;
+        }
+        if (tag == g->phase) xch_handle(x, m.data, m.length);
+        else g->bad_records++;
         mr_release(m.data);
     }
-    if (st != MR_AGAIN) graph_die(x->g, "mr_receive", st);
+    if (st != MR_AGAIN) graph_die(g, "mr_receive", st);
+}
+
+/* Handles and gives back the messages that arrived early for the phase now starting. */
+static void xch_take_early(graph_xch_t *x)
+{
+    graph_local_t *g = x->g;
+
+    for (size_t i = 0; i < g->nearly; i++) {
+        xch_handle(x, g->early[i].data, g->early[i].length);
+        mr_release(g->early[i].data);
+    }
+    g->nearly = 0;
 }
 
 static void xch_flush(graph_xch_t *x, int owner)
@@ -187,9 +265,10 @@ static void xch_flush(graph_xch_t *x, int owner)
     if (bytes == 0) return;
     while ((st = mr_reserve(&buf)) == MR_AGAIN) xch_drain(x);
     if (st != MR_OK) graph_die(x->g, "mr_reserve", st);
-    memcpy(buf, x->staging[owner], bytes);
+    memcpy(buf, &x->g->phase, sizeof(uint64_t));
+    memcpy((uint64_t *)buf + 1, x->staging[owner], bytes);
     x->staged[owner] = 0;
-    st = mr_send(buf, bytes, owner);
+    st = mr_send(buf, bytes + sizeof(uint64_t), owner);
     if (st != MR_OK) graph_die(x->g, "mr_send", st);
 }
 
@@ -370,25 +449,44 @@ static void graph_build_adjacency(graph_local_t *g)
 
 /* ---- One phase, measured. ---- */
 
-static void graph_measure(const graph_local_t *g, double seconds, const mr_stats_t *st,
+static void graph_session_begin(const graph_local_t *g, const char *policy)
+{
+    MPI_Comm comm = MPI_COMM_WORLD;
+    mr_status_t st;
+
+    setenv("MAILRAIL_FLOWCTL", policy, 1);
+    st = mr_init_mpi(&comm, sizeof(comm));
+    if (st != MR_OK) graph_die(g, "mr_init", st);
+}
+
+static void graph_session_end(const graph_local_t *g)
+{
+    mr_status_t st = mr_finalize();
+    if (st != MR_OK) graph_die(g, "mr_finalize", st);
+}
+
+/* Reduces what every rank measured in one phase. Collective. */
+static void graph_measure(const graph_local_t *g, const graph_phase_local_t *mine,
                           graph_phase_result_t *out)
 {
-    uint64_t mine[3] = {st->messages_sent, st->bytes_sent, st->credit_returns_sent}, sum[3];
-    uint64_t busiest[2] = {st->peak_recv_slots_in_use, tool_peak_rss_kb()};
+    uint64_t counts[4] = {mine->messages, mine->bytes_sent, mine->credit_returns, mine->early};
+    uint64_t sum[4];
+    uint64_t busiest[2] = {mine->peak_slots, mine->peak_rss_kb};
     struct {
         double bytes;
         int rank;
-    } in = {(double)st->bytes_received, g->rank}, max;
+    } in = {(double)mine->bytes_received, g->rank}, max;
     double received;
 
-    MPI_Allreduce(&seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(mine, sum, 3, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&mine->seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(counts, sum, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(&in.bytes, &received, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(&in, &max, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
     MPI_Bcast(busiest, 2, MPI_UINT64_T, max.rank, MPI_COMM_WORLD);
     out->messages = sum[0];
     out->bytes = sum[1];
     out->credit_returns = sum[2];
+    out->early = sum[3];
     out->busiest = max.rank;
     out->busiest_share = received > 0 ? max.bytes / received : 0;
     out->busiest_peak_slots = busiest[0];
@@ -396,26 +494,24 @@ static void graph_measure(const graph_local_t *g, double seconds, const mr_stats
 }
 
 /*
- * Runs one phase under `policy`: MailRail is initialized for the phase, the
- * generator's records are exchanged until quiescence, and the counters are
- * reduced into *out.
+ * Runs one phase: the generator's records are exchanged until quiescence.
+ * With a session per phase, MailRail is initialized for the phase and the
+ * ranks start together; otherwise the phase starts as soon as this rank is
+ * ready, with what arrived early for it. Fills this rank's measurements.
  */
-static void graph_run_phase(graph_local_t *g, const char *policy, graph_phase_t phase,
-                            graph_phase_result_t *out)
+static void graph_run_phase(graph_local_t *g, const graph_options_t *o, const char *policy,
+                            graph_phase_t phase, graph_phase_local_t *out)
 {
     static const size_t record_words[GRAPH_PHASES] = {2, 3, 2};
     static const graph_handler_t handlers[GRAPH_PHASES] = {graph_on_arc, graph_on_degree,
                                                             graph_on_query};
-    MPI_Comm comm = MPI_COMM_WORLD;
     graph_xch_t x = {.g = g, .record_words = record_words[phase], .handle = handlers[phase]};
-    mr_stats_t stats = {.size = sizeof(stats)};
-    mr_status_t st;
-    double start, seconds;
+    mr_stats_t before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
+    double start;
 
-    setenv("MAILRAIL_FLOWCTL", policy, 1);
-    st = mr_init_mpi(&comm, sizeof(comm));
-    if (st != MR_OK) graph_die(g, "mr_init", st);
-    x.per_message = mr_datagram_size() / (x.record_words * sizeof(uint64_t));
+    if (o->session_per_phase) graph_session_begin(g, policy);
+    if (mr_datagram_size() < sizeof(uint64_t)) graph_die(g, "datagram", MR_ERR_CONFIG);
+    x.per_message = (mr_datagram_size() - sizeof(uint64_t)) / (x.record_words * sizeof(uint64_t));
     if (x.per_message == 0) graph_die(g, "MAILRAIL_DATAGRAM_SIZE is smaller than one record",
                                       MR_ERR_CONFIG);
     x.staging = calloc((size_t)g->size, sizeof(*x.staging));
@@ -426,22 +522,39 @@ static void graph_run_phase(graph_local_t *g, const char *policy, graph_phase_t 
         if (x.staging[owner] == NULL) graph_die(g, "staging", MR_ERR_NO_MEMORY);
     }
     tool_reset_peak_rss();
-    MPI_Barrier(MPI_COMM_WORLD);
+    g->sample_slots = !o->session_per_phase;
+    g->sampled_peak_slots = 0;
+    mr_get_stats(&before);
+    if (o->session_per_phase) MPI_Barrier(MPI_COMM_WORLD); /* MailRail is idle: no progress lost. */
     start = graph_now();
+    g->phase = (uint64_t)phase;
+    out->early = g->nearly;
+    xch_take_early(&x);
     switch (phase) {
     case GRAPH_DEGREE: graph_send_arcs(g, &x); break;
     case GRAPH_ORIENT: graph_send_degrees(g, &x); break;
     default: graph_send_queries(g, &x); break;
     }
     xch_finish(&x);
-    seconds = graph_now() - start;
-    mr_get_stats(&stats);
-    st = mr_finalize();
-    if (st != MR_OK) graph_die(g, "mr_finalize", st);
+    out->seconds = graph_now() - start;
+    mr_get_stats(&after);
+    out->messages = after.messages_sent - before.messages_sent;
+    out->bytes_sent = after.bytes_sent - before.bytes_sent;
+    out->bytes_received = g->bytes_received[phase];
+    out->credit_returns = after.credit_returns_sent - before.credit_returns_sent;
+    /*
+     * A peak above every earlier one is exact; otherwise the peak of this
+     * phase is only known from the samples.
+     */
+    out->peak_slots = o->session_per_phase || after.peak_recv_slots_in_use >
+                                                  before.peak_recv_slots_in_use
+                          ? after.peak_recv_slots_in_use
+                          : g->sampled_peak_slots;
+    out->peak_rss_kb = tool_peak_rss_kb();
     for (int owner = 0; owner < g->size; owner++) free(x.staging[owner]);
     free(x.staging);
     free(x.staged);
-    graph_measure(g, seconds, &stats, out);
+    if (o->session_per_phase) graph_session_end(g);
 }
 
 /* ---- The whole kernel, checked. ---- */
@@ -529,19 +642,33 @@ static void graph_print_summary(const graph_local_t *g, const char *label, const
                        (unsigned long long)s->degree_checksum);
 }
 
-/* Runs the three phases once; false if a check fails. */
-static bool graph_kernel(graph_local_t *g, const char *policy, graph_phase_result_t results[],
-                         graph_summary_t *summary)
+/*
+ * Runs the three phases once; false if a check fails. The measurements are
+ * reduced only at the end: a collective between phases would hold the ranks
+ * together, which quiescence alone does not.
+ */
+static bool graph_kernel(graph_local_t *g, const graph_options_t *o, const char *policy,
+                         graph_phase_result_t results[], graph_summary_t *summary)
 {
+    graph_phase_local_t mine[GRAPH_PHASES];
+
     graph_edges_free(&g->arcs);
     graph_free_adjacency(g);
     g->nbr_degrees_set = g->queries_sent = g->queries_answered = 0;
     g->triangles = g->bad_records = g->duplicate_arcs = g->arcs_received = 0;
+    g->phase = 0;
+    g->nearly = 0;
+    memset(g->bytes_received, 0, sizeof(g->bytes_received));
 
-    graph_run_phase(g, policy, GRAPH_DEGREE, &results[GRAPH_DEGREE]);
+    if (!o->session_per_phase) graph_session_begin(g, policy);
+    graph_run_phase(g, o, policy, GRAPH_DEGREE, &mine[GRAPH_DEGREE]);
     graph_build_adjacency(g);
-    graph_run_phase(g, policy, GRAPH_ORIENT, &results[GRAPH_ORIENT]);
-    graph_run_phase(g, policy, GRAPH_TRIANGLE, &results[GRAPH_TRIANGLE]);
+    graph_run_phase(g, o, policy, GRAPH_ORIENT, &mine[GRAPH_ORIENT]);
+    graph_run_phase(g, o, policy, GRAPH_TRIANGLE, &mine[GRAPH_TRIANGLE]);
+    /* Nothing can arrive after the last quiescence. */
+    if (g->nearly != 0) g->bad_records += g->nearly;
+    if (!o->session_per_phase) graph_session_end(g);
+    for (int p = 0; p < GRAPH_PHASES; p++) graph_measure(g, &mine[p], &results[p]);
     return graph_reduce(g, summary);
 }
 
@@ -710,7 +837,7 @@ static int graph_parse(int argc, char **argv, graph_options_t *o)
     int c;
 
     o->rmat.seed = 1;
-    while ((c = getopt(argc, argv, "f:r:e:S:p:t:Vc:o:qh")) != -1) {
+    while ((c = getopt(argc, argv, "f:r:e:S:p:t:Vc:o:qPh")) != -1) {
         switch (c) {
         case 'f': o->file = optarg; break;
         case 'r':
@@ -725,6 +852,7 @@ static int graph_parse(int argc, char **argv, graph_options_t *o)
         case 'c': o->csv = optarg; break;
         case 'o': o->convert = optarg; break;
         case 'q': o->quiet = true; break;
+        case 'P': o->session_per_phase = true; break;
         default: return -1;
         }
     }
@@ -743,20 +871,21 @@ static void graph_report(const graph_options_t *o, const graph_local_t *g, FILE 
     for (int p = 0; p < GRAPH_PHASES && g->rank == 0; p++) {
         const graph_phase_result_t *r = &results[p];
         if (!o->quiet) {
-            printf("  %-6s %5d %-8s %9.4f %10llu %12llu %4d %6.1f%% %6llu %9.1f %8llu\n", policy,
+            printf("  %-6s %5d %-8s %9.4f %10llu %12llu %4d %6.1f%% %6llu %9.1f %8llu %7llu\n", policy,
                    trial, graph_phase_names[p], r->seconds, (unsigned long long)r->messages,
                    (unsigned long long)r->bytes, r->busiest, 100.0 * r->busiest_share,
                    (unsigned long long)r->busiest_peak_slots, (double)r->busiest_peak_rss_kb / 1024.0,
-                   (unsigned long long)r->credit_returns);
+                   (unsigned long long)r->credit_returns, (unsigned long long)r->early);
         }
         if (csv != NULL) {
-            fprintf(csv, "%s,%d,%s,%d,%.6f,%llu,%llu,%d,%.4f,%llu,%llu,%llu,%llu,%llu,%llu\n",
+            fprintf(csv, "%s,%d,%s,%d,%.6f,%llu,%llu,%d,%.4f,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n",
                     policy, trial, graph_phase_names[p], g->size, r->seconds,
                     (unsigned long long)r->messages, (unsigned long long)r->bytes, r->busiest,
                     r->busiest_share, (unsigned long long)r->busiest_peak_slots,
                     (unsigned long long)r->busiest_peak_rss_kb,
                     (unsigned long long)r->credit_returns, (unsigned long long)s->vertices,
-                    (unsigned long long)s->edges, (unsigned long long)s->triangles);
+                    (unsigned long long)s->edges, (unsigned long long)s->triangles,
+                    (unsigned long long)r->early);
         }
     }
     fflush(stdout);
@@ -771,7 +900,7 @@ static FILE *graph_open_csv(const graph_local_t *g, const char *path)
     if (csv != NULL && ftell(csv) == 0) {
         fprintf(csv, "policy,trial,phase,ranks,seconds,messages,bytes,busiest_rank,busiest_share,"
                      "busiest_peak_recv_slots,busiest_peak_rss_kb,credit_returns,vertices,edges,"
-                     "triangles\n");
+                     "triangles,early_messages\n");
     }
     return csv;
 }
@@ -791,7 +920,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &g.size);
     if (graph_parse(argc, argv, &o) != 0) {
         graph_rank0_printf(&g, "usage: mpiexec -n N mailrail_graph (-f edges | -r scale [-e factor] "
-                               "[-S seed]) [-p none,rank,node] [-t trials] [-V] [-c file.csv] "
+                               "[-S seed]) [-p none,rank,node] [-t trials] [-P] [-V] [-c file.csv] "
                                "[-o edges.bin] [-q]\n");
         MPI_Finalize();
         return 2;
@@ -814,15 +943,15 @@ int main(int argc, char **argv)
             graph_rank0_printf(&g, " scale %d, edge factor %d, seed %llu", o.rmat.scale,
                                o.rmat.edge_factor, (unsigned long long)o.rmat.seed);
         }
-        graph_rank0_printf(&g, "\n# %-6s %5s %-8s %9s %10s %12s %4s %7s %6s %9s %8s\n", "policy",
-                           "trial", "phase", "seconds", "messages", "bytes", "busy", "share",
-                           "slots", "rss_MiB", "credits");
+        graph_rank0_printf(&g, "\n# %-6s %5s %-8s %9s %10s %12s %4s %7s %6s %9s %8s %7s\n",
+                           "policy", "trial", "phase", "seconds", "messages", "bytes", "busy",
+                           "share", "slots", "rss_MiB", "credits", "early");
     }
     csv = graph_open_csv(&g, o.csv);
     for (int p = 0; p < o.npolicies && ok; p++) {
         for (int t = 0; t < o.trials && ok; t++) {
             graph_summary_t s = {0};
-            ok = graph_kernel(&g, o.policies[p], results, &s);
+            ok = graph_kernel(&g, &o, o.policies[p], results, &s);
             if (!ok) break;
             graph_report(&o, &g, csv, o.policies[p], t, results, &s);
             for (int ph = 0; ph < GRAPH_PHASES; ph++) {
@@ -866,6 +995,7 @@ int main(int argc, char **argv)
     graph_edges_free(&g.input);
     graph_edges_free(&g.arcs);
     graph_free_adjacency(&g);
+    free(g.early);
     MPI_Finalize();
     return ok ? 0 : 1;
 }
