@@ -258,6 +258,10 @@ START_TEST(rmat_is_deterministic_and_skewed)
     ck_assert_uint_lt(low, m * 80 / 100);
     graph_edges_free(&whole);
     graph_edges_free(&parts);
+    /* Ids must fit in 63 bits. */
+    graph_rmat_t huge = {.scale = 63, .edge_factor = 1, .seed = 1};
+    ck_assert(!graph_rmat_generate(&huge, 0, 1, &parts));
+    ck_assert_uint_eq(parts.count, 0);
 }
 END_TEST
 

@@ -371,6 +371,9 @@ bool graph_rmat_generate(const graph_rmat_t *rmat, uint64_t first, uint64_t coun
     /* The Graph500 quadrant probabilities, compared with a uniform draw in [0, 1). */
     const double a = 0.57, b = 0.19, c = 0.19;
 
+    /* Ids must stay below 2^63 (GRAPH_MAX_VERTEX_ID). */
+    if (rmat->scale < 1 || rmat->scale > 62) return false;
+
     for (uint64_t i = first; i < first + count; i++) {
         uint64_t u = 0, v = 0, state = graph_mix64(rmat->seed ^ graph_mix64(i + 1));
         for (int level = 0; level < rmat->scale; level++) {

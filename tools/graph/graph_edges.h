@@ -100,7 +100,8 @@ uint64_t graph_rmat_edges(const graph_rmat_t *rmat);
 /*
  * Generates edges [first, first + count) of an R-MAT graph with the Graph500
  * parameters a = 0.57, b = 0.19, c = 0.19. Edge i depends only on the seed and
- * i, so the graph is the same for any number of ranks.
+ * i, so the graph is the same for any number of ranks. Returns false when
+ * memory runs out or the scale is not within 1 to 62.
  */
 bool graph_rmat_generate(const graph_rmat_t *rmat, uint64_t first, uint64_t count,
                          graph_edges_t *edges);
