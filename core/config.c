@@ -197,7 +197,8 @@ static size_t config_distance(const char *a, const char *b)
 }
 
 int mr_config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntables,
-                           const char *const *skip_prefixes)
+                           const char *const *skip_prefixes,
+                           bool (*declared_elsewhere)(void *arg, const char *name), void *arg)
 {
     extern char **environ;
     int unknown = 0;
@@ -209,11 +210,9 @@ int mr_config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntable
         size_t closest_distance = 4; /* Suggest only names this near. */
         bool known = false, skipped = false;
 
-        if (strncmp(var, "MAILRAIL_", 9) != 0 || eq == NULL || (size_t)(eq - var) >= sizeof(name)) {
-            continue;
-        }
-        memcpy(name, var, (size_t)(eq - var));
-        name[eq - var] = '\0';
+        if (strncmp(var, "MAILRAIL_", 9) != 0 || eq == NULL) continue;
+        /* A name longer than any setting is unknown; show its start. */
+        snprintf(name, sizeof(name), "%.*s", (int)(eq - var), var);
         for (size_t p = 0; skip_prefixes != NULL && skip_prefixes[p] != NULL; p++) {
             skipped |= strncmp(name, skip_prefixes[p], strlen(skip_prefixes[p])) == 0;
         }
@@ -232,6 +231,7 @@ int mr_config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntable
             }
         }
         if (known || skipped) continue;
+        if (declared_elsewhere != NULL && declared_elsewhere(arg, name)) continue;
         unknown++;
         if (closest != NULL) {
             mr_warn("%s is not a MailRail setting and is ignored; did you mean %s? "

@@ -54,14 +54,16 @@ mr_status_t mr_config_parse(const mr_config_entry_t *table, void *out);
 
 /*
  * Warns about every MAILRAIL_* variable in the environment that none of the
- * `ntables` tables declares (NULL tables are skipped), unless its name
- * starts with one of `skip_prefixes` (NULL-terminated; a plugin checks its
- * own namespace). The warning suggests the closest declared name when one is
- * near, so that a typo does not go unnoticed. Returns the number of unknown
+ * `ntables` tables declares (NULL tables are skipped), that does not start
+ * with one of `skip_prefixes` (NULL-terminated, may be NULL), and for which
+ * `declared_elsewhere(arg, name)` (may be NULL; asked only for such names)
+ * is false. The warning suggests the closest declared name when one is near,
+ * so that a typo does not go unnoticed. Returns the number of unknown
  * variables.
  */
 int mr_config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntables,
-                           const char *const *skip_prefixes);
+                           const char *const *skip_prefixes,
+                           bool (*declared_elsewhere)(void *arg, const char *name), void *arg);
 
 /* Writes the value the entry has in `cfg` as text. */
 void mr_config_format_value(const mr_config_entry_t *entry, const void *cfg, char *buf,

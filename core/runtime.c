@@ -13,7 +13,6 @@
  */
 #include "mailrail.h"
 #include "mr_bootstrap.h"
-#include "mr_build_paths.h"
 #include "mr_config.h"
 #include "mr_flowctl.h"
 #include "mr_log.h"
@@ -379,42 +378,68 @@ static int rt_progress(int timeout_ms)
 
 /* ---- Init and finalize --------------------------------------------------------------- */
 
+/* What rt_declared_by_other_substrate() looks for in each plugin. */
+typedef struct rt_setting_query {
+    const char *name;
+    bool found;
+} rt_setting_query_t;
+
+static void rt_find_setting(void *arg, const char *name, const char *path,
+                            const mr_substrate_ops_t *ops, const char *why)
+{
+    rt_setting_query_t *q = arg;
+
+    (void)name;
+    (void)path;
+    (void)why;
+    if (ops == NULL || q->found) return;
+    for (const mr_config_entry_t *e = ops->config_table; e != NULL && e->name != NULL; e++) {
+        q->found |= strcmp(e->name, q->name) == 0;
+    }
+    if (MR_SUBSTRATE_OPS_HAS(ops, settings_passthrough_prefix) &&
+        ops->settings_passthrough_prefix != NULL) {
+        const char *prefix = ops->settings_passthrough_prefix;
+        q->found |= strncmp(q->name, prefix, strlen(prefix)) == 0;
+    }
+}
+
+/*
+ * True when another substrate plugin that loads declares `name` (or hands its
+ * prefix on): such a setting is unused now, not unknown. Loads every plugin,
+ * so it is asked only about names that nothing loaded declares.
+ */
+static bool rt_declared_by_other_substrate(void *arg, const char *name)
+{
+    rt_setting_query_t q = {.name = name};
+    mr_plugin_dirs_t *dirs = malloc(sizeof(*dirs));
+
+    (void)arg;
+    if (dirs == NULL) return true; /* Say nothing rather than something wrong. */
+    mr_plugin_dirs_init(dirs, rt.cfg.plugin_path);
+    mr_plugin_list_substrates(dirs, rt_find_setting, &q);
+    free(dirs);
+    return q.found;
+}
+
 /*
  * Warns about MAILRAIL_* variables that no setting of the core, of a
- * flow-control policy or of the loaded substrate declares. The other
- * substrates' settings (MAILRAIL_MPI_* while running over tcp) are not
- * unknown, only unused now; and a substrate may hand a prefix on to a library
- * that checks it (MAILRAIL_UCX_* to UCX).
+ * flow-control policy or of a substrate plugin declares. A substrate may hand
+ * a prefix on to a library that checks it (MAILRAIL_UCX_* to UCX).
  */
 static void rt_warn_unknown_settings(void)
 {
     const mr_config_entry_t *tables[8] = {mr_core_config_table, rt.substrate->config_table};
-    const char *prefixes[16] = {NULL};
-    char prefix_text[16][40];
-    char known[] = MR_KNOWN_SUBSTRATES;
-    size_t ntables = 2, nprefixes = 0;
-    char *save = NULL;
+    const char *skip[2] = {NULL, NULL};
+    size_t ntables = 2;
 
     for (size_t i = 0; mr_flowctl_names[i] != NULL && ntables < 8; i++) {
         const mr_flowctl_ops_t *policy = mr_flowctl_find(mr_flowctl_names[i]);
         if (policy != NULL && policy->config_table != NULL) tables[ntables++] = policy->config_table;
     }
-    for (const char *name = strtok_r(known, ":", &save); name != NULL && nprefixes < 15;
-         name = strtok_r(NULL, ":", &save)) {
-        if (strcmp(name, rt.substrate->name) == 0) continue;
-        int n = snprintf(prefix_text[nprefixes], sizeof(prefix_text[0]), "MAILRAIL_%s_", name);
-        if (n <= 0 || (size_t)n >= sizeof(prefix_text[0])) continue;
-        for (char *c = prefix_text[nprefixes]; *c != '\0'; c++) {
-            if (*c >= 'a' && *c <= 'z') *c = (char)(*c - 'a' + 'A');
-        }
-        prefixes[nprefixes] = prefix_text[nprefixes];
-        nprefixes++;
+    if (MR_SUBSTRATE_OPS_HAS(rt.substrate, settings_passthrough_prefix)) {
+        skip[0] = rt.substrate->settings_passthrough_prefix;
     }
-    if (MR_SUBSTRATE_OPS_HAS(rt.substrate, settings_passthrough_prefix) &&
-        rt.substrate->settings_passthrough_prefix != NULL) {
-        prefixes[nprefixes++] = rt.substrate->settings_passthrough_prefix;
-    }
-    mr_config_warn_unknown(tables, ntables, prefixes);
+    mr_config_warn_unknown(tables, ntables, skip, rt_declared_by_other_substrate, NULL);
 }
 
 typedef struct rt_found {

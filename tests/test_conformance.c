@@ -513,8 +513,8 @@ START_TEST(unknown_settings_are_named)
     /* A typo of the loaded substrate's own setting, when the core checks its names. */
     const char *own = tcp ? "MAILRAIL_TCP_PORTS" : mpi ? "MAILRAIL_MPI_SEND_WINDOWS" : NULL;
     const char *own_meant = tcp ? "MAILRAIL_TCP_PORT" : "MAILRAIL_MPI_SEND_WINDOW";
-    /* Another substrate's setting: unused, not unknown. */
-    const char *other = tcp ? "MAILRAIL_MPI_MAX_RECVS" : "MAILRAIL_TCP_PORT";
+    /* Another substrate's setting (MPI's has no prefix): unused, not unknown. */
+    const char *other = tcp ? "MAILRAIL_MAX_RECVS" : "MAILRAIL_TCP_PORT";
     const char *vars[] = {"MAILRAIL_DATAGRAM_SIZ", "MAILRAIL_XYZZY", "MAILRAIL_LOG_LEVEL", other,
                           own};
     const char *values[] = {"1K", "1", "warn", "7", "7"};

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <mpi.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,7 +178,12 @@ static void pf_fork_rank(void)
         perror("fork");
         exit(1);
     }
-    if (pf_child == 0) return;
+    if (pf_child == 0) {
+        /* If the launcher is killed (mpiexec's timeout), the rank must not outlive it. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() == 1) _exit(1);
+        return;
+    }
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);

@@ -299,7 +299,7 @@ int main(int argc, char **argv)
     }
     if (csv != NULL) fclose(csv);
     free(buf);
-    if (!o.raw_mpi && rank < 2 && getenv("MAILRAIL_PERF_STATS") != NULL) {
+    if (!o.raw_mpi && rank < 2 && getenv("MR_PERF_STATS") != NULL) {
         mr_stats_t st = {.size = sizeof(st)};
         mr_get_stats(&st);
         fprintf(stderr, "rank %d: deferred %llu, credit returns sent %llu received %llu, "

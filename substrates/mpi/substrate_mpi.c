@@ -33,9 +33,10 @@
  * sender's messages, everything sent before it; send() returns MR_AGAIN
  * while a whole window is unconfirmed. This is no credit protocol: nothing
  * is sent for it and the receiver keeps no count; it only bounds what MPI
- * buffers on the receiver's behalf. A window no larger than the receives the
- * receiver keeps posted (MAILRAIL_MAX_RECVS) lets messages land directly in
- * posted receives.
+ * buffers on the receiver's behalf. With one sender, a window no larger than
+ * the receives the receiver keeps posted (MAILRAIL_MAX_RECVS) lets messages
+ * land directly in posted receives; P senders may leave P windows unmatched.
+ * A window below 8 makes every message an MPI_Issend.
  *
  * Tags and MPI_TAG_UB. A tag may not exceed MPI_TAG_UB (2^28 - 1 with
  * MPICH's ch4:ucx device; the standard only promises 32767), but the
@@ -173,8 +174,9 @@ static const mr_config_entry_t mpi_config_table[] = {
      .max = 1048576,
      .doc = "The most data messages the MPI substrate sends to one rank before MPI confirms "
             "that the receiver matched the older ones (every window/4-th message is an "
-            "MPI_Issend whose completion confirms it); 0 sends without limit, letting a fast "
-            "sender fill the receiver's unexpected-message queue."},
+            "MPI_Issend whose completion confirms it; below 8, every message is); 0 sends "
+            "without limit, letting a fast sender fill the receiver's unexpected-message "
+            "queue."},
     {.name = NULL},
 };
 
