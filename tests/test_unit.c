@@ -339,7 +339,7 @@ START_TEST(node_segment_owner_only_and_stale_cleanup)
     ck_assert_uint_eq(st.st_mode & 07777, 0600);
     ck_assert_uint_eq(st.st_uid, geteuid());
     ck_assert_int_eq(seg->creator_pid, (int32_t)getpid());
-    ck_assert_uint_eq(atomic_load(&seg->credits[3]), 8);
+    ck_assert_uint_eq(atomic_load(&seg->credits[3].n), 8);
     ck_assert_int_eq(mr_node_segment_create(name, job, 3, 4, 8, &again), MR_ERR_NO_MEMORY);
     ck_assert_ptr_null(again);
     mr_node_segment_cleanup_stale();

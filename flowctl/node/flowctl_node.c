@@ -43,6 +43,7 @@ struct mr_flowctl {
     char segment_name[128];
     mr_node_segment_t *seg;
     mr_credit_owed_t owed;    /* Per sending node: consumed credits not yet returned. */
+    uint32_t local_owed;      /* Consumed credits of this node's own senders, not yet deposited. */
     mr_credit_clock_t clock;
     uint64_t piggybacked;
 };
@@ -146,7 +147,7 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
 
 static bool node_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
 {
-    _Atomic uint32_t *pool = &fc->seg->credits[dest];
+    _Atomic uint32_t *pool = &fc->seg->credits[dest].n;
     uint32_t have = atomic_load_explicit(pool, memory_order_relaxed);
     int dest_node = fc->node_of[dest];
 
@@ -167,7 +168,7 @@ static bool node_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
 /* Puts credits for receiver `dest` into this node's shared pool. */
 static void node_deposit(mr_flowctl_t *fc, int dest, uint32_t n)
 {
-    uint32_t before = atomic_fetch_add_explicit(&fc->seg->credits[dest], n, memory_order_acq_rel);
+    uint32_t before = atomic_fetch_add_explicit(&fc->seg->credits[dest].n, n, memory_order_acq_rel);
 
     if (before + n > fc->per_node && !fc->overflow_logged) {
         mr_error("Rank %d's credits for this node reached %u, more than the %u it grants; a "
@@ -192,8 +193,21 @@ static void node_on_release(mr_flowctl_t *fc, int source)
 {
     int source_node = fc->node_of[source];
 
-    if (source_node == fc->node) node_deposit(fc, fc->rank, 1);
-    else mr_credit_owed_consume(&fc->owed, source_node, source);
+    /*
+     * A sender on this node gets its credits back through the shared pool,
+     * in batches of return_at like a remote node, so that sender and
+     * receiver do not fight over the pool's cache line for every message.
+     * Safe for the same reason: a sender that runs out has left every
+     * credit with this receiver, which deposits once return_at are consumed.
+     */
+    if (source_node == fc->node) {
+        if (++fc->local_owed >= fc->owed.return_at) {
+            node_deposit(fc, fc->rank, fc->local_owed);
+            fc->local_owed = 0;
+        }
+    } else {
+        mr_credit_owed_consume(&fc->owed, source_node, source);
+    }
 }
 
 static void node_on_control(mr_flowctl_t *fc, int source, uint32_t imm)

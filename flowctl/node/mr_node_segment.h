@@ -17,8 +17,17 @@
 #include <stdint.h>
 
 #define MR_NODE_SEGMENT_MAGIC 0x31304e4f4e524d00ull /* "\0MRNON01" */
-#define MR_NODE_SEGMENT_VERSION 1
+#define MR_NODE_SEGMENT_VERSION 2
 #define MR_NODE_SEGMENT_PREFIX "mailrail-"
+
+/*
+ * The credits for one receiving rank, alone on a cache line: the ranks of the
+ * node spending credits on one receiver do not slow down those spending on
+ * another.
+ */
+typedef struct mr_node_credit {
+    _Alignas(64) _Atomic uint32_t n;
+} mr_node_credit_t;
 
 typedef struct mr_node_segment {
     uint64_t magic;
@@ -29,7 +38,7 @@ typedef struct mr_node_segment {
     uint32_t per_node;       /* Credits granted by each receiver to this node. */
     uint32_t reserved;
     char job_id[48];
-    _Atomic uint32_t credits[]; /* Per receiving rank. */
+    mr_node_credit_t credits[]; /* Per receiving rank. */
 } mr_node_segment_t;
 
 /* The segment's name for a job and node: "/mailrail-<job>-n<node>". */

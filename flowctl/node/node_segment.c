@@ -17,7 +17,7 @@
 
 static size_t segment_bytes(int ranks)
 {
-    return sizeof(mr_node_segment_t) + (size_t)ranks * sizeof(_Atomic uint32_t);
+    return sizeof(mr_node_segment_t) + (size_t)ranks * sizeof(mr_node_credit_t);
 }
 
 void mr_node_segment_name(char *buf, size_t len, const char *job_id, int node)
@@ -54,7 +54,7 @@ mr_status_t mr_node_segment_create(const char *name, const char *job_id, int nod
     seg->creator_pid = (int32_t)getpid();
     seg->per_node = per_node;
     snprintf(seg->job_id, sizeof(seg->job_id), "%s", job_id);
-    for (int r = 0; r < ranks; r++) atomic_init(&seg->credits[r], per_node);
+    for (int r = 0; r < ranks; r++) atomic_init(&seg->credits[r].n, per_node);
     /* The magic goes last: a segment with it is complete. */
     atomic_thread_fence(memory_order_release);
     seg->magic = MR_NODE_SEGMENT_MAGIC;
