@@ -809,8 +809,10 @@ static uint64_t soak_setting(const char *name, uint64_t fallback)
     unsigned long long value;
 
     if (text == NULL || *text == '\0') return fallback;
+    errno = 0;
     value = strtoull(text, &end, 10);
-    ck_assert_msg(*end == '\0' && value > 0, "%s=\"%s\" is not a positive integer", name, text);
+    ck_assert_msg(text[0] >= '0' && text[0] <= '9' && *end == '\0' && errno == 0 && value > 0,
+                  "%s=\"%s\" is not a positive integer", name, text);
     return value;
 }
 
@@ -975,6 +977,8 @@ START_TEST(soak_exactly_once_flat_memory)
                   (unsigned long long)messages, world_size);
     setup_env(NULL, NULL, getenv("MR_TEST_SOAK_DATAGRAM") ? getenv("MR_TEST_SOAK_DATAGRAM")
                                                           : "256");
+    ck_assert_msg(policies == NULL || strlen(policies) < sizeof(list),
+                  "MR_TEST_SOAK_POLICIES is longer than %zu characters", sizeof(list) - 1);
     snprintf(list, sizeof(list), "%s", policies ? policies : "none,rank,node");
     for (char *p = strtok_r(list, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
         soak_policy(p, per_dest, slack_kb, shm_slack_kb);

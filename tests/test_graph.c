@@ -172,6 +172,18 @@ START_TEST(text_line_ends_and_lengths)
         graph_edges_free(&edges);
         unlink(path);
     }
+    /* The same limit for a last line without a newline. */
+    char *text = malloc((1u << 20) + 4);
+    ck_assert_ptr_nonnull(text);
+    memcpy(text, "1 2\n#", 5);
+    memset(text + 5, 'a', (1u << 20) - 1);
+    path = write_temp(text, (1u << 20) + 4);
+    free(text);
+    ck_assert(!read_all(path, &edges, &lines, &error));
+    ck_assert_uint_eq(error.line, 2);
+    ck_assert_ptr_nonnull(strstr(error.reason, "line of 1048576 bytes or more"));
+    graph_edges_free(&edges);
+    unlink(path);
 }
 END_TEST
 

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,6 +270,11 @@ bool graph_text_read(const char *path, const graph_text_slice_t *slice, graph_ed
             if (nl == NULL && !(last && p < end)) break;
             char *stop = nl != NULL ? nl : end;
             line++;
+            if (stop - p >= (ptrdiff_t)EDGES_CHUNK) {
+                /* Only a last line without a newline gets here: refuse it like the others. */
+                edges_fail(error, line, 0, "line of %u bytes or more", EDGES_CHUNK);
+                goto out;
+            }
             if (!edges_parse_line(p, stop, edges, error->reason, sizeof(error->reason))) {
                 error->line = line;
                 error->offset = 0;
