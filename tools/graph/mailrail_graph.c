@@ -23,8 +23,8 @@
  * MailRail's quiescence:
  *   degree    every edge (u, v) goes to the owners of u and v, coalesced per
  *             owner into datagram-size messages; owners build sorted,
- *             de-duplicated adjacency lists. Hubs' owners receive most of this
- *             traffic: it is the incast phase.
+ *             de-duplicated adjacency lists. A hub's owner receives one record
+ *             per edge of the hub: it is the incast phase.
  *   orient    every vertex tells its neighbours' owners its degree, so that each
  *             edge can be oriented from the lower (degree, id) to the higher.
  *   triangle  every vertex u sends, for each pair v < w of its higher
@@ -35,9 +35,11 @@
  * quiescence and built what it needs, and messages of a phase that reach a
  * rank still finishing the previous one are held, zero copy, until it gets
  * there (each message carries its phase). Per-phase counters are differences
- * of mr_get_stats(); the peak receive slots are sampled whenever the kernel
- * drains. With -P, MailRail is initialized afresh for each phase instead (not
- * timed) and the ranks start each phase together, so the peaks are exact.
+ * of mr_get_stats(), but bytes received are counted by the phase they belong
+ * to; the peak receive slots are exact when a phase sets a new high for the
+ * session, and otherwise sampled whenever the kernel drains. With -P,
+ * MailRail is initialized afresh for each phase instead (not timed) and the
+ * ranks start each phase together, so the peaks are exact.
  *
  * Checked every run: the owners received exactly two arcs per edge that is not
  * a self loop; every neighbour degree arrived exactly once; every query was
