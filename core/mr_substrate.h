@@ -22,6 +22,7 @@
 #include "mr_config.h"
 #include "mr_log.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -192,5 +193,30 @@ typedef const mr_substrate_ops_t *(*mr_substrate_entry_fn)(void);
     do {                                                                                 \
         if ((log_fn) != NULL && (level) <= *(threshold_ptr)) (log_fn)((level), __VA_ARGS__); \
     } while (0)
+
+/*
+ * The checks every substrate's open() makes of its parameters: rank and size,
+ * sends, a datagram size from 1 to `max_datagram`, every upcall, and the job
+ * key when `needs_key`. Logs what is wrong as `who` ("TCP substrate") and
+ * returns false.
+ */
+static inline bool mr_substrate_params_valid(const mr_substrate_params_t *p, const char *who,
+                                             size_t max_datagram, bool needs_key)
+{
+    const mr_substrate_upcalls_t *u = p->upcalls;
+
+    if (p->size >= 1 && p->rank >= 0 && p->rank < p->size && p->max_sends > 0 &&
+        p->datagram_size > 0 && p->datagram_size <= max_datagram &&
+        (p->job_key != NULL || !needs_key) && u != NULL && u->recv_slot_acquire &&
+        u->recv_slot_abandon && u->deliver && u->send_complete && u->control && u->peer_failed) {
+        return true;
+    }
+    if (p->log != NULL) {
+        p->log(MR_LOG_ERROR, "%s: invalid parameters (rank %d of %d, datagram size %zu, %zu sends, "
+               "missing %supcalls).", who, p->rank, p->size, p->datagram_size, p->max_sends,
+               needs_key ? "key or " : "");
+    }
+    return false;
+}
 
 #endif /* MR_SUBSTRATE_H */

@@ -197,19 +197,14 @@ START_TEST(missing_file_is_an_error)
 }
 END_TEST
 
-static void put_le64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
 START_TEST(binary_form_reads_in_parts_and_rejects_bad_files)
 {
     unsigned char file[16 + 5 * 16];
     memcpy(file, GRAPH_BINARY_MAGIC, 8);
-    put_le64(file + 8, 5);
+    graph_put_le64(file + 8, 5);
     for (uint64_t e = 0; e < 5; e++) {
-        put_le64(file + 16 + 16 * e, 100 + e);
-        put_le64(file + 24 + 16 * e, 200 + e);
+        graph_put_le64(file + 16 + 16 * e, 100 + e);
+        graph_put_le64(file + 24 + 16 * e, 200 + e);
     }
     const char *path = write_temp(file, sizeof(file));
     ck_assert(graph_file_is_binary(path));
@@ -229,15 +224,15 @@ START_TEST(binary_form_reads_in_parts_and_rejects_bad_files)
     unlink(path);
 
     /* A count that does not match the size. */
-    put_le64(file + 8, 6);
+    graph_put_le64(file + 8, 6);
     path = write_temp(file, sizeof(file));
     ck_assert(!graph_binary_read(path, 0, 1, &edges, &total, &error));
     ck_assert_ptr_nonnull(strstr(error.reason, "announces 6 edges"));
     unlink(path);
 
     /* An id above 2^63 - 1, reported with its offset. */
-    put_le64(file + 8, 5);
-    put_le64(file + 16 + 16 * 3, UINT64_MAX);
+    graph_put_le64(file + 8, 5);
+    graph_put_le64(file + 16 + 16 * 3, UINT64_MAX);
     path = write_temp(file, sizeof(file));
     ck_assert(!graph_binary_read(path, 0, 1, &edges, &total, &error));
     ck_assert_uint_eq(error.offset, 16 + 16 * 3);

@@ -14,19 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct demo_header {
     int32_t source;
     uint32_t seq;
 } demo_header_t;
-
-static double demo_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static uint8_t demo_byte(int source, uint32_t seq, size_t i)
 {
@@ -97,7 +89,7 @@ int main(int argc, char **argv)
                size, mr_node_count(), mr_substrate_name(), mr_flowctl_name(), count, bytes);
     }
 
-    start = demo_now();
+    start = tool_now();
     for (uint32_t seq = 0; seq < count; seq++) {
         for (int k = 0; k < size; k++) {
             int dest = (rank + k) % size;
@@ -116,7 +108,7 @@ int main(int argc, char **argv)
         demo_receive_all(&st);
     } while ((status = mr_quiesce()) == MR_AGAIN);
     if (status != MR_OK) goto fail;
-    elapsed = demo_now() - start;
+    elapsed = tool_now() - start;
 
     mr_get_stats(&stats);
     bool complete = st.corrupt == 0;

@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define HIST_MAX_POLICIES 3
@@ -53,31 +52,14 @@ typedef struct hist_state {
     size_t per_message;       /* Indices per datagram. */
 } hist_state_t;
 
-static double hist_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t hist_random(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
-
 /* A bin index: uniform, or skewed towards low bins bit by bit. */
 static uint64_t hist_index(const hist_options_t *o, uint64_t *rng)
 {
-    if (!o->skewed) return hist_random(rng) & ((1ull << o->scale) - 1);
+    if (!o->skewed) return tool_random(rng) & ((1ull << o->scale) - 1);
     uint64_t index = 0;
     for (int bit = o->scale - 1; bit >= 0; bit--) {
         /* 0.76 = a + b of the Graph500 R-MAT parameters (0.57, 0.19). */
-        if ((hist_random(rng) >> 11) * 0x1.0p-53 >= 0.76) index |= 1ull << bit;
+        if ((tool_random(rng) >> 11) * 0x1.0p-53 >= 0.76) index |= 1ull << bit;
     }
     return index;
 }
@@ -134,7 +116,7 @@ static mr_status_t hist_trial(const hist_options_t *o, hist_state_t *h, int tria
 
     memset(h->table, 0, h->bins_per_rank * sizeof(uint64_t));
     MPI_Barrier(MPI_COMM_WORLD);
-    start = hist_now();
+    start = tool_now();
     for (long i = 0; i < o->inserts && st == MR_OK; i++) {
         uint64_t index = hist_index(o, &rng);
         int owner = (int)hist_owner(h, index);
@@ -152,7 +134,7 @@ static mr_status_t hist_trial(const hist_options_t *o, hist_state_t *h, int tria
         if (st == MR_OK) break;
         if (st == MR_AGAIN) st = MR_OK;
     }
-    mine = hist_now() - start;
+    mine = tool_now() - start;
     MPI_Allreduce(&mine, seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return st;
 }
@@ -164,12 +146,6 @@ static bool hist_verify(const hist_options_t *o, const hist_state_t *h)
     for (uint64_t b = 0; b < h->bins_per_rank; b++) mine += h->table[b];
     MPI_Allreduce(&mine, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     return total == (uint64_t)h->size * (uint64_t)o->inserts;
-}
-
-static int hist_compare(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 static int hist_parse(int argc, char **argv, hist_options_t *o)
@@ -204,7 +180,7 @@ static int hist_parse(int argc, char **argv, hist_options_t *o)
 static double hist_policy(const hist_options_t *o, hist_state_t *h, const char *policy, FILE *csv)
 {
     MPI_Comm comm = MPI_COMM_WORLD;
-    double secs[HIST_MAX_TRIALS], warmup = 0;
+    double secs[HIST_MAX_TRIALS];
     mr_status_t st;
 
     setenv("MAILRAIL_FLOWCTL", policy, 1);
@@ -242,14 +218,10 @@ static double hist_policy(const hist_options_t *o, hist_state_t *h, const char *
             }
             fflush(stdout);
         }
-        if (k < 0) warmup = t;
-        else secs[k] = t;
+        if (k >= 0) secs[k] = t; /* The warm-up is printed, not counted. */
     }
-    (void)warmup;
     mr_finalize();
-    qsort(secs, (size_t)o->trials, sizeof(double), hist_compare);
-    return o->trials % 2 ? secs[o->trials / 2]
-                         : (secs[o->trials / 2 - 1] + secs[o->trials / 2]) / 2;
+    return tool_median(secs, o->trials);
 }
 
 int main(int argc, char **argv)

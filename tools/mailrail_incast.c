@@ -31,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define INCAST_MAX_POLICIES 3
@@ -83,29 +82,11 @@ typedef struct incast_rank {
     uint64_t sent_total, sent_total_bytes;
 } incast_rank_t;
 
-static double incast_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* xorshift64*: a small, seedable generator that is the same everywhere. */
-static uint64_t incast_random(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
-
 /* The checksum of message `seq` from `source`: also the first 8 bytes of its payload. */
 static uint64_t incast_tag(int source, uint64_t seq)
 {
     uint64_t state = ((uint64_t)source << 40) ^ (seq + 0x9E3779B97F4A7C15ull);
-    return incast_random(&state);
+    return tool_random(&state);
 }
 
 static void incast_sample(incast_rank_t *r, double now)
@@ -130,7 +111,7 @@ static mr_status_t incast_receive_all(incast_rank_t *r, size_t bytes)
 {
     mr_message_t m;
     mr_status_t st;
-    double now = incast_now();
+    double now = tool_now();
 
     if (now - r->last_recv > r->max_recv_gap) r->max_recv_gap = now - r->last_recv;
     r->last_recv = now;
@@ -162,12 +143,12 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
     int others = o->victims - (r->is_victim ? 1 : 0);
 
     MPI_Barrier(MPI_COMM_WORLD);
-    r->start = r->last_send = r->last_recv = incast_now();
+    r->start = r->last_send = r->last_recv = tool_now();
     r->next_sample = r->start;
     st = incast_receive_all(r, bytes);
     for (long i = 0; st == MR_OK && others > 0 && i < o->messages; i++) {
         /* A random victim other than oneself. */
-        int k = (int)(incast_random(rng) % (uint64_t)others), v = 0;
+        int k = (int)(tool_random(rng) % (uint64_t)others), v = 0;
         for (;; v++) {
             if (r->victims[v] == r->rank) continue;
             if (k-- == 0) break;
@@ -188,7 +169,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         r->sent_sum[v] += tag;
         r->sent_total++;
         r->sent_total_bytes += bytes;
-        double now = incast_now();
+        double now = tool_now();
         if (now - r->last_send > r->max_send_gap) r->max_send_gap = now - r->last_send;
         r->last_send = now;
         st = incast_receive_all(r, bytes);
@@ -200,7 +181,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
     while (st == MR_OK) {
         st = incast_receive_all(r, bytes);
         if (st != MR_OK) break;
-        double now = incast_now();
+        double now = tool_now();
         if (run->period_s > 0 && now >= r->next_sample) {
             incast_sample(r, now);
             r->next_sample = r->start + run->period_s * (double)r->nsamples;
@@ -209,10 +190,10 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         if (st == MR_OK) break;
         st = st == MR_AGAIN ? MR_OK : st;
     }
-    *seconds = incast_now() - r->start;
+    *seconds = tool_now() - r->start;
     if (run->period_s > 0) {
         r->next_sample = 0;
-        incast_sample(r, incast_now());
+        incast_sample(r, tool_now());
     }
     return st;
 }
@@ -338,18 +319,6 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     return mr_finalize();
 }
 
-static int incast_compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double incast_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), incast_compare_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 static int incast_parse(int argc, char **argv, incast_options_t *o)
 {
     static char policy_buf[64];
@@ -420,7 +389,7 @@ int main(int argc, char **argv)
         int *perm = malloc((size_t)r.size * sizeof(int));
         for (int i = 0; i < r.size; i++) perm[i] = i;
         for (int i = r.size - 1; i > 0; i--) {
-            int j = (int)(incast_random(&rng) % (uint64_t)(i + 1)), t = perm[i];
+            int j = (int)(tool_random(&rng) % (uint64_t)(i + 1)), t = perm[i];
             perm[i] = perm[j];
             perm[j] = t;
         }
@@ -494,11 +463,11 @@ int main(int argc, char **argv)
             }
         }
         if (status != 0) break;
-        median_seconds[p] = incast_median(secs, o.trials);
+        median_seconds[p] = tool_median(secs, o.trials);
         if (r.rank == 0) {
             printf("mailrail_incast: %s: median %.4f s, %.3f Gb/s goodput, speedup over %s "
                    "%.2fx, victim peak %llu receive slots, %llu credit returns\n",
-                   o.policies[p], median_seconds[p], incast_median(gbps, o.trials),
+                   o.policies[p], median_seconds[p], tool_median(gbps, o.trials),
                    o.policies[0], median_seconds[0] / median_seconds[p],
                    (unsigned long long)last.peak_slots,
                    (unsigned long long)last.credit_returns);

@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define PERF_MAX_SIZES 32
@@ -48,13 +47,6 @@ typedef struct perf_result {
     double seconds;      /* Best of the repetitions. */
     double latency_us;   /* One-way, half a round trip; 0 when not measured. */
 } perf_result_t;
-
-static double perf_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void perf_usage(void)
 {
@@ -118,7 +110,7 @@ static void mr_send_one(int dest, size_t size)
 
 static double mr_stream(int rank, size_t size, long count)
 {
-    double start = perf_now();
+    double start = tool_now();
     mr_message_t m;
 
     if (rank == 0) {
@@ -139,12 +131,12 @@ static double mr_stream(int rank, size_t size, long count)
         }
         mr_send_one(0, 1);
     }
-    return perf_now() - start;
+    return tool_now() - start;
 }
 
 static double mr_pingpong(int rank, size_t size, long rounds)
 {
-    double start = perf_now();
+    double start = tool_now();
 
     for (long i = 0; i < rounds; i++) {
         if (rank == 0) {
@@ -155,7 +147,7 @@ static double mr_pingpong(int rank, size_t size, long rounds)
             mr_send_one(0, size);
         }
     }
-    return (perf_now() - start) / (double)rounds / 2.0;
+    return (tool_now() - start) / (double)rounds / 2.0;
 }
 
 /* ---- Plain MPI, the baseline ------------------------------------------------------------- */
@@ -164,7 +156,7 @@ static double mpi_stream(int rank, size_t size, long count, int window, char *bu
 {
     MPI_Request *req = malloc((size_t)window * sizeof(*req));
     MPI_Status *st = malloc((size_t)window * sizeof(*st));
-    double start = perf_now();
+    double start = tool_now();
     char ack = 0;
 
     for (long sent = 0; sent < count && rank < 2;) {
@@ -180,12 +172,12 @@ static double mpi_stream(int rank, size_t size, long count, int window, char *bu
     if (rank == 1) MPI_Send(&ack, 1, MPI_BYTE, 0, PERF_ACK_TAG, MPI_COMM_WORLD);
     free(req);
     free(st);
-    return perf_now() - start;
+    return tool_now() - start;
 }
 
 static double mpi_pingpong(int rank, size_t size, long rounds, char *buf)
 {
-    double start = perf_now();
+    double start = tool_now();
 
     for (long i = 0; i < rounds; i++) {
         if (rank == 0) {
@@ -196,7 +188,7 @@ static double mpi_pingpong(int rank, size_t size, long rounds, char *buf)
             MPI_Send(buf, (int)size, MPI_BYTE, 0, 2, MPI_COMM_WORLD);
         }
     }
-    return (perf_now() - start) / (double)rounds / 2.0;
+    return (tool_now() - start) / (double)rounds / 2.0;
 }
 
 /* ---- Driver ---------------------------------------------------------------------------- */

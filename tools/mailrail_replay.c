@@ -28,7 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #define REPLAY_MAX_POLICIES 3
@@ -73,23 +72,6 @@ typedef struct replay_rank {
     uint64_t recv_events, recv_bytes, datagrams;
 } replay_rank_t;
 
-static double replay_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t replay_random(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
-
 /* ---- Generator ------------------------------------------------------------------------ */
 
 static int replay_generate(const replay_options_t *o)
@@ -112,12 +94,12 @@ static int replay_generate(const replay_options_t *o)
         for (int e = 0; e < o->gen_epochs; e++) {
             for (int k = 0; k < o->gen_events; k++) {
                 /* Mostly small messages, some large: sizes up to gen_max_bytes. */
-                uint32_t size = 1 + (uint32_t)(replay_random(&rng) % 64);
-                if (replay_random(&rng) % 16 == 0) {
-                    size = 1 + (uint32_t)(replay_random(&rng) % o->gen_max_bytes);
+                uint32_t size = 1 + (uint32_t)(tool_random(&rng) % 64);
+                if (tool_random(&rng) % 16 == 0) {
+                    size = 1 + (uint32_t)(tool_random(&rng) % o->gen_max_bytes);
                 }
                 ygm_record_t a = {.kind = YGM_ASYNC, .event_id = event++,
-                                  .peer = (int32_t)(replay_random(&rng) % (uint64_t)o->gen_ranks),
+                                  .peer = (int32_t)(tool_random(&rng) % (uint64_t)o->gen_ranks),
                                   .size = size};
                 ygm_trace_write(f, layout, &a);
                 if (k % 32 == 31) {
@@ -279,7 +261,7 @@ static mr_status_t replay_trial(replay_rank_t *r, double *seconds)
     memset(r->sent_bytes, 0, (size_t)r->size * sizeof(uint64_t));
     r->recv_events = r->recv_bytes = r->datagrams = 0;
     MPI_Barrier(MPI_COMM_WORLD);
-    start = replay_now();
+    start = tool_now();
     for (int e = 0; e < r->nepochs && st == MR_OK; e++) {
         for (; i < r->epoch_end[e] && st == MR_OK; i++) {
             st = replay_event(r, &r->events[i]);
@@ -288,7 +270,7 @@ static mr_status_t replay_trial(replay_rank_t *r, double *seconds)
         for (int d = 0; d < r->size && st == MR_OK; d++) st = replay_flush(r, d);
         if (st == MR_OK) st = replay_quiesce(r);
     }
-    mine = replay_now() - start;
+    mine = tool_now() - start;
     MPI_Allreduce(&mine, seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return st;
 }

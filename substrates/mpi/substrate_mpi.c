@@ -819,13 +819,7 @@ static mr_status_t mpi_open(const mr_substrate_params_t *p, mr_substrate_t **out
     MPI_Comm_set_errhandler(s->ctrl_comm, MPI_ERRORS_RETURN);
 
     /* Local checks, now that the collectives are done. */
-    if (p->size < 1 || p->rank < 0 || p->rank >= p->size || u == NULL || p->max_sends == 0 ||
-        p->datagram_size == 0 || p->datagram_size > INT32_MAX || !u->recv_slot_acquire ||
-        !u->recv_slot_abandon || !u->deliver || !u->send_complete || !u->control ||
-        !u->peer_failed) {
-        MLOG(s, MR_LOG_ERROR, "MPI substrate: invalid parameters (rank %d of %d, datagram size "
-             "%zu, %zu sends, missing upcalls).", p->rank, p->size, p->datagram_size,
-             p->max_sends);
+    if (!mr_substrate_params_valid(p, "MPI substrate", INT32_MAX, false)) {
         st = MR_ERR_INVALID_PARAM;
         goto fail;
     }

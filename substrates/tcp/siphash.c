@@ -6,16 +6,11 @@
  */
 #include "siphash.h"
 
+#include "mr_byteorder.h"
+
 static inline uint64_t sip_rotl(uint64_t x, unsigned b)
 {
     return (x << b) | (x >> (64u - b));
-}
-
-static inline uint64_t sip_load_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8u * i);
-    return v;
 }
 
 typedef struct sip_state {
@@ -52,8 +47,8 @@ static inline void sip_absorb(sip_state_t *s, uint64_t m)
 uint64_t mr_siphash24(const uint8_t key[MR_SIPHASH_KEY_LEN], const void *data, size_t length)
 {
     const uint8_t *in = data;
-    const uint64_t k0 = sip_load_le64(key);
-    const uint64_t k1 = sip_load_le64(key + 8);
+    const uint64_t k0 = mr_get_le64(key);
+    const uint64_t k1 = mr_get_le64(key + 8);
     sip_state_t s = {
         .v0 = k0 ^ UINT64_C(0x736f6d6570736575), /* "somepseu" */
         .v1 = k1 ^ UINT64_C(0x646f72616e646f6d), /* "dorandom" */
@@ -63,7 +58,7 @@ uint64_t mr_siphash24(const uint8_t key[MR_SIPHASH_KEY_LEN], const void *data, s
     size_t whole = length - (length % 8);
     uint64_t last;
 
-    for (size_t i = 0; i < whole; i += 8) sip_absorb(&s, sip_load_le64(in + i));
+    for (size_t i = 0; i < whole; i += 8) sip_absorb(&s, mr_get_le64(in + i));
 
     /* The final word: the remaining 0 to 7 bytes, and length mod 256 on top. */
     last = (uint64_t)(length & 0xffu) << 56;

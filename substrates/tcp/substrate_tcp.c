@@ -1314,15 +1314,7 @@ static mr_status_t tcp_open(const mr_substrate_params_t *p, mr_substrate_t **out
 
     if (p == NULL || out == NULL) return MR_ERR_INVALID_PARAM;
     u = p->upcalls;
-    if (p->size < 1 || p->rank < 0 || p->rank >= p->size || p->job_key == NULL || u == NULL ||
-        p->max_sends == 0 || p->datagram_size > UINT32_MAX || !u->recv_slot_acquire ||
-        !u->recv_slot_abandon || !u->deliver || !u->send_complete || !u->control ||
-        !u->peer_failed) {
-        if (p->log != NULL) {
-            p->log(MR_LOG_ERROR, "TCP substrate: invalid parameters (rank %d of %d, datagram "
-                   "size %zu, %zu sends, missing key or upcalls).",
-                   p->rank, p->size, p->datagram_size, p->max_sends);
-        }
+    if (!mr_substrate_params_valid(p, "TCP substrate", UINT32_MAX, true)) {
         return MR_ERR_INVALID_PARAM;
     }
     s = calloc(1, sizeof(*s));

@@ -4,43 +4,14 @@
  */
 #include "tcp_wire.h"
 
+#include "mr_byteorder.h"
+
 #include <arpa/inet.h>
 #include <stdbool.h>
 #include <string.h>
 
 #define TCP_WIRE_AUTH_DOMAIN "MRTCP-AUTH"
 #define TCP_WIRE_AUTH_DOMAIN_LEN (sizeof(TCP_WIRE_AUTH_DOMAIN) - 1)
-
-/* ------------------------------------------------------------------------ */
-/* Little-endian fields.                                                     */
-
-static void tcp_wire_put_le16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void tcp_wire_put_le32(uint8_t *p, uint32_t v)
-{
-    for (unsigned i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8u * i));
-}
-
-static void tcp_wire_put_le64(uint8_t *p, uint64_t v)
-{
-    for (unsigned i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8u * i));
-}
-
-static uint16_t tcp_wire_get_le16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t tcp_wire_get_le32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (unsigned i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8u * i);
-    return v;
-}
 
 /* Fills in *err (when given) and returns `status`. */
 static mr_status_t tcp_wire_fail(tcp_wire_error_t *err, mr_status_t status,
@@ -105,8 +76,8 @@ static uint64_t tcp_wire_auth_mac(const uint8_t key[MR_SIPHASH_KEY_LEN],
     uint8_t msg[TCP_WIRE_NONCE_LEN + 4 + 4 + TCP_WIRE_AUTH_DOMAIN_LEN];
 
     memcpy(msg, nonce, TCP_WIRE_NONCE_LEN);
-    tcp_wire_put_le32(msg + TCP_WIRE_NONCE_LEN, (uint32_t)connector);
-    tcp_wire_put_le32(msg + TCP_WIRE_NONCE_LEN + 4, (uint32_t)acceptor);
+    mr_put_le32(msg + TCP_WIRE_NONCE_LEN, (uint32_t)connector);
+    mr_put_le32(msg + TCP_WIRE_NONCE_LEN + 4, (uint32_t)acceptor);
     memcpy(msg + TCP_WIRE_NONCE_LEN + 8, TCP_WIRE_AUTH_DOMAIN, TCP_WIRE_AUTH_DOMAIN_LEN);
     return mr_siphash24(key, msg, sizeof(msg));
 }
@@ -123,11 +94,11 @@ void tcp_wire_auth_encode(uint8_t out[TCP_WIRE_AUTH_LEN], const uint8_t key[MR_S
                           const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
                           int32_t acceptor)
 {
-    tcp_wire_put_le32(out, TCP_WIRE_AUTH_MAGIC);
-    tcp_wire_put_le16(out + 4, TCP_WIRE_AUTH_VERSION);
-    tcp_wire_put_le16(out + 6, 0);
-    tcp_wire_put_le32(out + 8, (uint32_t)connector);
-    tcp_wire_put_le64(out + 12, tcp_wire_auth_mac(key, nonce, connector, acceptor));
+    mr_put_le32(out, TCP_WIRE_AUTH_MAGIC);
+    mr_put_le16(out + 4, TCP_WIRE_AUTH_VERSION);
+    mr_put_le16(out + 6, 0);
+    mr_put_le32(out + 8, (uint32_t)connector);
+    mr_put_le64(out + 12, tcp_wire_auth_mac(key, nonce, connector, acceptor));
 }
 
 mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
@@ -138,9 +109,9 @@ mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
     uint8_t expect[8];
 
     if (msg == NULL || length < TCP_WIRE_AUTH_LEN) return MR_AGAIN;
-    uint32_t magic = tcp_wire_get_le32(msg);
-    uint16_t version = tcp_wire_get_le16(msg + 4), reserved = tcp_wire_get_le16(msg + 6);
-    int32_t rank = (int32_t)tcp_wire_get_le32(msg + 8);
+    uint32_t magic = mr_get_le32(msg);
+    uint16_t version = mr_get_le16(msg + 4), reserved = mr_get_le16(msg + 6);
+    int32_t rank = (int32_t)mr_get_le32(msg + 8);
 
     if (magic != TCP_WIRE_AUTH_MAGIC) {
         return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAGIC, "AUTH magic", magic);
@@ -157,7 +128,7 @@ mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
         return tcp_wire_fail(err, MR_ERR_INVALID_RANK, TCP_WIRE_BAD_RANK,
                              "rank that does not connect to this one", rank);
     }
-    tcp_wire_put_le64(expect, tcp_wire_auth_mac(key, nonce, rank, acceptor));
+    mr_put_le64(expect, tcp_wire_auth_mac(key, nonce, rank, acceptor));
     if (!tcp_wire_ct_equal(expect, msg + 12, sizeof(expect))) {
         return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAC,
                              "wrong proof of the job key for rank", rank);
@@ -172,20 +143,20 @@ mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
 void tcp_wire_frame_encode(uint8_t out[TCP_WIRE_HDR_LEN], uint8_t channel, uint8_t kind,
                            uint32_t imm, uint32_t length)
 {
-    tcp_wire_put_le32(out, length);
-    tcp_wire_put_le32(out + 4, imm);
+    mr_put_le32(out, length);
+    mr_put_le32(out + 4, imm);
     out[8] = kind;
     out[9] = channel;
-    tcp_wire_put_le16(out + 10, 0);
+    mr_put_le16(out + 10, 0);
 }
 
 mr_status_t tcp_wire_frame_decode(const uint8_t *buf, size_t avail, size_t max_length,
                                   tcp_wire_frame_t *out, tcp_wire_error_t *err)
 {
     if (buf == NULL || avail < TCP_WIRE_HDR_LEN) return MR_AGAIN;
-    uint32_t length = tcp_wire_get_le32(buf), imm = tcp_wire_get_le32(buf + 4);
+    uint32_t length = mr_get_le32(buf), imm = mr_get_le32(buf + 4);
     uint8_t kind = buf[8], channel = buf[9];
-    uint16_t reserved = tcp_wire_get_le16(buf + 10);
+    uint16_t reserved = mr_get_le16(buf + 10);
 
     if (reserved != 0) {
         return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_RESERVED,

@@ -116,6 +116,7 @@
  * closed with a flush, bounded by UCX_CLOSE_EP_MS. Then the worker and the
  * context are destroyed, and only then the request memory is freed.
  */
+#include "mr_byteorder.h"
 #include "mr_substrate.h"
 #include "mr_time.h"
 
@@ -360,31 +361,6 @@ static void check_events(mr_substrate_t *s, int timeout_ms);
 /* ------------------------------------------------------------------------ */
 /* Small helpers.                                                            */
 
-
-static void put_le32(uint8_t *p, uint32_t v)
-{
-    for (unsigned i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8u * i));
-}
-
-static void put_le64(uint8_t *p, uint64_t v)
-{
-    for (unsigned i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8u * i));
-}
-
-static uint32_t get_le32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (unsigned i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8u * i);
-    return v;
-}
-
-static uint64_t get_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8u * i);
-    return v;
-}
-
 static uint64_t fnv1a64(uint64_t h, const void *data, size_t len)
 {
     const uint8_t *p = data;
@@ -405,8 +381,8 @@ static size_t align_up(size_t n, size_t a)
 static void hdr_pack(const mr_substrate_t *s, uint8_t *h, unsigned kind, uint32_t imm)
 {
     h[0] = (uint8_t)kind;
-    put_le32(h + 1, imm);
-    put_le32(h + 5, (uint32_t)s->rank);
+    mr_put_le32(h + 1, imm);
+    mr_put_le32(h + 5, (uint32_t)s->rank);
     h[9] = s->failures_seen;
 }
 
@@ -902,14 +878,14 @@ static bool hdr_parse(mr_substrate_t *s, const char *what, const void *header, s
         proto_error(s, "%s header of %zu bytes instead of %d", what, header_len, UCX_HDR_LEN);
         return false;
     }
-    src = (int32_t)get_le32(h + 5);
+    src = (int32_t)mr_get_le32(h + 5);
     if (src < 0 || src >= s->size || src == s->rank) {
         proto_error(s, "%s from rank %d, which is not a peer in a job of %d", what, (int)src,
                     s->size);
         return false;
     }
     *kind = h[0];
-    *imm = get_le32(h + 1);
+    *imm = mr_get_le32(h + 1);
     *source = src;
     /*
      * The sender knows of more failed peers than we do: look at the pidfds
@@ -1214,15 +1190,11 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
 
     if (p == NULL || out == NULL) return MR_ERR_INVALID_PARAM;
     u = p->upcalls;
-    if (p->size < 1 || p->rank < 0 || p->rank >= p->size || p->job_key == NULL || u == NULL ||
-        p->max_sends == 0 || p->recv_slots == 0 || p->datagram_size > UINT32_MAX ||
-        !u->recv_slot_acquire || !u->recv_slot_abandon || !u->deliver || !u->send_complete ||
-        !u->control || !u->peer_failed) {
-        if (p->log != NULL) {
-            p->log(MR_LOG_ERROR, "UCX substrate: invalid parameters (rank %d of %d, datagram "
-                   "size %zu, %zu sends, missing key or upcalls).",
-                   p->rank, p->size, p->datagram_size, p->max_sends);
-        }
+    if (!mr_substrate_params_valid(p, "UCX substrate", UINT32_MAX, true)) {
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (p->recv_slots == 0) {
+        if (p->log != NULL) p->log(MR_LOG_ERROR, "UCX substrate: no receive slots.");
         return MR_ERR_INVALID_PARAM;
     }
     s = calloc(1, sizeof(*s));
@@ -1382,12 +1354,12 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
         st = MR_ERR_CONFIG;
         goto fail;
     }
-    put_le32(s->addr, UCX_ADDR_MAGIC);
+    mr_put_le32(s->addr, UCX_ADDR_MAGIC);
     s->addr[4] = UCX_ADDR_VERSION;
-    put_le32(s->addr + 8, (uint32_t)getpid());
-    put_le32(s->addr + 12, (uint32_t)ualen);
-    put_le64(s->addr + 16, s->boot_hash);
-    put_le64(s->addr + 24, s->pidns);
+    mr_put_le32(s->addr + 8, (uint32_t)getpid());
+    mr_put_le32(s->addr + 12, (uint32_t)ualen);
+    mr_put_le64(s->addr + 16, s->boot_hash);
+    mr_put_le64(s->addr + 24, s->pidns);
     memcpy(s->addr + UCX_ADDR_HDR_LEN, uaddr, ualen);
     s->addr_len = UCX_ADDR_HDR_LEN + ualen;
     ucp_worker_release_address(s->worker, uaddr);
@@ -1446,14 +1418,14 @@ static bool addr_parse(const void *blob, size_t length, const uint8_t **ucx, siz
     uint32_t n;
 
     if (b == NULL || length < UCX_ADDR_HDR_LEN) return false;
-    if (get_le32(b) != UCX_ADDR_MAGIC || b[4] != UCX_ADDR_VERSION) return false;
-    n = get_le32(b + 12);
+    if (mr_get_le32(b) != UCX_ADDR_MAGIC || b[4] != UCX_ADDR_VERSION) return false;
+    n = mr_get_le32(b + 12);
     if (n == 0 || n > length - UCX_ADDR_HDR_LEN) return false;
     *ucx = b + UCX_ADDR_HDR_LEN;
     *ucx_len = n;
-    *pid = get_le32(b + 8);
-    *boot_hash = get_le64(b + 16);
-    *pidns = get_le64(b + 24);
+    *pid = mr_get_le32(b + 8);
+    *boot_hash = mr_get_le64(b + 16);
+    *pidns = mr_get_le64(b + 24);
     return true;
 }
 

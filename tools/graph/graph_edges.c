@@ -298,13 +298,6 @@ out:
     return ok;
 }
 
-static uint64_t edges_get_le64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
 bool graph_binary_read(const char *path, int part, int parts, graph_edges_t *edges,
                        uint64_t *total, graph_error_t *error)
 {
@@ -320,7 +313,7 @@ bool graph_binary_read(const char *path, int part, int parts, graph_edges_t *edg
                    GRAPH_BINARY_MAGIC);
         goto out;
     }
-    count = edges_get_le64(header + GRAPH_BINARY_MAGIC_LEN);
+    count = graph_get_le64(header + GRAPH_BINARY_MAGIC_LEN);
     if (count > (size - GRAPH_BINARY_HEADER_LEN) / 16 ||
         size != GRAPH_BINARY_HEADER_LEN + count * 16) {
         edges_fail(error, 0, GRAPH_BINARY_MAGIC_LEN,
@@ -345,7 +338,7 @@ bool graph_binary_read(const char *path, int part, int parts, graph_edges_t *edg
             goto out;
         }
         for (uint64_t k = 0; k < n; k++) {
-            uint64_t u = edges_get_le64(buf + 16 * k), v = edges_get_le64(buf + 16 * k + 8);
+            uint64_t u = graph_get_le64(buf + 16 * k), v = graph_get_le64(buf + 16 * k + 8);
             if (u > GRAPH_MAX_VERTEX_ID || v > GRAPH_MAX_VERTEX_ID) {
                 edges_fail(error, 0, offset + 16 * k, "vertex id larger than %lld",
                            (long long)GRAPH_MAX_VERTEX_ID);

@@ -106,6 +106,19 @@ uint64_t graph_rmat_edges(const graph_rmat_t *rmat);
 bool graph_rmat_generate(const graph_rmat_t *rmat, uint64_t first, uint64_t count,
                          graph_edges_t *edges);
 
+/* The binary form's 64-bit little-endian fields. */
+static inline void graph_put_le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static inline uint64_t graph_get_le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
 /* A 64-bit mixer (splitmix64's finalizer), used for ownership and checksums. */
 static inline uint64_t graph_mix64(uint64_t x)
 {

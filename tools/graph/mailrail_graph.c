@@ -57,7 +57,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define GRAPH_MAX_POLICIES 3
@@ -162,13 +161,6 @@ static int graph_rank0_printf(const graph_local_t *g, const char *fmt, ...)
     va_end(ap);
     fflush(stdout);
     return n;
-}
-
-static double graph_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int graph_owner(const graph_local_t *g, uint64_t id)
@@ -528,7 +520,7 @@ static void graph_run_phase(graph_local_t *g, const graph_options_t *o, const ch
     g->sampled_peak_slots = 0;
     mr_get_stats(&before);
     if (o->session_per_phase) MPI_Barrier(MPI_COMM_WORLD); /* MailRail is idle: no progress lost. */
-    start = graph_now();
+    start = tool_now();
     g->phase = (uint64_t)phase;
     out->early = g->nearly;
     xch_take_early(&x);
@@ -538,7 +530,7 @@ static void graph_run_phase(graph_local_t *g, const graph_options_t *o, const ch
     default: graph_send_queries(g, &x); break;
     }
     xch_finish(&x);
-    out->seconds = graph_now() - start;
+    out->seconds = tool_now() - start;
     mr_get_stats(&after);
     out->messages = after.messages_sent - before.messages_sent;
     out->bytes_sent = after.bytes_sent - before.bytes_sent;
@@ -733,11 +725,6 @@ static bool graph_load(const graph_options_t *o, graph_local_t *g)
     MPI_Exscan(&lines, &before, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     if (g->rank == 0) before = 0;
     return graph_agree_input(g, o->file, ok, error.line > 0 ? before + error.line : 0, &error);
-}
-
-static void graph_put_le64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
 /*
