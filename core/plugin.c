@@ -78,11 +78,12 @@ static mr_status_t plugin_open(const mr_plugin_dirs_t *dirs, const char *kind, c
         fclose(f);
         found = true;
         /*
-         * The MPI bootstrap is never unloaded: MPI libraries cannot be
-         * unloaded safely (they keep handlers and state past MPI_Finalize).
+         * No plugin is ever unloaded (RTLD_NODELETE, so dlclose only drops the
+         * handle): MPI cannot be initialized twice in a process, and MPICH and
+         * UCX keep threads, handlers and state past their finalize. A later
+         * mr_init() finds the same copy. tests/test_no_unload.c checks this.
          */
-        int flags = RTLD_NOW | RTLD_LOCAL | (strcmp(kind, "bootstrap") == 0 ? RTLD_NODELETE : 0);
-        void *h = dlopen(path, flags);
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
         if (h == NULL) {
             snprintf(why, why_len, "%s", dlerror());
             return MR_ERR_PLUGIN;

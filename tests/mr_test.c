@@ -4,12 +4,35 @@
 #include "mr_test.h"
 
 #include <mpi.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int world_rank, world_size;
+
+void mr_test_assert_failed(const char *file, int line, const char *expr, const char *msg, ...)
+{
+    int mpi_up = 0, mpi_down = 0;
+    va_list ap;
+
+    fflush(stdout);
+    fprintf(stderr, "rank %d: %s:%d: %s", world_rank, file, line, expr);
+    if (msg != NULL) {
+        fputs(": ", stderr);
+        va_start(ap, msg);
+        vfprintf(stderr, msg, ap);
+        va_end(ap);
+    }
+    fputs("\n", stderr);
+    fflush(stderr);
+    MPI_Initialized(&mpi_up);
+    MPI_Finalized(&mpi_down);
+    if (mpi_up && !mpi_down) MPI_Abort(MPI_COMM_WORLD, 3);
+    _exit(3);
+}
 
 
 static uint8_t pattern_byte(int source, uint32_t seq, size_t i)

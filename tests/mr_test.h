@@ -15,6 +15,17 @@
 
 #define WAIT_LIMIT_S 30.0
 
+/*
+ * A failed assertion ends the whole job at once: the tests are collective and
+ * run without fork, so a rank that left a test early would otherwise leave the
+ * others waiting in its collectives until the outer timeout. Every Check
+ * assertion macro expands to _ck_assert_failed(); this sends it here, where
+ * the failure is printed with the rank and MPI_Abort ends every rank.
+ */
+void mr_test_assert_failed(const char *file, int line, const char *expr, const char *msg, ...)
+    __attribute__((noreturn, format(printf, 4, 5)));
+#define _ck_assert_failed mr_test_assert_failed
+
 extern int world_rank, world_size;
 
 typedef struct msg_header {

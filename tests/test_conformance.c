@@ -701,11 +701,47 @@ END_TEST
  * segment by then, so unwinding it is checked too. Nothing is left behind,
  * the logs say what to fix, and a good init then works.
  */
+/* Binds a loopback TCP port as the TCP substrate does; -1 when it is in use. */
+static int bind_loopback(int port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0) return -1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/*
+ * Finds n consecutive free ports below the kernel's ephemeral range (which
+ * starts at 32768 by default, so no connect() or bind to port 0 by MPI, UCX
+ * or another test can take them while the job starts), and keeps the second
+ * one listening in *taken. Returns the first port, or -1.
+ */
+static int reserve_port_block(int n, int *taken)
+{
+    for (int tries = 0, base = 20000 + (int)(getpid() % 500) * 20; tries < 500;
+         tries++, base = base + 20 > 32000 - n ? 20000 : base + 20) {
+        int fd[64], ok = 0;
+
+        while (ok < n && (fd[ok] = bind_loopback(base + ok)) >= 0) ok++;
+        for (int i = 0; i < ok; i++) {
+            if (i == 1 && ok == n && listen(fd[i], 1) == 0) *taken = fd[i];
+            else close(fd[i]);
+        }
+        if (ok == n && *taken >= 0) return base;
+    }
+    return -1;
+}
+
 START_TEST(init_fails_everywhere_when_one_rank_fails)
 {
     const uint32_t per_dest = 20;
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    socklen_t len = sizeof(sa);
     int taken = -1, base = 0, all[64];
     static init_attempt_t a;
     char port[16], says[64], *policy = save_env("MAILRAIL_FLOWCTL");
@@ -714,13 +750,9 @@ START_TEST(init_fails_everywhere_when_one_rank_fails)
 
     setup_env(NULL, NULL, NULL);
     if (world_rank == 0) {
-        /* Any free port P; rank r will listen on (P - 1) + r, so rank 1 collides. */
-        taken = socket(AF_INET, SOCK_STREAM, 0);
-        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        ck_assert_int_eq(bind(taken, (struct sockaddr *)&sa, sizeof(sa)), 0);
-        ck_assert_int_eq(listen(taken, 1), 0);
-        ck_assert_int_eq(getsockname(taken, (struct sockaddr *)&sa, &len), 0);
-        base = ntohs(sa.sin_port) - 1;
+        /* Rank r will listen on base + r, and rank 1's port is taken. */
+        base = reserve_port_block(world_size, &taken);
+        ck_assert_int_gt(base, 0);
     }
     MPI_Bcast(&base, 1, MPI_INT, 0, MPI_COMM_WORLD);
     snprintf(port, sizeof(port), "%d", base);

@@ -3,6 +3,8 @@
  *
  *   mpiexec -n 8 mailrail_incast [options]
  *     -v VICTIMS    number of victim ranks, chosen at random (default 1)
+ *     -V RANKS      the victim ranks themselves, comma-separated (instead of -v), e.g.
+ *                   the first rank of each victim host of tools/fabric/fabric.sh
  *     -b BYTES      message size, at most MAILRAIL_DATAGRAM_SIZE (default: the datagram size)
  *     -m MESSAGES   messages sent by every rank (default 20000)
  *     -t TRIALS     trials per policy (default 3)
@@ -38,6 +40,7 @@
 
 typedef struct incast_options {
     int victims;
+    const char *victim_list; /* -V, or NULL to draw them. */
     size_t bytes;
     long messages;
     int trials;
@@ -65,6 +68,7 @@ typedef struct incast_trial {
     uint64_t peak_rss_kb;    /* Max over victims. */
     uint64_t credit_returns; /* Sum over ranks. */
     uint64_t deferred;       /* Sum over ranks. */
+    int nodes;               /* As MailRail sees them. */
     bool verified;
 } incast_trial_t;
 
@@ -311,12 +315,31 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     MPI_Allreduce(mine, sum, 5, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(mine, max, 5, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(&seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    out->nodes = mr_node_count();
     out->bits_received = sum[0];
     out->peak_slots = max[1];
     out->peak_rss_kb = max[2];
     out->credit_returns = sum[3];
     out->deferred = sum[4];
     return mr_finalize();
+}
+
+/* Reads -V: `n` distinct ranks below `size`, comma-separated. */
+static bool incast_parse_victims(const char *list, int size, int *victims, int n)
+{
+    char buf[1024], *save = NULL;
+    int k = 0;
+
+    if (strlen(list) >= sizeof(buf)) return false;
+    strcpy(buf, list);
+    for (char *tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        if (k == n || !tool_parse_int(tok, 0, size - 1, &victims[k])) return false;
+        for (int i = 0; i < k; i++) {
+            if (victims[i] == victims[k]) return false;
+        }
+        k++;
+    }
+    return k == n;
 }
 
 static int incast_parse(int argc, char **argv, incast_options_t *o)
@@ -332,9 +355,10 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
     o->trials = 3;
     o->seed = 1;
     o->stats_prefix = "incast_stats";
-    while ((c = getopt(argc, argv, "v:b:m:t:p:s:c:i:o:qh")) != -1) {
+    while ((c = getopt(argc, argv, "v:V:b:m:t:p:s:c:i:o:qh")) != -1) {
         switch (c) {
         case 'v': ok &= tool_parse_int(optarg, 1, INT_MAX, &o->victims); break;
+        case 'V': o->victim_list = optarg; break;
         case 'b': ok &= tool_parse_long(optarg, 0, LONG_MAX, &bytes); break;
         case 'm': ok &= tool_parse_long(optarg, 0, LONG_MAX, &o->messages); break;
         case 't': ok &= tool_parse_int(optarg, 1, INCAST_MAX_TRIALS, &o->trials); break;
@@ -346,6 +370,10 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
         case 'q': o->quiet = true; break;
         default: return -1;
         }
+    }
+    if (o->victim_list != NULL) {
+        o->victims = 1;
+        for (const char *c = o->victim_list; *c != '\0'; c++) o->victims += *c == ',';
     }
     o->npolicies = tool_split_policies(policies, policy_buf, sizeof(policy_buf), o->policies,
                                        INCAST_MAX_POLICIES);
@@ -366,7 +394,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &r.size);
     if (incast_parse(argc, argv, &o) != 0 || o.victims > r.size) {
         if (r.rank == 0) {
-            fprintf(stderr, "usage: mpiexec -n N mailrail_incast [-v victims<=N] [-b bytes] "
+            fprintf(stderr, "usage: mpiexec -n N mailrail_incast [-v victims<=N | -V rank,rank...] [-b bytes] "
                             "[-m messages] [-t trials] [-p none,rank,node] [-s seed] "
                             "[-c file.csv] [-i period_ms] [-o stats_prefix] [-q]\n");
         }
@@ -382,9 +410,19 @@ int main(int argc, char **argv)
         if (d && (*end == 'M' || *end == 'm')) o.bytes <<= 20;
     }
 
-    /* Rank 0 draws the victims with the seed; everybody learns them. */
+    /* Rank 0 draws the victims with the seed (or reads -V); everybody learns them. */
     r.victims = calloc((size_t)o.victims, sizeof(int));
-    if (r.rank == 0) {
+    if (o.victim_list != NULL && !incast_parse_victims(o.victim_list, r.size, r.victims,
+                                                       o.victims)) {
+        if (r.rank == 0) {
+            fprintf(stderr, "mailrail_incast: -V %s: give distinct ranks below %d, "
+                            "comma-separated\n", o.victim_list, r.size);
+        }
+        free(r.victims);
+        MPI_Finalize();
+        return 2;
+    }
+    if (r.rank == 0 && o.victim_list == NULL) {
         uint64_t rng = 0x9E3779B97F4A7C15ull ^ o.seed;
         int *perm = malloc((size_t)r.size * sizeof(int));
         for (int i = 0; i < r.size; i++) perm[i] = i;
@@ -406,7 +444,8 @@ int main(int argc, char **argv)
         r.samples = calloc(r.max_samples, sizeof(*r.samples));
     }
     if (r.rank == 0) {
-        printf("# mailrail_incast: %d ranks, %d victim(s) (seed %u):", r.size, o.victims, o.seed);
+        printf("# mailrail_incast: %d ranks, %d victim(s) (%s):", r.size, o.victims,
+               o.victim_list != NULL ? "named" : "drawn with the seed");
         for (int v = 0; v < o.victims; v++) printf(" %d", r.victims[v]);
         printf("; %ld messages of %zu bytes per rank; %d trial(s) per policy\n", o.messages,
                o.bytes, o.trials);
@@ -454,7 +493,7 @@ int main(int argc, char **argv)
                 }
                 if (csv != NULL) {
                     fprintf(csv, "%s,%d,%d,%d,%d,%zu,%ld,%.6f,%.4f,%llu,%llu,%llu,%llu,1\n",
-                            o.policies[p], k, r.size, 0, o.victims, o.bytes, o.messages,
+                            o.policies[p], k, r.size, t.nodes, o.victims, o.bytes, o.messages,
                             t.seconds, gbps[k], (unsigned long long)t.peak_slots,
                             (unsigned long long)t.peak_rss_kb,
                             (unsigned long long)t.credit_returns,
