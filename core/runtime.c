@@ -1200,6 +1200,24 @@ mr_status_t mr_receive(mr_message_t *message)
     return MR_OK;
 }
 
+mr_status_t mr_wait(int timeout_ms)
+{
+    int events;
+
+    RT_CHECK_READY("mr_wait()");
+    if (timeout_ms < 0 || timeout_ms > 60000) {
+        mr_error("mr_wait(): the timeout is %d ms; give 0 to 60000.", timeout_ms);
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (rt.arrival_head != MR_NIL || rt.failures_unreported > 0) return MR_OK;
+    /* Deferred sends that found credit count as news: do not sleep on them. */
+    int moved = rt.deferq.depth > 0 ? rt_drain(true) : 0;
+    events = rt_progress(moved > 0 ? 0 : timeout_ms);
+    if (events < 0) return (mr_status_t)events;
+    return events + moved > 0 || rt.arrival_head != MR_NIL || rt.failures_unreported > 0 ? MR_OK
+                                                                                : MR_AGAIN;
+}
+
 mr_status_t mr_release(void *buffer)
 {
     uint32_t idx;

@@ -253,6 +253,49 @@ END_TEST
 
 /* ---- Bad input ----------------------------------------------------------------------- */
 
+/*
+ * mr_wait(): refuses bad timeouts, sleeps about its timeout when nothing
+ * comes, and wakes early for a message, which mr_receive() then returns.
+ */
+START_TEST(wait_sleeps_and_wakes)
+{
+    int prev = (world_rank + world_size - 1) % world_size, next = (world_rank + 1) % world_size;
+    tally_t t;
+    double start;
+    int calls = 0;
+    mr_status_t st = MR_AGAIN;
+
+    setup_env(NULL, NULL, NULL);
+    init_on_world();
+    tally_init(&t, 1);
+    ck_assert_int_eq(mr_wait(-1), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_wait(60001), MR_ERR_INVALID_PARAM);
+    /* Nothing is sent until everyone has slept once. */
+    start = now_s();
+    while (now_s() - start < 0.1 && (st = mr_wait(20)) == MR_AGAIN) calls++;
+    ck_assert_int_eq(st, MR_AGAIN);
+    /* Sleeping, five calls fill 100 ms; spinning would take thousands. */
+    ck_assert_msg(calls <= 12, "mr_wait(20) returned %d times in 100 ms with nothing to do", calls);
+    ck_assert_uint_eq(t.count, 0);
+    MPI_Barrier(MPI_COMM_WORLD);
+    /* Each rank sends one message to the next; the wait ends when it comes. */
+    void *buf = reserve_or_progress(&t);
+    fill_message(buf, sizeof(msg_header_t) + 8, world_rank, next, 0);
+    ck_assert_int_eq(mr_send(buf, sizeof(msg_header_t) + 8, next), MR_OK);
+    start = now_s();
+    while (t.count == 0 && now_s() - start < WAIT_LIMIT_S) {
+        st = mr_wait(1000);
+        ck_assert_msg(st == MR_OK || st == MR_AGAIN, "mr_wait: %s", mr_status_string(st));
+        drain(&t);
+    }
+    ck_assert_uint_eq(t.count, 1);
+    ck_assert_uint_eq(t.seen[(size_t)prev * t.per_source], 1);
+    quiesce(&t);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
 START_TEST(bad_input_loses_nothing)
 {
     int dest = (world_rank + 1) % world_size;
@@ -306,6 +349,7 @@ START_TEST(bad_input_loses_nothing)
     ck_assert_int_eq(mr_receive(&m), MR_ERR_NOT_INITIALIZED);
     ck_assert_int_eq(mr_release(m.data), MR_ERR_NOT_INITIALIZED);
     ck_assert_int_eq(mr_quiesce(), MR_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(mr_wait(0), MR_ERR_NOT_INITIALIZED);
     ck_assert_int_eq(mr_finalize(), MR_ERR_NOT_INITIALIZED);
     mr_stats_t stats = {.size = sizeof(stats)};
     ck_assert_int_eq(mr_get_stats(&stats), MR_ERR_NOT_INITIALIZED);
@@ -1040,6 +1084,7 @@ static Suite *conformance_suite(void)
     tcase_add_test(tc, backpressure);
     tcase_add_test(tc, quiescence_waits_for_chains);
     tcase_add_test(tc, bad_input_loses_nothing);
+    tcase_add_test(tc, wait_sleeps_and_wakes);
     tcase_add_test(tc, bad_settings_fail_init);
     tcase_add_test(tc, unknown_settings_are_named);
     tcase_add_test(tc, virtual_nodes);

@@ -224,9 +224,13 @@ static uint64_t incast_credit_returns(const char *flowctl)
     mr_stats_t stats = {.size = sizeof(stats)};
 
     setenv("MAILRAIL_FLOWCTL", flowctl, 1);
-    /* Eight credits per pair under rank; 32 per node under node. */
+    /* Static grants, as in the paper: eight credits per pair under rank; 32 per node under node. */
     tiny_pools(8, "16");
+    setenv("MAILRAIL_RANK_CREDITS", "8", 1);
+    setenv("MAILRAIL_NODE_CREDITS", "32", 1);
     init_on_world();
+    unsetenv("MAILRAIL_RANK_CREDITS");
+    unsetenv("MAILRAIL_NODE_CREDITS");
     tally_init(&t, per_sender);
     if (world_rank != victim) exchange(&victim, 1, per_sender, &t);
     quiesce(&t);

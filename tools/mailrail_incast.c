@@ -14,6 +14,8 @@
  *     -i PERIOD_MS  sub-second statistics every PERIOD_MS milliseconds, written per rank
  *                   to STATS_PREFIX.<policy>.<trial>.<rank>.csv at the end of each trial
  *     -o PREFIX     STATS_PREFIX (default incast_stats)
+ *     -w            wait (mr_wait, 1 ms at most) instead of spinning when there is nothing
+ *                   to do: for ranks that outnumber cores, as on tools/fabric/
  *     -q            quiet: only the summary lines
  *
  * Every rank sends MESSAGES messages, each to a victim drawn at random (never
@@ -51,6 +53,7 @@ typedef struct incast_options {
     double period_s;
     const char *stats_prefix;
     bool quiet;
+    bool wait;               /* -w: mr_wait() when idle. */
 } incast_options_t;
 
 /* One sample of the sub-second statistics. */
@@ -131,6 +134,17 @@ static mr_status_t incast_receive_all(incast_rank_t *r, size_t bytes)
     return st == MR_AGAIN ? MR_OK : st;
 }
 
+/* Nothing to do but wait: receive, and with -w sleep until news if nothing came. */
+static mr_status_t incast_idle(const incast_options_t *o, incast_rank_t *r, size_t bytes)
+{
+    uint64_t before = r->recv_count;
+    mr_status_t st = incast_receive_all(r, bytes);
+
+    if (st != MR_OK || !o->wait || r->recv_count != before) return st;
+    st = mr_wait(1);
+    return st == MR_AGAIN ? MR_OK : st;
+}
+
 typedef struct incast_run {
     const incast_options_t *o;
     incast_rank_t *r;
@@ -159,7 +173,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         }
         void *buf;
         while ((st = mr_reserve(&buf)) == MR_AGAIN) {
-            st = incast_receive_all(r, bytes);
+            st = incast_idle(o, r, bytes);
             if (st != MR_OK) break;
         }
         if (st != MR_OK) break;
@@ -192,7 +206,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         }
         st = mr_quiesce();
         if (st == MR_OK) break;
-        st = st == MR_AGAIN ? MR_OK : st;
+        st = st == MR_AGAIN ? incast_idle(o, r, bytes) : st;
     }
     *seconds = tool_now() - r->start;
     if (run->period_s > 0) {
@@ -355,7 +369,7 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
     o->trials = 3;
     o->seed = 1;
     o->stats_prefix = "incast_stats";
-    while ((c = getopt(argc, argv, "v:V:b:m:t:p:s:c:i:o:qh")) != -1) {
+    while ((c = getopt(argc, argv, "v:V:b:m:t:p:s:c:i:o:qwh")) != -1) {
         switch (c) {
         case 'v': ok &= tool_parse_int(optarg, 1, INT_MAX, &o->victims); break;
         case 'V': o->victim_list = optarg; break;
@@ -368,6 +382,7 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
         case 'i': ok &= tool_parse_long(optarg, 0, 3600000, &period_ms); break;
         case 'o': o->stats_prefix = optarg; break;
         case 'q': o->quiet = true; break;
+        case 'w': o->wait = true; break;
         default: return -1;
         }
     }
@@ -396,7 +411,7 @@ int main(int argc, char **argv)
         if (r.rank == 0) {
             fprintf(stderr, "usage: mpiexec -n N mailrail_incast [-v victims<=N | -V rank,rank...] [-b bytes] "
                             "[-m messages] [-t trials] [-p none,rank,node] [-s seed] "
-                            "[-c file.csv] [-i period_ms] [-o stats_prefix] [-q]\n");
+                            "[-c file.csv] [-i period_ms] [-o stats_prefix] [-w] [-q]\n");
         }
         MPI_Finalize();
         return 2;

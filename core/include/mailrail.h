@@ -212,6 +212,26 @@ typedef struct mr_message {
 MR_API mr_status_t mr_receive(mr_message_t *message);
 
 /*
+ * Makes progress like mr_receive(), but when nothing is ready, sleeps until
+ * the substrate has news (a message, a credit return, a completed send) or
+ * `timeout_ms` milliseconds have passed. For ranks that outnumber cores: a
+ * rank with nothing to do gives its core to the others instead of spinning.
+ * Credits that neighbours on the same node return through shared memory
+ * (MAILRAIL_FLOWCTL=node) do not wake it, so keep the timeout short (1 ms)
+ * while sends are deferred. Takes no message: call mr_receive() next.
+ *
+ * Returns:
+ *   MR_OK                   something may be ready (a message is waiting, or
+ *                           progress was made).
+ *   MR_AGAIN                the timeout passed with nothing to report.
+ *   MR_ERR_PEER_FAILED, MR_ERR_TRANSPORT  as mr_receive(); a failure is
+ *                           reported by the next mr_receive() as well.
+ *   MR_ERR_INVALID_PARAM    `timeout_ms` is negative or above 60000.
+ *   MR_ERR_NOT_INITIALIZED  called before mr_init() or after mr_finalize().
+ */
+MR_API mr_status_t mr_wait(int timeout_ms);
+
+/*
  * Gives a buffer back to MailRail: a receive buffer returned by mr_receive(),
  * or a reserved send buffer that will not be sent.
  *

@@ -28,7 +28,8 @@ static const mr_config_entry_t node_config_table[] = {
     {"MAILRAIL_NODE_CREDITS", "0", MR_CONFIG_UINT, offsetof(node_config_t, credits), 0,
      1u << 24, NULL,
      "Under MAILRAIL_FLOWCTL=node, the credits each receiver grants each sending node, shared "
-     "by all ranks of that node (the paper used 512). 0 divides the receive pool evenly: "
+     "by all ranks of that node, all at once (the paper used 512). 0 sizes the grants to what "
+     "the receiver's rate and the credit loop need, starting at 2 per node and never above "
      "MAILRAIL_RECV_SLOTS / nodes. Credits times nodes may not exceed MAILRAIL_RECV_SLOTS."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
@@ -44,6 +45,8 @@ struct mr_flowctl {
     mr_node_segment_t *seg;
     mr_credit_owed_t owed;    /* Per sending node: consumed credits not yet returned. */
     uint32_t local_owed;      /* Consumed credits of this node's own senders, not yet deposited. */
+    uint32_t local_return_at; /* Deposit them in batches of this many. */
+    bool adaptive;
     mr_credit_clock_t clock;
     uint64_t piggybacked;
 };
@@ -98,6 +101,13 @@ static mr_status_t node_attach(mr_flowctl_t *fc, const mr_flowctl_params_t *para
         mr_node_segment_cleanup_stale();
         status = mr_node_segment_create(fc->segment_name, params->job_id, fc->node,
                                         params->size, fc->per_node, &fc->seg);
+        /* Remote receivers' grants start small; this node's own never cross the network. */
+        for (int r = 0; status == MR_OK && r < params->size; r++) {
+            uint32_t n = params->node_of_rank[r] == fc->node
+                             ? fc->per_node
+                             : mr_credit_initial(fc->per_node, fc->adaptive);
+            atomic_store(&fc->seg->credits[r].n, n);
+        }
     }
     barrier = params->barrier(params->core);
     if (!fc->creator && status == MR_OK && barrier == MR_OK) {
@@ -128,9 +138,9 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     fc->node_of = params->node_of_rank;
     fc->per_node = per_node;
     fc->piggyback = params->piggyback;
-    status = mr_credit_owed_init(&fc->owed, params->node_count,
-                                 mr_credit_return_at(per_node, params->return_threshold),
-                                 params);
+    fc->adaptive = ((const node_config_t *)params->config)->credits == 0;
+    fc->local_return_at = mr_credit_return_at(per_node, params->return_threshold);
+    status = mr_credit_owed_init(&fc->owed, params->node_count, per_node, fc->adaptive, params);
     if (status == MR_OK) status = mr_credit_clock_init(&fc->clock, params->size);
     /* Every rank must reach the barriers in node_attach, even after a local failure. */
     mr_status_t attached = node_attach(fc, params);
@@ -139,8 +149,10 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
         node_finalize(fc);
         return status;
     }
-    mr_info("Node flow control: %u credits per sending node, returned after %u are consumed; "
-            "segment %s.", per_node, fc->owed.return_at, fc->segment_name);
+    mr_info("Node flow control: up to %u credits per sending node, %s; segment %s.", per_node,
+            fc->adaptive ? "granted as the rate and the credit loop need (MAILRAIL_NODE_CREDITS=0)"
+                         : "all granted at once",
+            fc->segment_name);
     *out = fc;
     return MR_OK;
 }
@@ -186,6 +198,9 @@ static void node_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
 
 static void node_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
 {
+    int source_node = fc->node_of[source];
+
+    if (source_node != fc->node) mr_credit_owed_arrived(&fc->owed, source_node);
     if (imm != 0) node_deposit(fc, source, imm);
 }
 
@@ -201,7 +216,7 @@ static void node_on_release(mr_flowctl_t *fc, int source)
      * credit with this receiver, which deposits once return_at are consumed.
      */
     if (source_node == fc->node) {
-        if (++fc->local_owed >= fc->owed.return_at) {
+        if (++fc->local_owed >= fc->local_return_at) {
             node_deposit(fc, fc->rank, fc->local_owed);
             fc->local_owed = 0;
         }

@@ -21,9 +21,10 @@ typedef struct rank_config {
 static const mr_config_entry_t rank_config_table[] = {
     {"MAILRAIL_RANK_CREDITS", "0", MR_CONFIG_UINT, offsetof(rank_config_t, credits), 0,
      1u << 24, NULL,
-     "Under MAILRAIL_FLOWCTL=rank, the credits each receiver grants each sender (the paper "
-     "used 8). 0 divides the receive pool evenly: MAILRAIL_RECV_SLOTS / ranks. Credits times "
-     "ranks may not exceed MAILRAIL_RECV_SLOTS."},
+     "Under MAILRAIL_FLOWCTL=rank, the credits each receiver grants each sender, all at once "
+     "(the paper used 8). 0 sizes the grants to what the receiver's rate and the credit loop "
+     "need, starting at 2 per sender and never above MAILRAIL_RECV_SLOTS / ranks. Credits "
+     "times ranks may not exceed MAILRAIL_RECV_SLOTS."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 
@@ -73,6 +74,7 @@ static mr_status_t rank_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
 {
     mr_flowctl_t *fc;
     uint32_t per_pair;
+    bool adaptive;
     mr_status_t status;
 
     status = rank_credits(params, &per_pair);
@@ -86,23 +88,25 @@ static mr_status_t rank_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     fc->size = params->size;
     fc->per_pair = per_pair;
     fc->piggyback = params->piggyback;
+    adaptive = ((const rank_config_t *)params->config)->credits == 0;
     fc->credits = malloc((size_t)params->size * sizeof(*fc->credits));
     if (fc->credits == NULL) {
         mr_error("Cannot allocate credits for %d ranks.", params->size);
         free(fc);
         return MR_ERR_NO_MEMORY;
     }
-    for (int r = 0; r < params->size; r++) fc->credits[r] = per_pair;
-    status = mr_credit_owed_init(&fc->owed, params->size,
-                                 mr_credit_return_at(per_pair, params->return_threshold),
-                                 params);
+    /* Credits for oneself never cross the network: all of them at once. */
+    for (int r = 0; r < params->size; r++) fc->credits[r] = mr_credit_initial(per_pair, adaptive);
+    fc->credits[fc->rank] = per_pair;
+    status = mr_credit_owed_init(&fc->owed, params->size, per_pair, adaptive, params);
     if (status == MR_OK) status = mr_credit_clock_init(&fc->clock, params->size);
     if (status != MR_OK) {
         rank_finalize(fc);
         return status;
     }
-    mr_info("Rank flow control: %u credits per sender, returned after %u are consumed.",
-            per_pair, fc->owed.return_at);
+    mr_info("Rank flow control: up to %u credits per sender, %s.", per_pair,
+            adaptive ? "granted as the rate and the credit loop need (MAILRAIL_RANK_CREDITS=0)"
+                     : "all granted at once");
     *out = fc;
     return MR_OK;
 }
@@ -143,6 +147,7 @@ static void rank_refill(mr_flowctl_t *fc, int source, uint32_t n)
 
 static void rank_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
 {
+    if (source != fc->rank) mr_credit_owed_arrived(&fc->owed, source);
     if (imm != 0) rank_refill(fc, source, imm);
 }
 

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# MailRail across the emulated hosts of tools/fabric/fabric.sh: 2 hosts x 2
+# ranks (network namespaces joined by a bridge, the port toward the second host
+# shaped to 200mbit with a 32kb buffer). mailrail_demo runs over the tcp
+# substrate (flow control none and node) and over the ucx substrate (UCX's TCP
+# transport on eth0); every rank must report that every message arrived exactly
+# once, MailRail must see 2 nodes, and the shaped port must have carried at
+# least the payload sent across it. Then a job is interrupted with SIGINT and a
+# failing job is run. After each run no namespace mrf<PID>* and no
+# /dev/shm/mailrail-* segment of the run may remain.
+#
+#   run_fabric.sh FABRIC_SH MPIEXEC MAILRAIL_DEMO
+#
+# Exits 77 (skipped) when not root, when ip, tc, ethtool or unshare is missing
+# (Debian packages iproute2, ethtool, util-linux), or when network namespaces
+# cannot be created here.
+set -u
+
+skip() { echo "SKIP: $*"; exit 77; }
+[ $# -eq 3 ] || { echo "usage: $0 FABRIC_SH MPIEXEC MAILRAIL_DEMO" >&2; exit 2; }
+fabric=$1 mpiexec=$2 demo=$3
+
+[ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces, tc)"
+for t in ip tc ethtool unshare timeout; do
+    command -v "$t" >/dev/null 2>&1 || skip "'$t' is missing (Debian packages: iproute2 ethtool util-linux)"
+done
+unshare --net true 2>/dev/null || skip "network namespaces cannot be created here"
+
+tmp=$(mktemp -d /tmp/run_fabric.XXXXXX)
+pid=
+trap 'rm -rf "$tmp"' EXIT
+# Stopped (meson's timeout): stop the running fabric.sh, which tears down.
+on_stop() {
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    fi
+    exit 1
+}
+trap on_stop INT TERM
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# The segments that existed before: others' running jobs may own some.
+shm_segments() {
+    local f
+    for f in /dev/shm/mailrail-*; do [ -e "$f" ] && echo "${f#/dev/shm/}"; done | sort
+}
+shm_before=$(shm_segments)
+
+# Nothing of run PID may remain: no namespace, no new mailrail segment.
+check_clean() {
+    local pid=$1 what=$2 ns seg
+    ns=$(ip netns list 2>/dev/null | awk '{print $1}' | grep "^mrf${pid}\(sw\|h[0-9]*\)$")
+    [ -z "$ns" ] || fail "$what: namespaces left behind: $ns"
+    ls -d /tmp/"mrf${pid}".* >/dev/null 2>&1 && fail "$what: run directory left behind"
+    for seg in $(shm_segments | comm -13 <(echo "$shm_before") -); do
+        # A segment of another job that is still running is not ours.
+        local creator
+        creator=$(od -An -t d4 -j 20 -N 4 "/dev/shm/$seg" 2>/dev/null | tr -d ' ')
+        if [ -z "$creator" ] || [ "$creator" -eq 0 ] || ! kill -0 "$creator" 2>/dev/null; then
+            fail "$what: /dev/shm/$seg left behind"
+        fi
+    done
+}
+
+# 1. Three jobs in one fabric: tcp/none, tcp/node, ucx/node.
+count=1000 bytes=512
+cat >"$tmp/jobs.sh" <<EOF
+fabric_substrate tcp
+fabric_run tcp-none "$demo" $count $bytes || echo "JOB tcp-none FAILED"
+MAILRAIL_FLOWCTL=node fabric_run tcp-node "$demo" $count $bytes || echo "JOB tcp-node FAILED"
+fabric_substrate ucx
+MAILRAIL_FLOWCTL=node fabric_run ucx-node "$demo" $count $bytes || echo "JOB ucx-node FAILED"
+EOF
+# fabric.sh bounds itself (--total-timeout); $! must be its own PID, which names
+# its namespaces.
+"$fabric" -H 2 -R 2 -V 1 --timeout 50 --total-timeout 160 \
+    --mpiexec "$mpiexec" --counters "$tmp/counters.csv" --script "$tmp/jobs.sh" \
+    >"$tmp/out" 2>&1 &
+pid=$!
+wait "$pid"
+rc=$?
+cat "$tmp/out"
+[ "$rc" -eq 0 ] || fail "fabric.sh exited with status $rc"
+grep -q "namespaces mrf${pid}\*" "$tmp/out" || fail "the namespaces are not named mrf${pid}*"
+grep -q "FAILED" "$tmp/out" && fail "a job failed"
+n=$(grep -c "all delivered exactly once" "$tmp/out")
+[ "$n" -eq 12 ] || fail "$n of 12 rank reports say 'all delivered exactly once'"
+grep -q "INCOMPLETE" "$tmp/out" && fail "a rank reports INCOMPLETE delivery"
+n=$(grep -c "4 ranks on 2 node(s)" "$tmp/out")
+[ "$n" -eq 3 ] || fail "MailRail saw 2 nodes in $n of 3 jobs"
+grep -q "substrate ucx" "$tmp/out" || fail "the ucx job did not run on the ucx substrate"
+# Ranks 0,1 (host 0) send count messages to each of ranks 2,3 (host 1).
+across=$((2 * 2 * count * bytes))
+if [ -f "$tmp/counters.csv" ]; then
+    cat "$tmp/counters.csv"
+    for label in tcp-none tcp-node ucx-node; do
+        sent=$(awk -F, -v l="$label" '$1 == l && $2 == "h1" { print $3 }' "$tmp/counters.csv")
+        if [ -z "$sent" ] || [ "$sent" -lt "$across" ]; then
+            fail "$label: the shaped port carried ${sent:-no} bytes, less than the $across sent across it"
+        fi
+    done
+else
+    fail "no counters file"
+fi
+check_clean "$pid" "jobs"
+
+# 2. SIGINT while a job runs: exit 130, everything torn down. (A background
+# job of a script starts with SIGINT ignored; env restores the default.)
+env --default-signal=INT "$fabric" -q -H 2 -R 2 --timeout 60 --total-timeout 90 \
+    --mpiexec "$mpiexec" -- sleep 50 >"$tmp/out" 2>&1 &
+pid=$!
+running=0
+for _ in $(seq 150); do
+    if [ -n "$(ip netns pids "mrf${pid}h1" 2>/dev/null)" ]; then running=1; break; fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+done
+[ "$running" -eq 1 ] || fail "the interrupted job never started"
+kill -INT "$pid" 2>/dev/null
+for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+if kill -0 "$pid" 2>/dev/null; then
+    fail "fabric.sh still runs 20 s after SIGINT"
+    kill -TERM "$pid" 2>/dev/null
+fi
+wait "$pid"
+rc=$?
+[ "$rc" -eq 130 ] || { cat "$tmp/out"; fail "fabric.sh exited with status $rc after SIGINT, not 130"; }
+check_clean "$pid" "SIGINT"
+
+# 3. A failing job: non-zero exit, everything torn down.
+"$fabric" -q -H 2 -R 1 --timeout 30 --total-timeout 60 --mpiexec "$mpiexec" -- false >"$tmp/out" 2>&1 &
+pid=$!
+wait "$pid"
+rc=$?
+[ "$rc" -ne 0 ] || fail "a failing job made fabric.sh exit 0"
+check_clean "$pid" "failing job"
+
+if [ "$failures" -gt 0 ]; then
+    echo "fabric: $failures check(s) failed"
+    exit 1
+fi
+echo "fabric: all checks passed"
