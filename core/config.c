@@ -55,7 +55,8 @@ const mr_config_entry_t mr_core_config_table[] = {
     {"MAILRAIL_CREDIT_RETURN_THRESHOLD", "2", MR_CONFIG_UINT,
      offsetof(mr_core_config_t, credit_return_threshold), 1, 65536, NULL,
      "Under the rank and node policies, a receiver returns credits to a sender (rank or node) "
-     "once it has consumed 1/this of the credits it granted it: 2 returns them after half. "
+     "once it has consumed 1/this of the credits it grants it at a time (the adaptive window, "
+     "or the static share): 2 returns them after half. "
      "Larger values return sooner, in more and smaller control messages."},
     {"MAILRAIL_PIGGYBACK", "yes", MR_CONFIG_BOOL, offsetof(mr_core_config_t, piggyback), 0, 0,
      NULL,

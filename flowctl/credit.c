@@ -11,19 +11,23 @@
 #include <time.h>
 
 /*
- * The grants cover this long at the receiver's best recent rate: longer than
- * a credit loop through shared memory or a switch, so that a receiver that
- * is not the bottleneck lets its senders run at full speed, and short enough
- * that what waits in a switch in front of a bottlenecked receiver (1 ms at
- * 200 Mbit/s is 25 KB) fits a shallow buffer. docs/incast.md has the numbers.
+ * The grants cover at least this long at the receiver's best recent rate:
+ * longer than a credit loop through shared memory or a switch, so that a
+ * receiver that is not the bottleneck lets its senders run at full speed, and
+ * short enough that what waits in a switch in front of a bottlenecked
+ * receiver (1 ms at 200 Mbit/s is 25 KB) fits a shallow buffer. A measured
+ * loop longer than half of it lengthens it. docs/incast.md has the numbers.
  */
-#define MR_CREDIT_HORIZON_NS (1 * MR_NS_PER_MS)
+#define CREDIT_HORIZON_NS (1 * MR_NS_PER_MS)
 /* Arrivals are counted in intervals of at least this long to estimate the rate. */
 #define CREDIT_INTERVAL_NS (1 * MR_NS_PER_MS)
-/* The rate estimate loses 2% per interval: a maximum over the last tens of ms. */
+/* The rate estimate loses 2% per interval, at most 50 intervals' worth at once. */
 #define CREDIT_RATE_DECAY 0.98
-/* Keys count as active for an epoch this long after they last sent. */
+#define CREDIT_DECAY_STEPS_MAX 50
+/* Active keys and the shortest loop are taken over epochs this long. */
 #define CREDIT_EPOCH_NS (250 * MR_NS_PER_MS)
+/* A key that sent fewer messages than this in an epoch does not count as active. */
+#define CREDIT_ACTIVE_ARRIVALS 2
 
 mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, bool adaptive,
                                 const mr_flowctl_params_t *params)
@@ -34,24 +38,20 @@ mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, 
     o->nkeys = nkeys;
     o->limit = limit;
     o->threshold = params->return_threshold;
-    o->owed = calloc((size_t)nkeys, sizeof(*o->owed));
-    o->held = calloc((size_t)nkeys, sizeof(*o->held));
-    o->seen_epoch = calloc((size_t)nkeys, sizeof(*o->seen_epoch));
-    o->return_to = calloc((size_t)nkeys, sizeof(*o->return_to));
-    o->queued = calloc((size_t)nkeys, sizeof(*o->queued));
+    o->key = calloc((size_t)nkeys, sizeof(*o->key));
     o->retry = calloc((size_t)nkeys, sizeof(*o->retry));
     o->core = params->core;
     o->send_control = params->send_control;
-    if (!o->owed || !o->held || !o->seen_epoch || !o->return_to || !o->queued || !o->retry) {
+    if (o->key == NULL || o->retry == NULL) {
         mr_error("Cannot allocate credit-return state for %d senders.", nkeys);
         mr_credit_owed_fini(o);
         return MR_ERR_NO_MEMORY;
     }
     /* Every key starts with `initial` credits; the rest of its share waits here. */
     for (int k = 0; k < nkeys; k++) {
-        o->held[k] = initial;
-        o->owed[k] = limit - initial;
-        o->seen_epoch[k] = UINT32_MAX;
+        o->key[k].held = initial;
+        o->key[k].owed = limit - initial;
+        o->key[k].epoch = UINT32_MAX;
     }
     o->win.adaptive = adaptive;
     o->win.window = initial;
@@ -60,26 +60,36 @@ mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, 
     return MR_OK;
 }
 
+static int credit_active(const mr_credit_window_t *w)
+{
+    int active = w->active > w->active_now ? w->active : w->active_now;
+    return active > 0 ? active : 1;
+}
+
 void mr_credit_owed_fini(mr_credit_owed_t *o)
 {
     if (o->win.adaptive && o->win.rate > 0) {
-        mr_debug("Credit window: %u per key over %d active key(s); peak rate %.0f messages/s.",
-                 o->win.window, o->win.active, o->win.rate);
+        mr_debug("Credit window: %u per key over %d active key(s); peak rate %.0f messages/s, "
+                 "shortest credit loop %.1f us.", o->win.window, credit_active(&o->win),
+                 o->win.rate, (double)o->win.loop_ns / 1e3);
     }
-    free(o->owed);
-    free(o->held);
-    free(o->seen_epoch);
-    free(o->return_to);
-    free(o->queued);
+    free(o->key);
     free(o->retry);
     memset(o, 0, sizeof(*o));
 }
 
-/* Notes that `n` credits went back to `key`. */
+/*
+ * Notes that `n` credits went back to `key`. When the key held none, its next
+ * message can only come on these: the time until it arrives is one credit
+ * loop (the return's way, the sender's reaction, the message's way).
+ */
 static void credit_granted(mr_credit_owed_t *o, int key, uint32_t n)
 {
-    o->owed[key] -= n;
-    o->held[key] += n;
+    mr_credit_key_t *k = &o->key[key];
+
+    if (o->win.adaptive && k->held == 0 && k->probe_t0 == 0) k->probe_t0 = mr_now_ns();
+    k->owed -= n;
+    k->held += n;
 }
 
 uint32_t mr_credit_owed_take(mr_credit_owed_t *o, int key)
@@ -90,89 +100,129 @@ uint32_t mr_credit_owed_take(mr_credit_owed_t *o, int key)
     return n;
 }
 
+/* Puts `key` on the list that mr_credit_owed_progress() sends. */
+static void credit_queue(mr_credit_owed_t *o, int key)
+{
+    if (!o->key[key].queued) {
+        o->key[key].queued = 1;
+        o->retry[o->nretry++] = key;
+    }
+}
+
 /* Sends what may be returned to `key`; a refusal puts the key on the retry list. */
 static void credit_owed_return(mr_credit_owed_t *o, int key)
 {
     uint32_t n = mr_credit_owed_returnable(o, key);
-    mr_status_t status = o->send_control(o->core, o->return_to[key], n);
+    mr_status_t status = o->send_control(o->core, o->key[key].return_to, n);
 
     if (status == MR_OK) {
         credit_granted(o, key, n);
     } else if (status == MR_AGAIN) {
-        if (!o->queued[key]) {
-            o->queued[key] = 1;
-            o->retry[o->nretry++] = key;
-        }
+        credit_queue(o, key);
     } else {
         /* The peer is gone; its credits no longer matter. */
-        o->owed[key] = 0;
+        o->key[key].owed = 0;
     }
 }
 
 /*
- * Sizes the window: MR_CREDIT_HORIZON_NS worth of arrivals at the receiver's
- * best recent rate, shared by the keys that send to it (docs/incast.md).
+ * Sizes the window: the arrivals of one horizon at the receiver's best recent
+ * rate, shared by the keys that send to it, at least MR_CREDIT_INITIAL.
  */
 static void credit_window_update(mr_credit_window_t *w, uint32_t limit)
 {
-    int active = w->active > w->active_now ? w->active : w->active_now;
-    double total = w->rate * (double)MR_CREDIT_HORIZON_NS / 1e9;
-    double per = total / (double)(active > 0 ? active : 1);
+    uint64_t loop = w->loop_fresh_ns != 0 && (w->loop_ns == 0 || w->loop_fresh_ns < w->loop_ns)
+                        ? w->loop_fresh_ns
+                        : w->loop_ns;
+    uint64_t horizon = 2 * loop > CREDIT_HORIZON_NS ? 2 * loop : CREDIT_HORIZON_NS;
+    double per = w->rate * (double)horizon / 1e9 / (double)credit_active(w);
+    uint32_t floor = limit < MR_CREDIT_INITIAL ? limit : MR_CREDIT_INITIAL;
     uint32_t n = per >= (double)limit ? limit : (uint32_t)per + 1;
 
-    w->window = n < 1 ? 1 : n;
+    w->window = n < floor ? floor : n;
 }
 
-/* Counts an arrival for the rate, rolls epochs over, resizes the window. */
-static void credit_window_arrival(mr_credit_owed_t *o, int key)
+/* Starts a new epoch: the keys and loops of the last one are what counts now. */
+static void credit_epoch(mr_credit_window_t *w, uint64_t now)
+{
+    w->active = w->active_now;
+    w->active_now = 0;
+    w->loop_ns = w->loop_fresh_ns != 0 ? w->loop_fresh_ns : w->loop_ns;
+    w->loop_fresh_ns = 0;
+    w->epoch++;
+    w->epoch_end_ns = now + CREDIT_EPOCH_NS;
+}
+
+/* Counts an arrival for the rate, times loops, rolls epochs over, resizes the window. */
+static void credit_window_arrival(mr_credit_owed_t *o, mr_credit_key_t *k)
 {
     mr_credit_window_t *w = &o->win;
-    uint64_t now;
+    uint64_t now = 0;
 
-    if (o->seen_epoch[key] != w->epoch) {
-        o->seen_epoch[key] = w->epoch;
-        w->active_now++;
+    if (k->epoch != w->epoch) {
+        k->epoch = w->epoch;
+        k->epoch_arrivals = 0;
+    }
+    if (++k->epoch_arrivals == CREDIT_ACTIVE_ARRIVALS) w->active_now++;
+    if (k->probe_t0 != 0) {
+        now = mr_now_ns();
+        uint64_t loop = now - k->probe_t0;
+        k->probe_t0 = 0;
+        if (w->loop_fresh_ns == 0 || loop < w->loop_fresh_ns) w->loop_fresh_ns = loop;
     }
     if ((++w->interval_arrivals & 15) != 0) return;
-    now = mr_now_ns();
+    if (now == 0) now = mr_now_ns();
     if (w->interval_start_ns == 0) {
         w->interval_start_ns = now;
         w->epoch_end_ns = now + CREDIT_EPOCH_NS;
         w->interval_arrivals = 0;
         return;
     }
-    if (now - w->interval_start_ns < CREDIT_INTERVAL_NS) return;
-    double dt = (double)(now - w->interval_start_ns) / 1e9;
-    double rate = (double)w->interval_arrivals / dt;
+    uint64_t span = now - w->interval_start_ns;
+    if (span < CREDIT_INTERVAL_NS) return;
+    double rate = (double)w->interval_arrivals / ((double)span / 1e9);
     double decayed = w->rate;
-    for (uint64_t t = CREDIT_INTERVAL_NS; t <= now - w->interval_start_ns && decayed > 1;
-         t += CREDIT_INTERVAL_NS) {
+    for (uint64_t t = CREDIT_INTERVAL_NS, steps = 0;
+         t <= span && steps < CREDIT_DECAY_STEPS_MAX; t += CREDIT_INTERVAL_NS, steps++) {
         decayed *= CREDIT_RATE_DECAY;
     }
     w->rate = rate > decayed ? rate : decayed;
     w->interval_start_ns = now;
     w->interval_arrivals = 0;
-    if (now >= w->epoch_end_ns) {
-        w->active = w->active_now > 0 ? w->active_now : 1;
-        w->active_now = 0;
-        w->epoch++;
-        w->epoch_end_ns = now + CREDIT_EPOCH_NS;
-    }
+    if (now >= w->epoch_end_ns) credit_epoch(w, now);
     credit_window_update(w, o->limit);
     o->return_at = mr_credit_return_at(w->window, o->threshold);
 }
 
-void mr_credit_owed_arrived(mr_credit_owed_t *o, int key)
+void mr_credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
 {
-    if (o->held[key] > 0) o->held[key]--;
-    if (o->win.adaptive) credit_window_arrival(o, key);
+    mr_credit_key_t *k = &o->key[key];
+
+    if (k->held > 0) {
+        k->held--;
+    } else if (!o->underflow_logged) {
+        mr_error("A message from rank %d came without a credit this rank granted; do all "
+                 "ranks use the same MAILRAIL_FLOWCTL and credit settings?", rank);
+        o->underflow_logged = true;
+    }
+    if (!o->win.adaptive) return;
+    credit_window_arrival(o, k);
+    /*
+     * Slots that were never granted, or a window that grew, can make credits
+     * due without a release (an application may hold its messages while it
+     * waits for more): progress sends them, outside this upcall.
+     */
+    k->return_to = rank;
+    if (!k->queued && mr_credit_owed_returnable(o, key) >= o->return_at) credit_queue(o, key);
 }
 
 void mr_credit_owed_consume(mr_credit_owed_t *o, int key, int rank)
 {
-    o->return_to[key] = rank;
-    o->owed[key]++;
-    if (!o->queued[key] && mr_credit_owed_returnable(o, key) >= o->return_at) {
+    mr_credit_key_t *k = &o->key[key];
+
+    k->return_to = rank;
+    k->owed++;
+    if (!k->queued && mr_credit_owed_returnable(o, key) >= o->return_at) {
         credit_owed_return(o, key);
     }
 }
@@ -184,25 +234,26 @@ int mr_credit_owed_progress(mr_credit_owed_t *o)
     if (o->nretry == 0) return 0;
     for (int i = 0; i < o->nretry; i++) {
         int key = o->retry[i];
+        mr_credit_key_t *k = &o->key[key];
         uint32_t n = mr_credit_owed_returnable(o, key);
         mr_status_t status;
 
         /* Piggybacking may have paid the debt meanwhile. */
-        if (n < o->return_at) {
-            o->queued[key] = 0;
+        if (n < o->return_at || n == 0) {
+            k->queued = 0;
             continue;
         }
-        status = o->send_control(o->core, o->return_to[key], n);
+        status = o->send_control(o->core, k->return_to, n);
         if (status == MR_AGAIN) {
             o->retry[kept++] = key;
             continue;
         }
-        o->queued[key] = 0;
+        k->queued = 0;
         if (status == MR_OK) {
             credit_granted(o, key, n);
             sent++;
         } else {
-            o->owed[key] = 0;
+            k->owed = 0;
         }
     }
     o->nretry = kept;

@@ -19,43 +19,54 @@
 /*
  * What a receiver grants one key: `limit` credits are its share of the receive
  * slots and never more are outstanding. With adaptive grants (the default
- * when no credit count is set) a key starts with MR_CREDIT_INITIAL and the
- * receiver keeps about 1 ms worth of its best recent arrival rate
- * outstanding over all keys that send to it, shared evenly, so that what
- * waits in the network in front of it stays small whatever the number of
- * senders (docs/incast.md). Static grants keep window = limit.
+ * when no credit count is set) a remote key starts with MR_CREDIT_INITIAL,
+ * and the receiver keeps about `rate x horizon` credits outstanding over the
+ * keys that send to it, shared evenly: `rate` is its best recent arrival
+ * rate, `horizon` is 1 ms or twice the shortest credit loop it measured,
+ * whichever is longer. docs/flowctl.md explains it, docs/incast.md measures
+ * it. Static grants keep window = limit.
  */
 #define MR_CREDIT_INITIAL 2
 
 typedef struct mr_credit_window {
     bool adaptive;
     uint32_t window;          /* Credits each active key may have outstanding now. */
-    uint64_t epoch_end_ns;
     double rate;              /* Most arrivals per second lately (a decaying maximum). */
+    uint64_t loop_ns;         /* Shortest credit loop of the last epoch, or 0. */
+    uint64_t loop_fresh_ns;   /* Shortest of this epoch, or 0. */
     uint64_t interval_start_ns;
     uint32_t interval_arrivals;
-    int active, active_now;   /* Keys that sent in the last epoch, and in this one. */
+    uint64_t epoch_end_ns;
     uint32_t epoch;
+    int active, active_now;   /* Keys that sent in the last epoch, and in this one. */
 } mr_credit_window_t;
+
+/* One key's grant, as its receiver sees it. */
+typedef struct mr_credit_key {
+    uint32_t owed;            /* Freed slots not yet granted back. */
+    uint32_t held;            /* Granted credits whose messages have not arrived. */
+    uint32_t epoch;           /* The last epoch it sent in, and how much: */
+    uint32_t epoch_arrivals;
+    uint64_t probe_t0;        /* When credits went to it with none held, or 0. */
+    int32_t return_to;        /* The rank that gets the control message. */
+    uint8_t queued;           /* On the retry list. */
+} mr_credit_key_t;
 
 typedef struct mr_credit_owed {
     int nkeys;
     uint32_t limit;       /* Credits per key: its share of the receive slots. */
     unsigned threshold;   /* MAILRAIL_CREDIT_RETURN_THRESHOLD. */
     uint32_t return_at;   /* Return once this many are returnable to a key. */
-    uint32_t *owed;       /* Per key: freed slots not yet granted back. */
-    uint32_t *held;       /* Per key: granted credits whose messages have not arrived. */
-    uint32_t *seen_epoch; /* Per key: the last epoch it sent in. */
-    int32_t *return_to;   /* Per key: the rank that gets the control message. */
-    uint8_t *queued;      /* Per key: on the retry list. */
-    int *retry;           /* Keys whose return the substrate refused. */
+    bool underflow_logged;
+    mr_credit_key_t *key;
+    int *retry;           /* Keys with a return to send from progress. */
     int nretry;
     mr_credit_window_t win;
     void *core;
     mr_status_t (*send_control)(void *core, int dest, uint32_t imm);
 } mr_credit_owed_t;
 
-/* The credits a sender starts with for each receiver: same on both sides. */
+/* The credits a sender starts with for a remote receiver: same on both sides. */
 static inline uint32_t mr_credit_initial(uint32_t limit, bool adaptive)
 {
     return adaptive && limit > MR_CREDIT_INITIAL ? MR_CREDIT_INITIAL : limit;
@@ -65,17 +76,18 @@ mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, 
                                 const mr_flowctl_params_t *params);
 void mr_credit_owed_fini(mr_credit_owed_t *o);
 
-/* A message of `key` arrived (a data message using one of its credits). */
-void mr_credit_owed_arrived(mr_credit_owed_t *o, int key);
+/* A data message of `key`, sent by `rank`, arrived on one of the key's credits. */
+void mr_credit_owed_arrived(mr_credit_owed_t *o, int key, int rank);
 
-/* One credit of `key` was freed by a message from `rank`; returns credits when due. */
+/* One slot of `key` was freed by a message from `rank`; returns credits when due. */
 void mr_credit_owed_consume(mr_credit_owed_t *o, int key, int rank);
 
 /* What may be granted back to `key` now: freed slots, up to its window. */
 static inline uint32_t mr_credit_owed_returnable(const mr_credit_owed_t *o, int key)
 {
-    uint32_t room = o->win.window > o->held[key] ? o->win.window - o->held[key] : 0;
-    return o->owed[key] < room ? o->owed[key] : room;
+    const mr_credit_key_t *k = &o->key[key];
+    uint32_t room = o->win.window > k->held ? o->win.window - k->held : 0;
+    return k->owed < room ? k->owed : room;
 }
 
 /* Takes what may be granted back to `key`, to piggyback it on a data message. */
@@ -84,11 +96,11 @@ uint32_t mr_credit_owed_take(mr_credit_owed_t *o, int key);
 /* Puts back credits taken with mr_credit_owed_take() that did not travel. */
 static inline void mr_credit_owed_put_back(mr_credit_owed_t *o, int key, uint32_t n)
 {
-    o->owed[key] += n;
-    o->held[key] -= n;
+    o->key[key].owed += n;
+    o->key[key].held -= n;
 }
 
-/* Retries refused returns. Returns the number of returns sent. */
+/* Sends returns that were refused or came due outside a release. Returns how many. */
 int mr_credit_owed_progress(mr_credit_owed_t *o);
 
 /* The credit threshold: freed credits are returned after 1/threshold of a grant. */

@@ -2,16 +2,19 @@
  * The `node` policy: all ranks of a sending node share one pool of credits
  * per receiving rank.
  *
- * Every receiver grants every node, its own included, `per_node` credits:
- * per_node = MAILRAIL_RECV_SLOTS / nodes, or MAILRAIL_NODE_CREDITS. The pool
- * of a node lives in a shared-memory segment (mr_node_segment_t), so a rank
- * spends credits that its neighbours freed without waiting for the receiver.
- * The receiver counts released slots per sending node and, once
- * 1/MAILRAIL_CREDIT_RETURN_THRESHOLD of the node's credits are consumed,
- * returns them to the rank whose message it released last (or piggybacks them
- * on a data message to any rank of that node); that rank deposits them in its
- * node's pool. Credits of the receiver's own node go straight back into the
- * shared pool: intra-node credit updates never touch the network.
+ * Every receiver reserves for every node, its own included, a share of its
+ * receive pool: per_node = MAILRAIL_RECV_SLOTS / nodes, or
+ * MAILRAIL_NODE_CREDITS. With the setting at 0 a remote node starts with 2
+ * credits and the receiver grants back what it frees up to an adaptive window
+ * (flowctl/credit.c, docs/flowctl.md); with a count set, the whole share is
+ * granted at once, as in the paper. The pool of a node lives in a
+ * shared-memory segment (mr_node_segment_t), so a rank spends credits that
+ * its neighbours freed without waiting for the receiver. The receiver returns
+ * credits to the rank whose message it released last (or piggybacks them on
+ * a data message to any rank of that node); that rank deposits them in its
+ * node's pool. Credits of the receiver's own node (its whole share from the
+ * start) go straight back into the shared pool: intra-node credit updates
+ * never touch the network.
  */
 #include "mr_credit.h"
 #include "mr_log.h"
@@ -28,9 +31,10 @@ static const mr_config_entry_t node_config_table[] = {
     {"MAILRAIL_NODE_CREDITS", "0", MR_CONFIG_UINT, offsetof(node_config_t, credits), 0,
      1u << 24, NULL,
      "Under MAILRAIL_FLOWCTL=node, the credits each receiver grants each sending node, shared "
-     "by all ranks of that node, all at once (the paper used 512). 0 sizes the grants to what "
-     "the receiver's rate and the credit loop need, starting at 2 per node and never above "
-     "MAILRAIL_RECV_SLOTS / nodes. Credits times nodes may not exceed MAILRAIL_RECV_SLOTS."},
+     "by all ranks of that node, all at once (the paper used 512). 0 grants adaptively: 2 to "
+     "a remote node to start, then what the receiver takes in over 1 ms (or two credit loops) "
+     "at its best recent rate, shared by its active nodes, never above MAILRAIL_RECV_SLOTS / "
+     "nodes. Credits times nodes may not exceed MAILRAIL_RECV_SLOTS."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 
@@ -43,7 +47,7 @@ struct mr_flowctl {
     bool overflow_logged;
     char segment_name[128];
     mr_node_segment_t *seg;
-    mr_credit_owed_t owed;    /* Per sending node: consumed credits not yet returned. */
+    mr_credit_owed_t owed;    /* Per sending node: what this rank grants it. */
     uint32_t local_owed;      /* Consumed credits of this node's own senders, not yet deposited. */
     uint32_t local_return_at; /* Deposit them in batches of this many. */
     bool adaptive;
@@ -150,8 +154,7 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
         return status;
     }
     mr_info("Node flow control: up to %u credits per sending node, %s; segment %s.", per_node,
-            fc->adaptive ? "granted as the rate and the credit loop need (MAILRAIL_NODE_CREDITS=0)"
-                         : "all granted at once",
+            fc->adaptive ? "granted adaptively (MAILRAIL_NODE_CREDITS=0)" : "all granted at once",
             fc->segment_name);
     *out = fc;
     return MR_OK;
@@ -200,7 +203,7 @@ static void node_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
 {
     int source_node = fc->node_of[source];
 
-    if (source_node != fc->node) mr_credit_owed_arrived(&fc->owed, source_node);
+    if (source_node != fc->node) mr_credit_owed_arrived(&fc->owed, source_node, source);
     if (imm != 0) node_deposit(fc, source, imm);
 }
 
@@ -210,10 +213,10 @@ static void node_on_release(mr_flowctl_t *fc, int source)
 
     /*
      * A sender on this node gets its credits back through the shared pool,
-     * in batches of return_at like a remote node, so that sender and
+     * in batches of the static share's return threshold, so that sender and
      * receiver do not fight over the pool's cache line for every message.
-     * Safe for the same reason: a sender that runs out has left every
-     * credit with this receiver, which deposits once return_at are consumed.
+     * Safe: a sender that runs out has left every credit with this receiver,
+     * which deposits once local_return_at are consumed.
      */
     if (source_node == fc->node) {
         if (++fc->local_owed >= fc->local_return_at) {

@@ -1,13 +1,15 @@
 /*
  * The `rank` policy: credits per (sender rank, receiver rank) pair.
  *
- * Every receiver grants every sender, itself included, `per_pair` credits,
- * each one a slot of its receive pool: per_pair = MAILRAIL_RECV_SLOTS / ranks,
- * or MAILRAIL_RANK_CREDITS. A sender spends one credit per message and defers
- * the message when it has none. The receiver counts the slots it releases per
- * sender and gives them back once 1/MAILRAIL_CREDIT_RETURN_THRESHOLD of the
- * sender's credits are consumed: in a control message, or piggybacked on a
- * data message going to that sender. Credits for oneself are returned at once.
+ * Every receiver reserves for every sender, itself included, a share of its
+ * receive pool: per_pair = MAILRAIL_RECV_SLOTS / ranks, or
+ * MAILRAIL_RANK_CREDITS. With the setting at 0 a remote sender starts with 2
+ * credits and the receiver grants back what it frees up to an adaptive window
+ * (flowctl/credit.c, docs/flowctl.md); with a count set, the whole share is
+ * granted at once, as in the paper. A sender spends one credit per message
+ * and defers the message when it has none. Credits go back in a control
+ * message or piggybacked on a data message going to that sender. Credits for
+ * oneself are returned at once.
  */
 #include "mr_credit.h"
 #include "mr_log.h"
@@ -22,9 +24,10 @@ static const mr_config_entry_t rank_config_table[] = {
     {"MAILRAIL_RANK_CREDITS", "0", MR_CONFIG_UINT, offsetof(rank_config_t, credits), 0,
      1u << 24, NULL,
      "Under MAILRAIL_FLOWCTL=rank, the credits each receiver grants each sender, all at once "
-     "(the paper used 8). 0 sizes the grants to what the receiver's rate and the credit loop "
-     "need, starting at 2 per sender and never above MAILRAIL_RECV_SLOTS / ranks. Credits "
-     "times ranks may not exceed MAILRAIL_RECV_SLOTS."},
+     "(the paper used 8). 0 grants adaptively: 2 to start, then what the receiver takes in "
+     "over 1 ms (or two credit loops) at its best recent rate, shared by its active senders, "
+     "never above MAILRAIL_RECV_SLOTS / ranks. Credits times ranks may not exceed "
+     "MAILRAIL_RECV_SLOTS."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 
@@ -34,7 +37,7 @@ struct mr_flowctl {
     bool piggyback;
     bool overflow_logged;
     uint32_t *credits;        /* Per destination: credits this rank may spend. */
-    mr_credit_owed_t owed;    /* Per sender: consumed credits not yet returned. */
+    mr_credit_owed_t owed;    /* Per sender: what this rank grants it. */
     mr_credit_clock_t clock;
     uint64_t piggybacked;
 };
@@ -105,8 +108,7 @@ static mr_status_t rank_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
         return status;
     }
     mr_info("Rank flow control: up to %u credits per sender, %s.", per_pair,
-            adaptive ? "granted as the rate and the credit loop need (MAILRAIL_RANK_CREDITS=0)"
-                     : "all granted at once");
+            adaptive ? "granted adaptively (MAILRAIL_RANK_CREDITS=0)" : "all granted at once");
     *out = fc;
     return MR_OK;
 }
@@ -147,7 +149,7 @@ static void rank_refill(mr_flowctl_t *fc, int source, uint32_t n)
 
 static void rank_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
 {
-    if (source != fc->rank) mr_credit_owed_arrived(&fc->owed, source);
+    if (source != fc->rank) mr_credit_owed_arrived(&fc->owed, source, source);
     if (imm != 0) rank_refill(fc, source, imm);
 }
 

@@ -82,6 +82,7 @@ fi
     echo "set linetype 3 lc rgb '#2ca02c' lw 2 pt 9"
     [ "$logx" = 1 ] && echo "set logscale x 2"
     if [ -n "$ref" ]; then
+        echo "set yrange [0:${ref%%:*} * 1.15]"
         echo "set arrow from graph 0, first ${ref%%:*} to graph 1, first ${ref%%:*} nohead dt 2 lc rgb 'gray40' lw 1.5"
         echo "set label \"${ref#*:}\" at graph 0.01, first ${ref%%:*} offset 0,0.7 tc rgb 'gray30' noenhanced"
     fi
