@@ -16,11 +16,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MR_BOOTSTRAP_ABI_VERSION 1
+#define MR_BOOTSTRAP_ABI_VERSION 2
 #define MR_BOOTSTRAP_ENTRY "mr_bootstrap_get_ops"
 #define MR_BOOTSTRAP_PREFIX "mailrail_bootstrap_"
 
 typedef struct mr_bootstrap mr_bootstrap_t;
+
+/* How the bootstrap ends. */
+typedef enum mr_bootstrap_end {
+    /* mr_finalize(): free the communicator, finalize MPI if MailRail started it. */
+    MR_BOOTSTRAP_END_FINAL,
+    /* A failed mr_init(): free the communicator, keep MPI up so that it can be retried. */
+    MR_BOOTSTRAP_END_RETRY,
+    /* A peer died or a collective was abandoned: touch nothing, since MPI_Comm_free and
+       MPI_Finalize would wait for the missing rank forever. */
+    MR_BOOTSTRAP_END_ABANDON,
+} mr_bootstrap_end_t;
 
 typedef struct mr_bootstrap_ops {
     uint32_t abi_version;
@@ -60,12 +71,8 @@ typedef struct mr_bootstrap_ops {
     /* The duplicated MPI_Comm the bootstrap uses, for the MPI substrate. */
     const void *(*comm)(mr_bootstrap_t *b);
 
-    /*
-     * Frees the communicator and finalizes MPI when init() initialized it.
-     * With `clean` false (a peer died, a collective was abandoned) MPI is
-     * left as it is: MPI_Finalize would wait for the dead forever.
-     */
-    void (*finalize)(mr_bootstrap_t *b, bool clean);
+    /* Ends the bootstrap; `end` says what becomes of MPI (mr_bootstrap_end_t). */
+    void (*finalize)(mr_bootstrap_t *b, mr_bootstrap_end_t end);
 } mr_bootstrap_ops_t;
 
 typedef const mr_bootstrap_ops_t *(*mr_bootstrap_entry_fn)(void);

@@ -66,6 +66,7 @@ typedef struct rt_runtime {
     mr_core_config_t cfg;
     int rank, size, node_count;
     int *node_of;
+    int *host_of;          /* Physical host index per rank. */
     uint8_t job_key[MR_JOB_KEY_LEN];
     char job_id[RT_JOB_ID_MAX];
 
@@ -442,6 +443,107 @@ static void rt_warn_unknown_settings(void)
     mr_config_warn_unknown(tables, ntables, skip, rt_declared_by_other_substrate, NULL);
 }
 
+/* ---- Settings that must agree across ranks ------------------------------------------- */
+
+#define RT_AGREED_MAX 16
+#define RT_AGREED_TEXT 64
+
+/*
+ * Core settings whose value must be the same on every rank: they decide which
+ * collectives init runs, the wire format and the credits. The receive pool
+ * decides the credits under rank and node, and every setting of the policy.
+ */
+static const char *const rt_job_wide[] = {"MAILRAIL_SUBSTRATE", "MAILRAIL_FLOWCTL",
+                                          "MAILRAIL_DATAGRAM_SIZE", "MAILRAIL_RANKS_PER_NODE",
+                                          NULL};
+
+typedef struct rt_agreed {
+    int n;
+    const char *name[RT_AGREED_MAX];
+    char text[RT_AGREED_MAX][RT_AGREED_TEXT];
+    uint64_t hash[RT_AGREED_MAX];
+} rt_agreed_t;
+
+static void rt_agreed_add(rt_agreed_t *a, const mr_config_entry_t *e, const void *cfg)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over "NAME=value". */
+
+    if (a->n == RT_AGREED_MAX) return;
+    a->name[a->n] = e->name;
+    mr_config_format_value(e, cfg, a->text[a->n], RT_AGREED_TEXT);
+    for (const char *c = e->name; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    h = (h ^ '=') * 0x100000001b3ull;
+    for (const char *c = a->text[a->n]; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    a->hash[a->n++] = h;
+}
+
+static const mr_config_entry_t *rt_core_entry(const char *name)
+{
+    for (const mr_config_entry_t *e = mr_core_config_table; e->name != NULL; e++) {
+        if (strcmp(e->name, name) == 0) return e;
+    }
+    return NULL;
+}
+
+/*
+ * Checks that every rank has the same job-wide settings, before anything that
+ * depends on them. Every rank gathers every rank's digest of them and so comes
+ * to the same verdict; a rank whose value differs from rank 0's names the
+ * setting and both values. Returns MR_ERR_CONFIG on every rank on a mismatch.
+ */
+static mr_status_t rt_agree_settings(void)
+{
+    rt_agreed_t mine = {0};
+    uint64_t *all;
+    char first[RT_AGREED_MAX][RT_AGREED_TEXT];
+    mr_status_t status;
+    int bad = -1, differ = 0, first_rank = -1;
+
+    for (size_t i = 0; rt_job_wide[i] != NULL; i++) {
+        rt_agreed_add(&mine, rt_core_entry(rt_job_wide[i]), &rt.cfg);
+    }
+    if (strcmp(rt.flowctl->name, "none") != 0) {
+        rt_agreed_add(&mine, rt_core_entry("MAILRAIL_RECV_SLOTS"), &rt.cfg);
+    }
+    for (const mr_config_entry_t *e = rt.flowctl->config_table; e != NULL && e->name != NULL;
+         e++) {
+        rt_agreed_add(&mine, e, rt.flowctl_config);
+    }
+    all = calloc((size_t)rt.size * RT_AGREED_MAX, sizeof(*all));
+    if (all == NULL) {
+        mr_error("Cannot allocate the settings digests of %d ranks.", rt.size);
+        return MR_ERR_NO_MEMORY;
+    }
+    status = rt.bootstrap->allgather(rt.bs, mine.hash, all, sizeof(mine.hash));
+    if (status == MR_OK) {
+        memcpy(first, mine.text, sizeof(first));
+        status = rt.bootstrap->bcast(rt.bs, first, sizeof(first), 0);
+    }
+    /* The first setting, in table order, on which some rank differs from rank 0. */
+    for (int i = 0; status == MR_OK && bad < 0 && i < RT_AGREED_MAX; i++) {
+        for (int r = 1; r < rt.size; r++) {
+            if (all[(size_t)r * RT_AGREED_MAX + i] != all[i]) {
+                bad = i;
+                differ++;
+                if (first_rank < 0) first_rank = r;
+            }
+        }
+    }
+    free(all);
+    if (status != MR_OK) return status;
+    if (bad < 0) return MR_OK;
+    /* Every rank learns the other value too: the first differing rank's. */
+    char other[RT_AGREED_MAX][RT_AGREED_TEXT];
+    memcpy(other, mine.text, sizeof(other));
+    status = rt.bootstrap->bcast(rt.bs, other, sizeof(other), first_rank);
+    if (status != MR_OK) return status;
+    mr_error("%s must be the same on every rank: it is \"%s\" on rank 0 but \"%s\" on rank %d "
+             "(%d rank(s) differ from rank 0; this rank has \"%s\").",
+             bad < mine.n ? mine.name[bad] : "a setting of the flow-control policy", first[bad],
+             other[bad], first_rank, differ, bad < mine.n ? mine.text[bad] : "");
+    return MR_ERR_CONFIG;
+}
+
 typedef struct rt_found {
     char list[512];
     size_t used;
@@ -571,7 +673,7 @@ static mr_status_t rt_map_nodes(void)
 {
     char host[RT_HOST_MAX] = {0};
     char *hosts = calloc((size_t)rt.size, RT_HOST_MAX);
-    int *host_of = calloc((size_t)rt.size, sizeof(int));
+    int *host_of = rt.host_of = calloc((size_t)rt.size, sizeof(int));
     int *local = calloc((size_t)rt.size, sizeof(int));
     int *key_host = calloc((size_t)rt.size, sizeof(int));
     int *key_group = calloc((size_t)rt.size, sizeof(int));
@@ -611,7 +713,6 @@ static mr_status_t rt_map_nodes(void)
     status = MR_OK;
 out:
     free(hosts);
-    free(host_of);
     free(local);
     free(key_host);
     free(key_group);
@@ -721,6 +822,7 @@ static mr_status_t rt_open_flowctl(void)
         .size = rt.size,
         .node_count = rt.node_count,
         .node_of_rank = rt.node_of,
+        .host_of_rank = rt.host_of,
         .recv_slots = rt.cfg.recv_slots,
         .return_threshold = (unsigned)rt.cfg.credit_return_threshold,
         .piggyback = rt.cfg.piggyback,
@@ -836,6 +938,8 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     mr_log_set_rank(rt.rank);
     /* Every rank has the same environment under mpiexec: one warning is enough. */
     if (rt.rank == 0) rt_warn_unknown_settings();
+    status = rt_agree_settings();
+    if (status != MR_OK) goto err_nodes;
     /*
      * From here on every rank must fail together: rt_agree() after each step
      * that can fail on some ranks only.
@@ -880,7 +984,9 @@ err_pools:
     rt_free_pools();
 err_nodes:
     free(rt.node_of);
-    rt.bootstrap->finalize(rt.bs, !rt.unclean);
+    free(rt.host_of);
+    /* MPI stays up, so that mr_init() can be called again (unless a rank is gone). */
+    rt.bootstrap->finalize(rt.bs, rt.unclean ? MR_BOOTSTRAP_END_ABANDON : MR_BOOTSTRAP_END_RETRY);
 err_substrate_config:
     free(rt.substrate_config);
 err_plugins:
@@ -971,6 +1077,8 @@ mr_status_t mr_finalize(void)
             mr_error("mr_finalize(): messages still unsent after %u s.",
                      (unsigned)rt.cfg.timeout_s);
             status = MR_ERR_TIMEOUT;
+            /* A peer stopped: MPI_Finalize would wait for it. */
+            rt.unclean = true;
         }
     }
     /*
@@ -1001,8 +1109,10 @@ mr_status_t mr_finalize(void)
     free(rt.addrs);
     rt_free_pools();
     free(rt.node_of);
+    free(rt.host_of);
     /* MPI cannot be finalized when a peer is gone or a collective was abandoned. */
-    rt.bootstrap->finalize(rt.bs, !rt.unclean && !rt.any_failure);
+    rt.bootstrap->finalize(rt.bs, rt.unclean || rt.any_failure ? MR_BOOTSTRAP_END_ABANDON
+                                                               : MR_BOOTSTRAP_END_FINAL);
     free(rt.substrate_config);
     free(rt.flowctl_config);
     mr_plugin_unload(rt.substrate_dl);
@@ -1123,7 +1233,7 @@ mr_status_t mr_send(void *buffer, size_t length, int dest)
     status = rt_reserved_slot("mr_send()", buffer, &idx);
     if (status != MR_OK) return status;
     if (rt.peer[dest] != PEER_OK) {
-        mr_error("mr_send(): destination %d has failed.", dest);
+        /* The failure itself was logged once, when it was detected. */
         return MR_ERR_PEER_FAILED;
     }
     s = &rt.sends[idx];

@@ -15,10 +15,10 @@
  * longer than a credit loop through shared memory or a switch, so that a
  * receiver that is not the bottleneck lets its senders run at full speed, and
  * short enough that what waits in a switch in front of a bottlenecked
- * receiver (1 ms at 200 Mbit/s is 25 KB) fits a shallow buffer. A measured
+ * receiver (2 ms at 200 Mbit/s is 50 KB) stays near a shallow buffer. A measured
  * loop longer than half of it lengthens it. docs/incast.md has the numbers.
  */
-#define CREDIT_HORIZON_NS (1 * MR_NS_PER_MS)
+#define CREDIT_HORIZON_NS (2 * MR_NS_PER_MS)
 /* Arrivals are counted in intervals of at least this long to estimate the rate. */
 #define CREDIT_INTERVAL_NS (1 * MR_NS_PER_MS)
 /* The rate estimate loses 2% per interval, at most 50 intervals' worth at once. */
@@ -30,7 +30,7 @@
 #define CREDIT_ACTIVE_ARRIVALS 2
 
 mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, bool adaptive,
-                                const mr_flowctl_params_t *params)
+                                const bool *remote, const mr_flowctl_params_t *params)
 {
     uint32_t initial = mr_credit_initial(limit, adaptive);
 
@@ -49,14 +49,16 @@ mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, 
     }
     /* Every key starts with `initial` credits; the rest of its share waits here. */
     for (int k = 0; k < nkeys; k++) {
-        o->key[k].held = initial;
-        o->key[k].owed = limit - initial;
+        o->key[k].adaptive = adaptive && (remote == NULL || remote[k]);
+        o->key[k].held = o->key[k].adaptive ? initial : limit;
+        o->key[k].owed = limit - o->key[k].held;
         o->key[k].epoch = UINT32_MAX;
     }
     o->win.adaptive = adaptive;
     o->win.window = initial;
     o->win.active = 1;
     o->return_at = mr_credit_return_at(initial, o->threshold);
+    o->static_return_at = mr_credit_return_at(limit, o->threshold);
     return MR_OK;
 }
 
@@ -87,7 +89,7 @@ static void credit_granted(mr_credit_owed_t *o, int key, uint32_t n)
 {
     mr_credit_key_t *k = &o->key[key];
 
-    if (o->win.adaptive && k->held == 0 && k->probe_t0 == 0) k->probe_t0 = mr_now_ns();
+    if (k->adaptive && k->held == 0 && k->probe_t0 == 0) k->probe_t0 = mr_now_ns();
     k->owed -= n;
     k->held += n;
 }
@@ -205,7 +207,7 @@ void mr_credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
                  "ranks use the same MAILRAIL_FLOWCTL and credit settings?", rank);
         o->underflow_logged = true;
     }
-    if (!o->win.adaptive) return;
+    if (!k->adaptive) return;
     credit_window_arrival(o, k);
     /*
      * Slots that were never granted, or a window that grew, can make credits
@@ -216,13 +218,14 @@ void mr_credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
     if (!k->queued && mr_credit_owed_returnable(o, key) >= o->return_at) credit_queue(o, key);
 }
 
+
 void mr_credit_owed_consume(mr_credit_owed_t *o, int key, int rank)
 {
     mr_credit_key_t *k = &o->key[key];
 
     k->return_to = rank;
     k->owed++;
-    if (!k->queued && mr_credit_owed_returnable(o, key) >= o->return_at) {
+    if (!k->queued && mr_credit_owed_returnable(o, key) >= mr_credit_owed_return_at(o, key)) {
         credit_owed_return(o, key);
     }
 }
@@ -239,7 +242,7 @@ int mr_credit_owed_progress(mr_credit_owed_t *o)
         mr_status_t status;
 
         /* Piggybacking may have paid the debt meanwhile. */
-        if (n < o->return_at || n == 0) {
+        if (n < mr_credit_owed_return_at(o, key) || n == 0) {
             k->queued = 0;
             continue;
         }

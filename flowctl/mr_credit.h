@@ -19,10 +19,11 @@
 /*
  * What a receiver grants one key: `limit` credits are its share of the receive
  * slots and never more are outstanding. With adaptive grants (the default
- * when no credit count is set) a remote key starts with MR_CREDIT_INITIAL,
+ * when no credit count is set, for keys on other hosts: between ranks of one
+ * host there is no switch to protect) a key starts with MR_CREDIT_INITIAL,
  * and the receiver keeps about `rate x horizon` credits outstanding over the
  * keys that send to it, shared evenly: `rate` is its best recent arrival
- * rate, `horizon` is 1 ms or twice the shortest credit loop it measured,
+ * rate, `horizon` is 2 ms or twice the shortest credit loop it measured,
  * whichever is longer. docs/flowctl.md explains it, docs/incast.md measures
  * it. Static grants keep window = limit.
  */
@@ -50,13 +51,15 @@ typedef struct mr_credit_key {
     uint64_t probe_t0;        /* When credits went to it with none held, or 0. */
     int32_t return_to;        /* The rank that gets the control message. */
     uint8_t queued;           /* On the retry list. */
+    bool adaptive;            /* Granted up to the window (else the whole share). */
 } mr_credit_key_t;
 
 typedef struct mr_credit_owed {
     int nkeys;
     uint32_t limit;       /* Credits per key: its share of the receive slots. */
     unsigned threshold;   /* MAILRAIL_CREDIT_RETURN_THRESHOLD. */
-    uint32_t return_at;   /* Return once this many are returnable to a key. */
+    uint32_t return_at;   /* Return once this many are returnable to an adaptive key, */
+    uint32_t static_return_at; /* and to another key. */
     bool underflow_logged;
     mr_credit_key_t *key;
     int *retry;           /* Keys with a return to send from progress. */
@@ -72,8 +75,9 @@ static inline uint32_t mr_credit_initial(uint32_t limit, bool adaptive)
     return adaptive && limit > MR_CREDIT_INITIAL ? MR_CREDIT_INITIAL : limit;
 }
 
+/* `remote[k]`: key k is on another host (adaptive grants apply to it when `adaptive`). */
 mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, bool adaptive,
-                                const mr_flowctl_params_t *params);
+                                const bool *remote, const mr_flowctl_params_t *params);
 void mr_credit_owed_fini(mr_credit_owed_t *o);
 
 /* A data message of `key`, sent by `rank`, arrived on one of the key's credits. */
@@ -86,8 +90,15 @@ void mr_credit_owed_consume(mr_credit_owed_t *o, int key, int rank);
 static inline uint32_t mr_credit_owed_returnable(const mr_credit_owed_t *o, int key)
 {
     const mr_credit_key_t *k = &o->key[key];
-    uint32_t room = o->win.window > k->held ? o->win.window - k->held : 0;
+    uint32_t window = k->adaptive ? o->win.window : o->limit;
+    uint32_t room = window > k->held ? window - k->held : 0;
     return k->owed < room ? k->owed : room;
+}
+
+/* How many returnable credits make a return worth a control message. */
+static inline uint32_t mr_credit_owed_return_at(const mr_credit_owed_t *o, int key)
+{
+    return o->key[key].adaptive ? o->return_at : o->static_return_at;
 }
 
 /* Takes what may be granted back to `key`, to piggyback it on a data message. */

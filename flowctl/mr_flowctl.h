@@ -28,6 +28,7 @@ typedef struct mr_flowctl_params {
     int size;
     int node_count;
     const int *node_of_rank;
+    const int *host_of_rank;     /* The physical host: adaptive grants only cross hosts. */
     size_t recv_slots;
     unsigned return_threshold;   /* MAILRAIL_CREDIT_RETURN_THRESHOLD. */
     bool piggyback;              /* MAILRAIL_PIGGYBACK. */

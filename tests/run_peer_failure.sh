@@ -29,6 +29,12 @@ run_once() {
         echo "FAIL: rank 1 did not die of SIGKILL" >&2
         exit 1
     fi
+    # Each survivor logs the death once, not once per refused send (1000 each).
+    lines=$(printf '%s\n' "$out" | grep -c "ank 1 \(failed\|has failed\)\|destination 1")
+    if [ "$lines" -gt 2 ]; then
+        echo "FAIL: the death of rank 1 was logged $lines times by 2 survivors" >&2
+        exit 1
+    fi
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ]; then
         echo "FAIL: mpiexec exited with $rc" >&2
         exit 1

@@ -296,6 +296,47 @@ START_TEST(wait_sleeps_and_wakes)
 }
 END_TEST
 
+/*
+ * A receiver may hold its messages while it waits for more from the same
+ * sender: grants must not depend on releases (adaptive grants start at 2).
+ */
+START_TEST(holding_messages_does_not_stall_the_sender)
+{
+    enum { HELD = 24 };
+    void *held[HELD];
+    int sender = 0, receiver = world_size - 1, got = 0;
+    tally_t t;
+    double start;
+
+    setup_env(NULL, NULL, NULL);
+    init_on_world();
+    tally_init(&t, HELD);
+    if (world_rank == sender) {
+        for (uint32_t seq = 0; seq < HELD; seq++) {
+            void *buf = reserve_or_progress(&t);
+            fill_message(buf, sizeof(msg_header_t) + 16, sender, receiver, seq);
+            ck_assert_int_eq(mr_send(buf, sizeof(msg_header_t) + 16, receiver), MR_OK);
+        }
+    } else if (world_rank == receiver) {
+        start = now_s();
+        while (got < HELD && now_s() - start < WAIT_LIMIT_S) {
+            mr_message_t m;
+            mr_status_t st = mr_receive(&m);
+            if (st == MR_AGAIN) continue;
+            ck_assert_int_eq(st, MR_OK);
+            ck_assert_uint_eq(check_message(&m), (uint32_t)got);
+            held[got++] = m.data;
+        }
+        ck_assert_msg(got == HELD, "%d of %d messages arrived while the receiver held them", got,
+                      HELD);
+        for (int i = 0; i < got; i++) ck_assert_int_eq(mr_release(held[i]), MR_OK);
+    }
+    quiesce(&t);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
 START_TEST(bad_input_loses_nothing)
 {
     int dest = (world_rank + 1) % world_size;
@@ -539,6 +580,8 @@ START_TEST(bad_settings_fail_init)
     ck_assert_ptr_nonnull(strstr(mr_status_string(MR_ERR_PLUGIN), "plugin"));
     ck_assert_int_eq(mr_init_mpi(NULL, 0), MR_ERR_INVALID_PARAM);
     ck_assert_int_eq(mr_init_mpi(&comm, 1), MR_ERR_INVALID_PARAM);
+    MPI_Comm null_comm = MPI_COMM_NULL;
+    ck_assert_int_eq(mr_init_mpi(&null_comm, sizeof(null_comm)), MR_ERR_INVALID_PARAM);
     /* After all those failures a good init still works. */
     ck_assert_int_eq(mr_init(), MR_OK);
     ck_assert_int_eq(mr_size(), world_size);
@@ -1085,6 +1128,7 @@ static Suite *conformance_suite(void)
     tcase_add_test(tc, quiescence_waits_for_chains);
     tcase_add_test(tc, bad_input_loses_nothing);
     tcase_add_test(tc, wait_sleeps_and_wakes);
+    tcase_add_test(tc, holding_messages_does_not_stall_the_sender);
     tcase_add_test(tc, bad_settings_fail_init);
     tcase_add_test(tc, unknown_settings_are_named);
     tcase_add_test(tc, virtual_nodes);

@@ -3,7 +3,8 @@
  * mailrail_demo does): mr_init() loads the MPI bootstrap, MPICH, UCX and the
  * substrate. After mr_finalize() every shared object that was loaded must
  * still be loaded: MPI cannot be initialized twice in one process, and MPICH
- * and UCX keep threads and state past their finalize (issue 15).
+ * and UCX keep threads and state past their finalize (issue 15). Before
+ * that, a failed mr_init() must leave MPI up so that a second one works.
  *
  *   mpiexec -n 2 test_no_unload
  *
@@ -100,6 +101,21 @@ int main(void)
     objects_t during = {0}, after = {0};
     int failed = 0, rank;
 
+    /*
+     * A failed init after MailRail started MPI (the credits do not fit the
+     * pool: every rank fails in the policy's set-up) keeps MPI up, so that
+     * the application can fix its settings and try again.
+     */
+    setenv("MAILRAIL_FLOWCTL", "node", 1);
+    setenv("MAILRAIL_NODE_CREDITS", "100000", 1);
+    mr_status_t st = mr_init();
+    unsetenv("MAILRAIL_FLOWCTL");
+    unsetenv("MAILRAIL_NODE_CREDITS");
+    if (st != MR_ERR_CONFIG) {
+        fprintf(stderr, "mr_init with 100000 node credits: %s, not MR_ERR_CONFIG\n",
+                mr_status_string(st));
+        return 1;
+    }
     if (session(1) != 0) return 1;
     rank = mr_rank();
     dl_iterate_phdr(note_object, &during);

@@ -6,16 +6,25 @@
  *     replays its async messages (destination and size) epoch by epoch: the
  *     messages between two barriers are coalesced per destination into
  *     datagram-size messages (MAILRAIL_DATAGRAM_SIZE; the paper used 8 KiB),
- *     and each barrier is a quiescence. Reports runtime, events, datagrams and
- *     bytes per policy, and checks that every replayed event and byte arrived.
+ *     and each barrier is a quiescence. An epoch ends where a barrier begins:
+ *     messages a rank sent inside a barrier count in the next epoch, and those
+ *     inside or after the last barrier form one final epoch, on every rank.
+ *     Reports runtime, events, datagrams and bytes per policy, and checks that
+ *     every replayed event and byte arrived.
  *
- *   mailrail_replay -g DIR -R RANKS [-L old|new] [-e EVENTS] [-E EPOCHS] [-z MAXBYTES] [-S SEED]
+ *   mailrail_replay -g DIR -R RANKS [-L old|new] [-C] [-e EVENTS] [-E EPOCHS] [-z MAXBYTES] [-S SEED]
  *     Writes synthetic traces in the exact YGM format, for tests: per rank and
  *     epoch EVENTS async records with random destinations and sizes up to
  *     MAXBYTES, some mpi_send/mpi_recv records, and a barrier begin/end pair.
+ *     -C (older layout) writes them as YGM's tracer does with YGM_MPI_TRACE=1:
+ *     message ids from a counter stepping by RANKS, MPI send completions as
+ *     second mpi_send records naming the request id (some not logged, some
+ *     inside the barrier), and, on even ranks, two async messages sent inside
+ *     every barrier. Prints the async events and bytes written.
  *
  * Record real traces with YGM itself: run the application with
- * YGM_COMM_TRACE=1 and YGM_COMM_TRACE_PATH=<dir> (see docs/benchmarks.md).
+ * YGM_COMM_TRACE=1 (and YGM_MPI_TRACE=1 for MPI records) and
+ * YGM_COMM_TRACE_PATH=<dir> (see docs/benchmarks.md).
  */
 #include "mailrail.h"
 #include "tool_common.h"
@@ -48,6 +57,7 @@ typedef struct replay_options {
     const char *csv;
     /* Generator. */
     const char *generate;
+    bool gen_ygm_ids;
     int gen_ranks, gen_events, gen_epochs;
     uint32_t gen_max_bytes;
     unsigned seed;
@@ -74,15 +84,48 @@ typedef struct replay_rank {
 
 /* ---- Generator ------------------------------------------------------------------------ */
 
+/* The next message id of a generated trace: with -C, YGM's per-rank counter,
+ * which steps by the number of ranks; otherwise consecutive numbers. */
+static uint64_t replay_next_id(const replay_options_t *o, uint64_t *id)
+{
+    *id += o->gen_ygm_ids ? (uint64_t)o->gen_ranks : 1;
+    return *id;
+}
+
+/* Writes one async record with a random destination and size. */
+static void replay_generate_async(const replay_options_t *o, FILE *f, ygm_layout_t layout,
+                                  uint64_t *rng, uint64_t *id, uint64_t totals[2])
+{
+    /* Mostly small messages, some large: sizes up to gen_max_bytes. */
+    uint32_t size = 1 + (uint32_t)(tool_random(rng) % 64);
+    if (tool_random(rng) % 16 == 0) size = 1 + (uint32_t)(tool_random(rng) % o->gen_max_bytes);
+    ygm_record_t a = {.kind = YGM_ASYNC, .event_id = replay_next_id(o, id),
+                      .peer = (int32_t)(tool_random(rng) % (uint64_t)o->gen_ranks), .size = size};
+    ygm_trace_write(f, layout, &a);
+    totals[0]++;
+    totals[1] += size;
+}
+
 static int replay_generate(const replay_options_t *o)
 {
-    ygm_layout_t layout = o->layout == YGM_LAYOUT_AUTO ? YGM_LAYOUT_NEW : o->layout;
+    ygm_layout_t layout = o->layout != YGM_LAYOUT_AUTO ? o->layout
+                          : o->gen_ygm_ids                ? YGM_LAYOUT_OLD
+                                                          : YGM_LAYOUT_NEW;
+    uint64_t totals[2] = {0, 0}; /* Async events and bytes, all ranks. */
 
+    if (o->gen_ygm_ids && layout != YGM_LAYOUT_OLD) {
+        fprintf(stderr, "mailrail_replay: -C writes the older layout only\n");
+        return 2;
+    }
     mkdir(o->generate, 0755);
     for (int r = 0; r < o->gen_ranks; r++) {
         char path[4096];
         uint64_t rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)o->seed << 24) ^ (uint64_t)r;
-        uint64_t event = 0, sends = 0, recvs = 0;
+        uint64_t event = o->gen_ygm_ids ? 0 : (uint64_t)-1, sends = 0, recvs = 0;
+        /* -C: request ids and sizes of the sends not completed yet, oldest first. */
+        int32_t pending_id[8];
+        uint32_t pending_size[8];
+        int npending = 0, ncompleted = 0;
         FILE *f;
 
         snprintf(path, sizeof(path), "%s/trace_%d.bin", o->generate, r);
@@ -93,35 +136,66 @@ static int replay_generate(const replay_options_t *o)
         }
         for (int e = 0; e < o->gen_epochs; e++) {
             for (int k = 0; k < o->gen_events; k++) {
-                /* Mostly small messages, some large: sizes up to gen_max_bytes. */
-                uint32_t size = 1 + (uint32_t)(tool_random(&rng) % 64);
-                if (tool_random(&rng) % 16 == 0) {
-                    size = 1 + (uint32_t)(tool_random(&rng) % o->gen_max_bytes);
-                }
-                ygm_record_t a = {.kind = YGM_ASYNC, .event_id = event++,
-                                  .peer = (int32_t)(tool_random(&rng) % (uint64_t)o->gen_ranks),
-                                  .size = size};
-                ygm_trace_write(f, layout, &a);
-                if (k % 32 == 31) {
-                    ygm_record_t s = {.kind = YGM_MPI_SEND, .event_id = event++,
-                                      .peer = (r + 1) % o->gen_ranks, .size = 4096};
-                    ygm_record_t c = {.kind = YGM_MPI_SEND_COMPLETE, .event_id = event++,
-                                      .start_id = s.event_id, .size = 4096};
-                    ygm_record_t v = {.kind = YGM_MPI_RECV, .event_id = event++,
-                                      .peer = (r + o->gen_ranks - 1) % o->gen_ranks,
-                                      .size = 4096};
-                    ygm_trace_write(f, layout, &s);
+                replay_generate_async(o, f, layout, &rng, &event, totals);
+                if (k % 32 != 31) continue;
+                uint32_t bytes = o->gen_ygm_ids ? 4096 + 512 * (uint32_t)(k / 32 % 3) : 4096;
+                /* YGM takes the request id just before the send's own id. */
+                int32_t request = o->gen_ygm_ids ? (int32_t)replay_next_id(o, &event) : 0;
+                ygm_record_t s = {.kind = YGM_MPI_SEND, .event_id = replay_next_id(o, &event),
+                                  .peer = (r + 1) % o->gen_ranks, .size = bytes};
+                ygm_trace_write(f, layout, &s);
+                if (o->gen_ygm_ids) {
+                    /* YGM completes its sends in order; keep up to 3 in flight, and
+                     * leave every fourth completion unlogged, as YGM does for those
+                     * it finds with MPI_Testsome. */
+                    pending_id[npending] = request;
+                    pending_size[npending++] = bytes;
+                    if (npending > 3) {
+                        if (ncompleted++ % 4 != 3) {
+                            ygm_record_t c = {.kind = YGM_MPI_SEND_COMPLETE,
+                                              .event_id = replay_next_id(o, &event),
+                                              .start_id = (uint64_t)(int64_t)pending_id[0],
+                                              .size = pending_size[0]};
+                            ygm_trace_write(f, layout, &c);
+                        }
+                        npending--;
+                        memmove(pending_id, pending_id + 1, (size_t)npending * sizeof(int32_t));
+                        memmove(pending_size, pending_size + 1,
+                                (size_t)npending * sizeof(uint32_t));
+                    }
+                } else {
+                    /* The completion's id is taken in both layouts, so that the
+                     * older layout's ids stay as they always were. */
+                    ygm_record_t c = {.kind = YGM_MPI_SEND_COMPLETE, .event_id = ++event,
+                                      .start_id = s.event_id, .size = bytes};
                     if (layout == YGM_LAYOUT_NEW) ygm_trace_write(f, layout, &c);
-                    ygm_trace_write(f, layout, &v);
-                    sends++;
-                    recvs++;
                 }
+                ygm_record_t v = {.kind = YGM_MPI_RECV, .event_id = replay_next_id(o, &event),
+                                  .peer = (r + o->gen_ranks - 1) % o->gen_ranks, .size = 4096};
+                ygm_trace_write(f, layout, &v);
+                sends++;
+                recvs++;
             }
-            ygm_record_t b = {.kind = YGM_BARRIER_BEGIN, .event_id = event++, .peer = -1,
-                              .counters = {sends, recvs, 0, 0, 0}};
+            ygm_record_t b = {.kind = YGM_BARRIER_BEGIN, .event_id = replay_next_id(o, &event),
+                              .peer = -1, .counters = {sends, recvs, 0, 0, 0}};
             ygm_trace_write(f, layout, &b);
+            if (o->gen_ygm_ids) {
+                /* Inside the barrier: handlers on even ranks send two messages, and
+                 * the sends still in flight complete. */
+                for (int m = 0; r % 2 == 0 && m < 2; m++) {
+                    replay_generate_async(o, f, layout, &rng, &event, totals);
+                }
+                for (int p = 0; p < npending; p++) {
+                    ygm_record_t c = {.kind = YGM_MPI_SEND_COMPLETE,
+                                      .event_id = replay_next_id(o, &event),
+                                      .start_id = (uint64_t)(int64_t)pending_id[p],
+                                      .size = pending_size[p]};
+                    ygm_trace_write(f, layout, &c);
+                }
+                npending = 0;
+            }
             b.kind = YGM_BARRIER_END;
-            b.event_id = event++;
+            b.event_id = replay_next_id(o, &event);
             ygm_trace_write(f, layout, &b);
         }
         if (fclose(f) != 0) {
@@ -129,8 +203,11 @@ static int replay_generate(const replay_options_t *o)
             return 1;
         }
     }
-    printf("mailrail_replay: wrote %d traces (%s layout, %d epochs of %d async events) to %s\n",
-           o->gen_ranks, ygm_layout_name(layout), o->gen_epochs, o->gen_events, o->generate);
+    printf("mailrail_replay: wrote %d traces (%s layout%s, %d epochs of %d async events) to %s: "
+           "%llu async events, %llu bytes\n", o->gen_ranks, ygm_layout_name(layout),
+           o->gen_ygm_ids ? " with YGM ids and send completions" : "", o->gen_epochs,
+           o->gen_events, o->generate, (unsigned long long)totals[0],
+           (unsigned long long)totals[1]);
     return 0;
 }
 
@@ -164,10 +241,8 @@ static int replay_load(const replay_options_t *o, replay_rank_t *r)
             r->epoch_end[r->nepochs++] = r->nevents;
         }
     }
-    /* Events after the last barrier form a final epoch. */
-    if (r->nepochs == 0 || r->epoch_end[r->nepochs - 1] != r->nevents) {
-        r->epoch_end[r->nepochs++] = r->nevents;
-    }
+    /* Events inside or after the last barrier: main() adds a final epoch on
+     * every rank if any rank has some (epoch_end keeps a free slot for it). */
     ygm_trace_free(&trace);
     return 0;
 }
@@ -315,7 +390,7 @@ static int replay_parse(int argc, char **argv, replay_options_t *o)
     o->gen_epochs = 3;
     o->gen_max_bytes = 16384;
     o->seed = 1;
-    while ((c = getopt(argc, argv, "d:L:p:t:c:g:R:e:E:z:S:h")) != -1) {
+    while ((c = getopt(argc, argv, "d:L:p:t:c:g:CR:e:E:z:S:h")) != -1) {
         switch (c) {
         case 'd': o->dir = optarg; break;
         case 'L':
@@ -328,6 +403,7 @@ static int replay_parse(int argc, char **argv, replay_options_t *o)
         case 't': ok &= tool_parse_int(optarg, 1, REPLAY_MAX_TRIALS, &o->trials); break;
         case 'c': o->csv = optarg; break;
         case 'g': o->generate = optarg; break;
+        case 'C': o->gen_ygm_ids = true; break;
         case 'R': ok &= tool_parse_int(optarg, 1, 1 << 20, &o->gen_ranks); break;
         case 'e': ok &= tool_parse_int(optarg, 0, INT_MAX, &o->gen_events); break;
         case 'E': ok &= tool_parse_int(optarg, 0, INT_MAX, &o->gen_epochs); break;
@@ -353,7 +429,7 @@ int main(int argc, char **argv)
     if (replay_parse(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: mpiexec -n N mailrail_replay -d DIR [-L auto|old|new] "
                         "[-p none,rank,node] [-t trials] [-c file.csv]\n"
-                        "       mailrail_replay -g DIR -R ranks [-L old|new] [-e events] "
+                        "       mailrail_replay -g DIR -R ranks [-L old|new] [-C] [-e events] "
                         "[-E epochs] [-z maxbytes] [-S seed]\n");
         return 2;
     }
@@ -365,9 +441,14 @@ int main(int argc, char **argv)
     /* Every rank loads its trace; all stop together if any cannot. */
     loaded = replay_load(&o, &r) == 0;
     MPI_Allreduce(&loaded, &all_loaded, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    int epochs_min = 0, epochs_max = 0;
+    /* r.nepochs counts barriers here; events inside or after the last one on
+     * any rank make a final epoch on every rank. */
+    int epochs_min = 0, epochs_max = 0, tail = 0, any_tail = 0;
     MPI_Allreduce(&r.nepochs, &epochs_min, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     MPI_Allreduce(&r.nepochs, &epochs_max, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    tail = loaded && (r.nepochs == 0 || r.epoch_end[r.nepochs - 1] != r.nevents);
+    MPI_Allreduce(&tail, &any_tail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (all_loaded && epochs_min == epochs_max && any_tail) r.epoch_end[r.nepochs++] = r.nevents;
     if (!all_loaded || epochs_min != epochs_max) {
         if (r.rank == 0) {
             fprintf(stderr, "mailrail_replay: %s\n",

@@ -9,14 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The payload size, after the int32 type, of each kind. */
-static size_t ygm_payload(ygm_kind_t kind)
+/* The payload size, after the int32 type, of each kind in a layout. */
+static size_t ygm_payload(ygm_layout_t layout, ygm_kind_t kind)
 {
     switch (kind) {
     case YGM_ASYNC:
     case YGM_MPI_SEND:
     case YGM_MPI_RECV: return 8 + 4 + 4;
-    case YGM_MPI_SEND_COMPLETE: return 8 + 8 + 4;
+    case YGM_MPI_SEND_COMPLETE: return layout == YGM_LAYOUT_OLD ? 8 + 4 + 4 : 8 + 8 + 4;
     case YGM_BARRIER_BEGIN:
     case YGM_BARRIER_END: return 8 + 5 * 8;
     }
@@ -43,6 +43,8 @@ static bool ygm_kind_of(ygm_layout_t layout, int32_t type, ygm_kind_t *kind)
 
 static int32_t ygm_kind_index(ygm_layout_t layout, ygm_kind_t kind)
 {
+    /* The older layout writes send completions as sends (see ygm_trace.h). */
+    if (layout == YGM_LAYOUT_OLD && kind == YGM_MPI_SEND_COMPLETE) return 1;
     for (int32_t t = 0; t < 6; t++) {
         ygm_kind_t k;
         if (ygm_kind_of(layout, t, &k) && k == kind) return t;
@@ -65,12 +67,42 @@ const char *ygm_layout_name(ygm_layout_t layout)
     return layout == YGM_LAYOUT_OLD ? "older" : layout == YGM_LAYOUT_NEW ? "newer" : "auto";
 }
 
+/* The older layout's MPI sends still waiting for a completion record: their
+ * buffer sizes in file order, from `head` on. */
+typedef struct ygm_pending_sends {
+    uint32_t *size;
+    size_t head, count, cap;
+} ygm_pending_sends_t;
+
+/*
+ * Whether `r`, a type-1 record of the older layout whose destination is
+ * outside 0..nranks-1, is one of YGM's send completion records (the rule is in
+ * ygm_trace.h). Returns NULL and consumes the send it completes, or says why not.
+ */
+static const char *ygm_match_completion(const ygm_record_t *r, int nranks,
+                                        ygm_pending_sends_t *pending)
+{
+    if (nranks <= 0) return "the number of ranks is not known";
+    if (pending->head == pending->count) return "no earlier MPI send awaits completion";
+    if (((uint32_t)r->event_id - (uint32_t)r->peer) % (uint32_t)nranks != 0) {
+        return "its event id and request id are not from one YGM id counter";
+    }
+    for (size_t i = pending->head; i < pending->count; i++) {
+        if (pending->size[i] == r->size) {
+            pending->head = i + 1;
+            return NULL;
+        }
+    }
+    return "no earlier MPI send of that size awaits completion";
+}
+
 /* Parses the whole buffer in one layout; on failure, says where and why. */
 static int ygm_parse_as(const uint8_t *buf, size_t len, ygm_layout_t layout, int nranks,
                         const char *name, ygm_trace_t *out, char *err, size_t err_len)
 {
     size_t off = 0, count = 0, cap = 0;
     ygm_record_t *records = NULL;
+    ygm_pending_sends_t pending = {0};
     int open_barriers = 0;
 
     while (off < len) {
@@ -90,7 +122,7 @@ static int ygm_parse_as(const uint8_t *buf, size_t len, ygm_layout_t layout, int
                      type, start, ygm_layout_name(layout));
             goto fail;
         }
-        size_t need = ygm_payload(r.kind);
+        size_t need = ygm_payload(layout, r.kind);
         if (len - off < need) {
             snprintf(err, err_len,
                      "%s: truncated record at offset %zu: type %d needs %zu bytes, %zu left",
@@ -105,9 +137,33 @@ static int ygm_parse_as(const uint8_t *buf, size_t len, ygm_layout_t layout, int
             r.peer = (int32_t)ygm_le32(buf + off + 8);
             r.size = ygm_le32(buf + off + 12);
             if (r.peer < 0 || (nranks > 0 && r.peer >= nranks)) {
-                snprintf(err, err_len, "%s: record at offset %zu names rank %d, outside 0..%d",
-                         name, start, r.peer, nranks - 1);
+                const char *why = NULL;
+                if (layout == YGM_LAYOUT_OLD && r.kind == YGM_MPI_SEND) {
+                    why = ygm_match_completion(&r, nranks, &pending);
+                    if (why == NULL) {
+                        r.kind = YGM_MPI_SEND_COMPLETE;
+                        r.start_id = (uint64_t)(int64_t)r.peer;
+                        r.peer = -1;
+                        break;
+                    }
+                }
+                snprintf(err, err_len, "%s: record at offset %zu names rank %d, outside 0..%d%s%s",
+                         name, start, r.peer, nranks - 1,
+                         why ? ", and is no MPI send completion: " : "", why ? why : "");
                 goto fail;
+            }
+            if (layout == YGM_LAYOUT_OLD && r.kind == YGM_MPI_SEND) {
+                if (pending.count == pending.cap) {
+                    size_t ncap = pending.cap ? 2 * pending.cap : 64;
+                    uint32_t *n = realloc(pending.size, ncap * sizeof(*n));
+                    if (n == NULL) {
+                        snprintf(err, err_len, "%s: out of memory at offset %zu", name, start);
+                        goto fail;
+                    }
+                    pending.size = n;
+                    pending.cap = ncap;
+                }
+                pending.size[pending.count++] = r.size;
             }
             break;
         case YGM_MPI_SEND_COMPLETE:
@@ -141,12 +197,14 @@ static int ygm_parse_as(const uint8_t *buf, size_t len, ygm_layout_t layout, int
         snprintf(err, err_len, "%s: the trace ends inside a barrier (offset %zu)", name, len);
         goto fail;
     }
+    free(pending.size);
     out->layout = layout;
     out->records = records;
     out->count = count;
     return 0;
 
 fail:
+    free(pending.size);
     free(records);
     return -1;
 }
@@ -220,9 +278,13 @@ int ygm_trace_write(FILE *f, ygm_layout_t layout, const ygm_record_t *r)
 {
     uint8_t buf[4 + 48];
     int32_t type = ygm_kind_index(layout, r->kind);
-    size_t need = ygm_payload(r->kind);
+    size_t need = ygm_payload(layout, r->kind);
 
     if (type < 0) return -1;
+    if (layout == YGM_LAYOUT_OLD && r->kind == YGM_MPI_SEND_COMPLETE &&
+        (uint64_t)(int64_t)(int32_t)(uint32_t)r->start_id != r->start_id) {
+        return -1; /* The request id would not fit in the destination field. */
+    }
     ygm_put32(buf, (uint32_t)type);
     ygm_put64(buf + 4, r->event_id);
     switch (r->kind) {
@@ -233,6 +295,11 @@ int ygm_trace_write(FILE *f, ygm_layout_t layout, const ygm_record_t *r)
         ygm_put32(buf + 16, r->size);
         break;
     case YGM_MPI_SEND_COMPLETE:
+        if (layout == YGM_LAYOUT_OLD) {
+            ygm_put32(buf + 12, (uint32_t)r->start_id);
+            ygm_put32(buf + 16, r->size);
+            break;
+        }
         ygm_put64(buf + 12, r->start_id);
         ygm_put32(buf + 20, r->size);
         break;

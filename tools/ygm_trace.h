@@ -17,6 +17,28 @@
  *
  * The five barrier counters are send_count, recv_count, pending_isend_bytes,
  * send_local_buffer_bytes and send_remote_buffer_bytes.
+ *
+ * MPI send completions in the older layout. The older layout has no type for
+ * them: with YGM_MPI_TRACE=1, YGM of that version (the tracer of LLNL/ygm pull
+ * request 268; comm::check_completed_sends()) logs a completed MPI_Isend as a
+ * second type-1 record, trace_mpi_send(next_id, request_id, buffer_size): a
+ * fresh event id, the request id where a send has its destination, and the
+ * buffer size. Message ids come from one counter per rank that steps by the
+ * number of ranks, so a request id is a multiple of it (or congruent to the
+ * rank, depending on the counter's start) and never a rank once past the first
+ * step. YGM completes its sends in the order it posted them but logs only some
+ * completions (those found by MPI_Testsome in process_receive_queue() are not).
+ *
+ * So, with the number of ranks n known, a type-1 record of the older layout
+ * whose destination is outside 0..n-1 is read as YGM_MPI_SEND_COMPLETE when
+ *   - an earlier type-1 send of the same buffer size is still waiting for its
+ *     completion (the earliest such send is taken, and it and every send
+ *     before it count as completed: completions follow the posting order), and
+ *   - its event id and its request id are congruent modulo n (both come from
+ *     the counter; computed on 32 bits, as YGM's int counter wraps).
+ * Any other out-of-range rank, in any record kind and in either layout, is
+ * refused as before. A request id inside 0..n-1 reads as a send, which the
+ * replay does not use either.
  */
 #ifndef YGM_TRACE_H
 #define YGM_TRACE_H
@@ -46,7 +68,9 @@ typedef struct ygm_record {
     uint64_t event_id;
     int32_t peer;            /* to (async, mpi_send) or from (mpi_recv); -1 otherwise. */
     uint32_t size;           /* message_size or buffer_size; 0 for barriers. */
-    uint64_t start_id;       /* mpi_send_complete only. */
+    /* mpi_send_complete only: the send's event id (newer layout), or the request id
+     * YGM wrote in the destination field (older layout; sign-extended from 32 bits). */
+    uint64_t start_id;
     uint64_t counters[5];    /* barriers only. */
 } ygm_record_t;
 
@@ -61,6 +85,7 @@ typedef struct ygm_trace {
  * Parses `len` bytes of one rank's trace. With YGM_LAYOUT_AUTO the layout is
  * detected: the one under which the whole buffer parses, with destinations
  * below `nranks` and barriers paired, wins; the older one when both do.
+ * Older-layout send completions (above) are recognised only when `nranks` > 0.
  * Returns 0, or -1 with a message naming `name` and the byte offset of the
  * problem in `err`.
  */
@@ -73,7 +98,11 @@ int ygm_trace_read(const char *path, ygm_layout_t layout, int nranks, ygm_trace_
 
 void ygm_trace_free(ygm_trace_t *trace);
 
-/* Appends one record in `layout` (OLD or NEW) to `f`. Returns 0 or -1. */
+/*
+ * Appends one record in `layout` (OLD or NEW) to `f`. Returns 0 or -1. In the
+ * older layout a YGM_MPI_SEND_COMPLETE is written as YGM does, a type-1 record
+ * with the request id (start_id, which must fit in an int32) as destination.
+ */
 int ygm_trace_write(FILE *f, ygm_layout_t layout, const ygm_record_t *record);
 
 const char *ygm_layout_name(ygm_layout_t layout);

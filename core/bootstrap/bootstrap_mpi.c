@@ -9,6 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/*
+ * Set once MailRail has called MPI_Init, until it calls MPI_Finalize: a
+ * session after a failed init reuses that MPI and still finalizes it at the
+ * end. The plugin is never unloaded, so this outlives mr_finalize().
+ */
+static bool bootstrap_started_mpi;
+
 struct mr_bootstrap {
     MPI_Comm comm;
     MPI_Request pending;
@@ -52,17 +59,23 @@ static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
             return MR_ERR_BOOTSTRAP;
         }
         memcpy(&base, user_comm, sizeof(base));
+        if (base == MPI_COMM_NULL) {
+            log(MR_LOG_ERROR, "mr_init_mpi: the communicator is MPI_COMM_NULL.");
+            return MR_ERR_INVALID_PARAM;
+        }
     } else if (!initialized) {
         if (MPI_Init(NULL, NULL) != MPI_SUCCESS) {
             log(MR_LOG_ERROR, "MPI_Init failed.");
             return MR_ERR_BOOTSTRAP;
         }
-        initialized_here = 1;
+        bootstrap_started_mpi = true;
     }
+    /* MailRail owns MPI when it started it, in this session or a failed earlier one. */
+    initialized_here = user_comm == NULL && bootstrap_started_mpi;
     b = calloc(1, sizeof(*b));
     if (b == NULL) {
+        /* MPI stays up, as after any failed init: mr_init() may be retried. */
         log(MR_LOG_ERROR, "Cannot allocate the bootstrap state.");
-        if (initialized_here) MPI_Finalize();
         return MR_ERR_NO_MEMORY;
     }
     b->log = log;
@@ -71,7 +84,6 @@ static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
     /* Errors come back as codes so that MailRail can report them. */
     if (bootstrap_check(b, MPI_Comm_dup(base, &b->comm), "MPI_Comm_dup") != MR_OK) {
         free(b);
-        if (initialized_here) MPI_Finalize();
         return MR_ERR_BOOTSTRAP;
     }
     MPI_Comm_set_errhandler(b->comm, MPI_ERRORS_RETURN);
@@ -123,15 +135,18 @@ static const void *bootstrap_comm(mr_bootstrap_t *b)
     return &b->comm;
 }
 
-static void bootstrap_finalize(mr_bootstrap_t *b, bool clean)
+static void bootstrap_finalize(mr_bootstrap_t *b, mr_bootstrap_end_t end)
 {
     /*
      * A collective still pending here means a peer failed during it; MPI does
      * not allow freeing or cancelling it, so it is left behind.
      */
-    if (clean) {
+    if (end != MR_BOOTSTRAP_END_ABANDON) {
         MPI_Comm_free(&b->comm);
-        if (b->initialized_mpi) MPI_Finalize();
+        if (end == MR_BOOTSTRAP_END_FINAL && b->initialized_mpi) {
+            MPI_Finalize();
+            bootstrap_started_mpi = false;
+        }
     } else if (b->initialized_mpi) {
         b->log(MR_LOG_WARN, "MPI is left unfinalized: a peer failed or a collective could "
                             "not complete.");

@@ -87,7 +87,11 @@ MR_API const char *mr_status_string(mr_status_t status);
  *   MR_ERR_ALREADY_INITIALIZED  mr_init() was already called without mr_finalize().
  *   MR_ERR_CONFIG               a MAILRAIL_* value is malformed or out of range
  *                               (the log names the variable, the value and what
- *                               is allowed).
+ *                               is allowed), or a setting that must be the same
+ *                               on every rank (substrate, flow control, datagram
+ *                               size, ranks per node, receive slots and credits
+ *                               under rank and node) differs between ranks: every
+ *                               rank fails and names it with both values.
  *   MR_ERR_PLUGIN               the substrate plugin is unknown, missing or invalid
  *                               (the log lists the substrates that were found).
  *   MR_ERR_BOOTSTRAP            MPI could not be initialized or used.
@@ -97,7 +101,15 @@ MR_API const char *mr_status_string(mr_status_t status);
  *   MR_ERR_PEER_FAILED          another rank failed to initialize (its log says why).
  * All ranks fail together: once the bootstrap is up, every step that can fail
  * on some ranks only is followed by an agreement. On failure nothing is left
- * allocated and mr_init() may be called again while MPI is still usable.
+ * allocated and MPI stays initialized, even when mr_init() started it, so
+ * that mr_init() may be called again; MailRail then finalizes MPI in the
+ * mr_finalize() of the session that succeeds. After MR_ERR_TIMEOUT or
+ * MR_ERR_PEER_FAILED a rank is missing and MPI cannot be used again.
+ *
+ * Before the bootstrap is up (a malformed setting, a missing plugin) a rank
+ * fails alone, while the others wait in MPI_Init or the first collective:
+ * give every rank the same MAILRAIL_* environment (mpiexec does), and use
+ * MPIEXEC_TIMEOUT or the batch system's limit to bound such a job.
  */
 MR_API mr_status_t mr_init(void);
 
@@ -111,7 +123,8 @@ MR_API mr_status_t mr_init(void);
  *     mr_init_mpi(&comm, sizeof comm);
  *
  * Returns the same codes as mr_init(), and MR_ERR_INVALID_PARAM when the
- * pointer is NULL or the size is not that of an MPI_Comm.
+ * pointer is NULL, the size is not that of an MPI_Comm, or the communicator
+ * is MPI_COMM_NULL.
  */
 MR_API mr_status_t mr_init_mpi(const void *mpi_comm, size_t mpi_comm_size);
 

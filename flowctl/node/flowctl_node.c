@@ -31,10 +31,11 @@ static const mr_config_entry_t node_config_table[] = {
     {"MAILRAIL_NODE_CREDITS", "0", MR_CONFIG_UINT, offsetof(node_config_t, credits), 0,
      1u << 24, NULL,
      "Under MAILRAIL_FLOWCTL=node, the credits each receiver grants each sending node, shared "
-     "by all ranks of that node, all at once (the paper used 512). 0 grants adaptively: 2 to "
-     "a remote node to start, then what the receiver takes in over 1 ms (or two credit loops) "
-     "at its best recent rate, shared by its active nodes, never above MAILRAIL_RECV_SLOTS / "
-     "nodes. Credits times nodes may not exceed MAILRAIL_RECV_SLOTS."},
+     "by all ranks of that node, all at once (the paper used 512). 0 grants the share, "
+     "MAILRAIL_RECV_SLOTS / nodes, at once to nodes on the same host and adaptively to nodes "
+     "on other hosts: 2 to start, then what the receiver takes in over 2 ms (or two credit "
+     "loops) at its best recent rate, shared by its active nodes. Credits times nodes may not "
+     "exceed MAILRAIL_RECV_SLOTS."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 
@@ -105,9 +106,10 @@ static mr_status_t node_attach(mr_flowctl_t *fc, const mr_flowctl_params_t *para
         mr_node_segment_cleanup_stale();
         status = mr_node_segment_create(fc->segment_name, params->job_id, fc->node,
                                         params->size, fc->per_node, &fc->seg);
-        /* Remote receivers' grants start small; this node's own never cross the network. */
+        /* Receivers on other hosts grant little to start; on this host, all at once. */
+        int my_host = params->host_of_rank[fc->rank];
         for (int r = 0; status == MR_OK && r < params->size; r++) {
-            uint32_t n = params->node_of_rank[r] == fc->node
+            uint32_t n = params->host_of_rank[r] == my_host
                              ? fc->per_node
                              : mr_credit_initial(fc->per_node, fc->adaptive);
             atomic_store(&fc->seg->credits[r].n, n);
@@ -144,7 +146,18 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     fc->piggyback = params->piggyback;
     fc->adaptive = ((const node_config_t *)params->config)->credits == 0;
     fc->local_return_at = mr_credit_return_at(per_node, params->return_threshold);
-    status = mr_credit_owed_init(&fc->owed, params->node_count, per_node, fc->adaptive, params);
+    /* Sending nodes on other hosts get adaptive grants; between ranks of one host there
+       is no network to protect. A node's ranks all share one host. */
+    bool *remote = calloc((size_t)params->node_count, sizeof(*remote));
+    for (int r = 0; remote != NULL && r < params->size; r++) {
+        remote[params->node_of_rank[r]] =
+            params->host_of_rank[r] != params->host_of_rank[params->rank];
+    }
+    if (remote == NULL) mr_error("Cannot allocate the host map of %d nodes.", params->node_count);
+    status = remote == NULL ? MR_ERR_NO_MEMORY
+                            : mr_credit_owed_init(&fc->owed, params->node_count, per_node,
+                                                  fc->adaptive, remote, params);
+    free(remote);
     if (status == MR_OK) status = mr_credit_clock_init(&fc->clock, params->size);
     /* Every rank must reach the barriers in node_attach, even after a local failure. */
     mr_status_t attached = node_attach(fc, params);

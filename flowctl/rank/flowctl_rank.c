@@ -24,10 +24,10 @@ static const mr_config_entry_t rank_config_table[] = {
     {"MAILRAIL_RANK_CREDITS", "0", MR_CONFIG_UINT, offsetof(rank_config_t, credits), 0,
      1u << 24, NULL,
      "Under MAILRAIL_FLOWCTL=rank, the credits each receiver grants each sender, all at once "
-     "(the paper used 8). 0 grants adaptively: 2 to start, then what the receiver takes in "
-     "over 1 ms (or two credit loops) at its best recent rate, shared by its active senders, "
-     "never above MAILRAIL_RECV_SLOTS / ranks. Credits times ranks may not exceed "
-     "MAILRAIL_RECV_SLOTS."},
+     "(the paper used 8). 0 grants the share, MAILRAIL_RECV_SLOTS / ranks, at once to "
+     "senders on the same host and adaptively to senders on other hosts: 2 to start, then "
+     "what the receiver takes in over 2 ms (or two credit loops) at its best recent rate, "
+     "shared by its active senders. Credits times ranks may not exceed MAILRAIL_RECV_SLOTS."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 
@@ -98,10 +98,19 @@ static mr_status_t rank_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
         free(fc);
         return MR_ERR_NO_MEMORY;
     }
-    /* Credits for oneself never cross the network: all of them at once. */
-    for (int r = 0; r < params->size; r++) fc->credits[r] = mr_credit_initial(per_pair, adaptive);
-    fc->credits[fc->rank] = per_pair;
-    status = mr_credit_owed_init(&fc->owed, params->size, per_pair, adaptive, params);
+    /* Grants between ranks of one host never cross a network: all of them at once. */
+    bool *remote = calloc((size_t)params->size, sizeof(*remote));
+    if (remote == NULL) {
+        mr_error("Cannot allocate the host map of %d ranks.", params->size);
+        rank_finalize(fc);
+        return MR_ERR_NO_MEMORY;
+    }
+    for (int r = 0; r < params->size; r++) {
+        remote[r] = params->host_of_rank[r] != params->host_of_rank[fc->rank];
+        fc->credits[r] = remote[r] ? mr_credit_initial(per_pair, adaptive) : per_pair;
+    }
+    status = mr_credit_owed_init(&fc->owed, params->size, per_pair, adaptive, remote, params);
+    free(remote);
     if (status == MR_OK) status = mr_credit_clock_init(&fc->clock, params->size);
     if (status != MR_OK) {
         rank_finalize(fc);

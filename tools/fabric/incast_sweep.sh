@@ -28,6 +28,8 @@
 #                  multiple of 4 up to 64: four sender hosts of ratio/4 ranks)
 #   --build DIR    the meson build directory (default build)
 #   --rate RATE    the line rate (default 200mbit); --buffer SIZE the victim port (32kb)
+#   --spin         ranks spin in mr_receive() when idle (the paper's benchmark as it is)
+#                  instead of waiting in mr_wait(): 2 cores then starve; results get "_spin"
 #   --static       static grants, all at once, as before adaptive grants (and in the
 #                  paper): MAILRAIL_NODE_CREDITS = 1024 / nodes, MAILRAIL_RANK_CREDITS =
 #                  1024 / ranks (the receive pool divided evenly); results get "_static"
@@ -40,7 +42,7 @@
 # --- Inside fabric.sh (sourced by --script with --jobs): one layout's jobs. ---
 sweep_jobs() {
     local exp=$1 substrate=$2 ratio=$3 victims=$4 messages=$5 trials=$6 policies=$7
-    local bytes=$8 results=$9 tmp=${10} buffer=${11} build=${12} extra=${13:-}
+    local bytes=$8 results=$9 tmp=${10} buffer=${11} build=${12} wait=${13} extra=${14:-}
     local trial policy label row counters=$tmp/counters.csv
     fabric_substrate "$substrate"
     for ((trial = 1; trial <= trials; trial++)); do
@@ -49,7 +51,7 @@ sweep_jobs() {
             rm -f "$tmp/incast.csv"
             # shellcheck disable=SC2086
             fabric_run "$label" "$build/tools/mailrail_incast" -V @VICTIMS@ -m "$messages" \
-                -b "$bytes" -t 1 -p "$policy" -s "$trial" -w -q -c "$tmp/incast.csv" $extra \
+                -b "$bytes" -t 1 -p "$policy" -s "$trial" $wait -q -c "$tmp/incast.csv" $extra \
                 >"$tmp/job.out" 2>&1 || { cat "$tmp/job.out" >&2; return 1; }
             grep -E "port h|elsewhere" "$tmp/job.out" | sed 's/^/  /'
             # The job's row, joined with its ports' counters (summed over victim hosts).
@@ -78,11 +80,11 @@ fi
 
 # --- The driver. ---
 set -euo pipefail
-usage() { sed -n '2,37p' "$0" >&2; exit 2; }
+usage() { sed -n '2,39p' "$0" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=build/incast trials=5 messages=1000 bytes=4096 policies=none,rank,node
-ratios="1 2 4 8 16" build=build rate=200mbit buffer=32kb exps=() static=0
+ratios="1 2 4 8 16" build=build rate=200mbit buffer=32kb exps=() static=0 wait=-w
 while [ $# -gt 0 ]; do
     case $1 in
         -o) out=$2; shift 2 ;;
@@ -95,6 +97,7 @@ while [ $# -gt 0 ]; do
         --rate) rate=$2; shift 2 ;;
         --buffer) buffer=$2; shift 2 ;;
         --static) static=1; shift ;;
+        --spin) wait=; shift ;;
         -h|--help) usage ;;
         -*) echo "incast_sweep: unknown option $1" >&2; usage ;;
         *) exps+=("$1"); shift ;;
@@ -129,7 +132,7 @@ layout() {
         --rate "$rate" --buffer "$buf" --substrate "$substrate" --timeout 600 \
         --total-timeout 3000 --counters "$tmp/counters.csv" \
         --script "$0" --jobs "$exp" "$substrate" "$ratio" "$victims" "$msgs" "$trl" \
-        "$policies" "$bytes" "$results" "$tmp" "$buf" "$build" "$extra"
+        "$policies" "$bytes" "$results" "$tmp" "$buf" "$build" "$wait" "$extra"
 }
 
 # Median, min and max of goodput and runtime per (x, policy), speedup over the first policy.
@@ -174,6 +177,10 @@ ratio_sweep() {
         -t "Incast on the emulated fabric ($substrate, $rate port, $buffer buffer): median of $trl trials, bars min-max" \
         -X "senders per victim (incast ratio)" -Y "goodput at the victim (Mbit/s)" \
         -r "$line_rate:line rate $rate"
+    "$root/tools/plot/plot_lines.sh" -i "$out/${exp}_summary.csv" -o "$out/${exp}_drops.png" -x ratio \
+        -y port_drops_median -g policy -L \
+        -t "Packets the victim's switch port dropped ($substrate, $rate, $buffer): median of $trl trials" \
+        -X "senders per victim (incast ratio)" -Y "packets dropped per run"
 }
 
 expanded=()
@@ -182,7 +189,8 @@ for exp in "${exps[@]}"; do
 done
 for name in "${expanded[@]}"; do
     exp=$name
-    [ "$static" = 1 ] && exp=${name}_static
+    [ "$static" = 1 ] && exp=${exp}_static
+    [ -z "$wait" ] && exp=${exp}_spin
     case $name in
         ratio) ratio_sweep "$exp" tcp "$ratios" "$messages" "$trials" ;;
         ucx) ratio_sweep "$exp" ucx "$ratios" "$messages" "$trials" ;;
@@ -196,17 +204,21 @@ for name in "${expanded[@]}"; do
             cp "$tmp/w.csv" "$out/$exp.csv"
             summarize "$exp" data_per_victim_mib
             "$root/tools/plot/plot_lines.sh" -i "$out/${exp}_summary.csv" -o "$out/$exp.png" \
-                -x data_per_victim_mib -y seconds_median -l seconds_min -u seconds_max -g policy -L \
+                -x data_per_victim_mib -y seconds_median -l seconds_min -u seconds_max -g policy \
                 -t "Runtime against data per victim, 16:1 on the emulated fabric ($rate, $buffer): median of $trials, bars min-max" \
                 -X "data per victim (MiB)" -Y "runtime (s)" ;;
         victims)
             echo "$header" >"$out/$exp.csv"
             layout "$exp" tcp 16 4 "$messages" "$trials" "$buffer"
-            summarize "$exp" ratio ;;
+            summarize "$exp" ratio
+            "$root/tools/plot/plot_incast.sh" "$out/$exp.csv" "$out/$exp.png" \
+                "Four victims on the emulated fabric ($rate, $buffer): goodput over all victims" ;;
         deep)
             echo "$header" >"$out/$exp.csv"
             layout "$exp" tcp 16 1 "$messages" "$trials" 4mb
-            summarize "$exp" ratio ;;
+            summarize "$exp" ratio
+            "$root/tools/plot/plot_incast.sh" "$out/$exp.csv" "$out/$exp.png" \
+                "16:1 through a deep (4 MB) port buffer ($rate)" ;;
         timeline)
             echo "$header" >"$out/${exp}_runs.csv"
             rm -f "$tmp"/tl.*

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Draws the goodput per flow-control policy from a mailrail_incast CSV with
-# gnuplot: the median over trials as a bar, every trial as a dot. PNG or SVG
-# by the output's extension.
+# Draws the goodput per flow-control policy from a mailrail_incast CSV (or a
+# tools/fabric/incast_sweep.sh one) with gnuplot: the median over trials as a
+# bar, every trial as a dot. PNG or SVG by the output's extension.
 #
-#   tools/plot/plot_incast.sh incast.csv [out.png]
+#   tools/plot/plot_incast.sh incast.csv [out.png [title]]
 set -euo pipefail
 csv=$1
 out=${2:-${csv%.csv}.png}
+title=${3:-Incast goodput per flow-control policy}
 command -v gnuplot >/dev/null || { echo "plot_incast: gnuplot is not installed (Debian: gnuplot-nox)" >&2; exit 1; }
 
 data=$(mktemp)
@@ -17,9 +18,16 @@ NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
 {
     p = $col["policy"]
     if (!(p in n)) order[++np] = p
-    v[p, ++n[p]] = $col["goodput_gbps"] * 1000
-    sub_ = $col["ranks"] " ranks, " $col["victims"] " victim(s), " $col["messages_per_rank"] \
-           " messages of " $col["bytes"] " bytes per rank"
+    if ("goodput_mbps" in col) {
+        v[p, ++n[p]] = $col["goodput_mbps"]
+        sub_ = $col["ratio"] " senders per victim, " $col["victims"] " victim(s), " \
+               $col["messages_per_sender"] " messages of " $col["bytes"] " bytes per sender, " \
+               $col["substrate"] ", port buffer " $col["buffer"]
+    } else {
+        v[p, ++n[p]] = $col["goodput_gbps"] * 1000
+        sub_ = $col["ranks"] " ranks, " $col["victims"] " victim(s), " $col["messages_per_rank"] \
+               " messages of " $col["bytes"] " bytes per rank"
+    }
 }
 function median(p,   i, j, t, a, k) {
     k = n[p]; for (i = 1; i <= k; i++) a[i] = v[p, i]
@@ -41,7 +49,7 @@ esac
 gnuplot <<GP
 set terminal $term
 set output '$out'
-set title "Incast goodput per flow-control policy\n{/*0.85 $subtitle}"
+set title "$title\n{/*0.85 $subtitle}"
 set ylabel "goodput (Mbit/s)"
 set xlabel "flow-control policy"
 set yrange [0:*]

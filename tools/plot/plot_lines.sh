@@ -81,6 +81,7 @@ fi
     echo "set linetype 2 lc rgb '#1f77b4' lw 2 pt 5"
     echo "set linetype 3 lc rgb '#2ca02c' lw 2 pt 9"
     [ "$logx" = 1 ] && echo "set logscale x 2"
+    [ "$steps" = 1 ] && echo "set xrange [0:*]" && echo "set offsets 0, 0, graph 0.08, 0"
     if [ -n "$ref" ]; then
         echo "set yrange [0:${ref%%:*} * 1.15]"
         echo "set arrow from graph 0, first ${ref%%:*} to graph 1, first ${ref%%:*} nohead dt 2 lc rgb 'gray40' lw 1.5"
