@@ -234,11 +234,11 @@ MR_API mr_status_t mr_receive(mr_message_t *message);
  * while sends are deferred. Takes no message: call mr_receive() next.
  *
  * Returns:
- *   MR_OK                   something may be ready (a message is waiting, or
+ *   MR_OK                   something may be ready (a message is waiting, a
+ *                           peer failure is to be reported by mr_receive(), or
  *                           progress was made).
  *   MR_AGAIN                the timeout passed with nothing to report.
- *   MR_ERR_PEER_FAILED, MR_ERR_TRANSPORT  as mr_receive(); a failure is
- *                           reported by the next mr_receive() as well.
+ *   MR_ERR_TRANSPORT        the substrate failed locally (the log says how).
  *   MR_ERR_INVALID_PARAM    `timeout_ms` is negative or above 60000.
  *   MR_ERR_NOT_INITIALIZED  called before mr_init() or after mr_finalize().
  */
