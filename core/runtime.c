@@ -1324,8 +1324,8 @@ mr_status_t mr_wait(int timeout_ms)
     int moved = rt.deferq.depth > 0 ? rt_drain(true) : 0;
     events = rt_progress(moved > 0 ? 0 : timeout_ms);
     if (events < 0) return (mr_status_t)events;
-    return events + moved > 0 || rt.arrival_head != MR_NIL || rt.failures_unreported > 0 ? MR_OK
-                                                                                : MR_AGAIN;
+    bool news = events + moved > 0 || rt.arrival_head != MR_NIL || rt.failures_unreported > 0;
+    return news ? MR_OK : MR_AGAIN;
 }
 
 mr_status_t mr_release(void *buffer)
