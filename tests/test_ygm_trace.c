@@ -293,6 +293,15 @@ static void write_ygm_trace(ygm_writer_t *w, int nranks, uint32_t first_id)
 
 /* nranks and the counter's first id: YGM's counters start at 0 or at the rank
  * (first id n, or the rank), and an int counter wraps to negative request ids. */
+/* Parses `w`'s trace, which must be accepted. */
+static void parse_ok(const ygm_writer_t *w, ygm_layout_t layout, int nranks, ygm_trace_t *t)
+{
+    char err[1024] = "";
+
+    ck_assert_msg(ygm_trace_parse((uint8_t *)w->buf, w->len, layout, nranks, "trace_0.bin", t,
+                                  err, sizeof(err)) == 0, "%s", err);
+}
+
 static const struct {
     int nranks;
     uint32_t first_id;
@@ -314,8 +323,7 @@ START_TEST(ygm_completions_read)
     if (ygm_variants[_i].first_id > 0x7fff0000u) {
         ck_assert_int_lt(w.completion_req[w.ncompletions - 1], 0); /* The counter wrapped. */
     }
-    ck_assert_msg(ygm_trace_parse((uint8_t *)w.buf, w.len, YGM_LAYOUT_AUTO, w.nranks,
-                                  "trace_0.bin", &t, err, sizeof(err)) == 0, "%s", err);
+    parse_ok(&w, YGM_LAYOUT_AUTO, w.nranks, &t);
     ck_assert_int_eq(t.layout, YGM_LAYOUT_OLD);
     ck_assert_uint_eq(t.count, w.nstarts);
     size_t counts[6] = {0}, c = 0;
@@ -350,8 +358,7 @@ START_TEST(ygm_completions_read)
     free(out);
     ygm_trace_free(&t);
     /* Forced, the older layout reads it too; the newer one refuses it. */
-    ck_assert_int_eq(ygm_trace_parse((uint8_t *)w.buf, w.len, YGM_LAYOUT_OLD, w.nranks,
-                                     "trace_0.bin", &t, err, sizeof(err)), 0);
+    parse_ok(&w, YGM_LAYOUT_OLD, w.nranks, &t);
     ygm_trace_free(&t);
     ck_assert_int_eq(ygm_trace_parse((uint8_t *)w.buf, w.len, YGM_LAYOUT_NEW, w.nranks,
                                      "trace_0.bin", &t, err, sizeof(err)), -1);
@@ -366,7 +373,6 @@ START_TEST(ygm_comm_trace_only)
 {
     ygm_writer_t w;
     ygm_trace_t t;
-    char err[1024] = "";
 
     w_init(&w, 3, 3);
     for (int e = 0; e < 3; e++) {
@@ -377,8 +383,7 @@ START_TEST(ygm_comm_trace_only)
     }
     w_finish(&w);
     for (int layout = YGM_LAYOUT_AUTO; layout <= YGM_LAYOUT_OLD; layout++) {
-        ck_assert_msg(ygm_trace_parse((uint8_t *)w.buf, w.len, (ygm_layout_t)layout, 3, "c.bin",
-                                      &t, err, sizeof(err)) == 0, "%s", err);
+        parse_ok(&w, (ygm_layout_t)layout, 3, &t);
         ck_assert_int_eq(t.layout, YGM_LAYOUT_OLD);
         ck_assert_uint_eq(t.count, 22);
         size_t asyncs = 0;
@@ -512,14 +517,12 @@ START_TEST(ygm_in_range_type1_is_a_send)
 {
     ygm_writer_t w;
     ygm_trace_t t;
-    char err[1024] = "";
 
     w_init(&w, 4, 1);
     w_send(&w, 3, 64); /* Request id 1: a rank. */
     w_complete(&w, true);
     w_finish(&w);
-    ck_assert_msg(ygm_trace_parse((uint8_t *)w.buf, w.len, YGM_LAYOUT_AUTO, 4, "s.bin", &t, err,
-                                  sizeof(err)) == 0, "%s", err);
+    parse_ok(&w, YGM_LAYOUT_AUTO, 4, &t);
     ck_assert_uint_eq(t.count, 2);
     ck_assert_int_eq(t.records[1].kind, YGM_MPI_SEND);
     ck_assert_int_eq(t.records[1].peer, 1);

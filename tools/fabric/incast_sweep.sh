@@ -163,7 +163,11 @@ summarize() {
             printf "%s,%s,%d,%.1f,%.1f,%.1f,%.3f,%.3f,%.3f,%.2f,%d,%d,%d,%.1f\n", xs[i], ps[j], m, gm, glo, ghi, sm[k], slo, shi, sm[base] / sm[k], med(c, m), slots[k], rss[k], data[k]
         }
     }' "$out/$exp.csv" >"$out/${exp}_summary.csv"
-    column -s, -t "$out/${exp}_summary.csv"
+    # The table, columns aligned (awk: `column` is not on every Debian machine).
+    awk -F, '{ for (i = 1; i <= NF; i++) { c[NR, i] = $i; if (length($i) > w[i]) w[i] = length($i) }
+               if (NF > nf) nf = NF }
+         END { for (r = 1; r <= NR; r++) { for (i = 1; i <= nf; i++) printf "%-*s ", w[i], c[r, i]; print "" } }' \
+        "$out/${exp}_summary.csv"
 }
 
 line_rate=$(awk -v r="$rate" 'BEGIN { v = r + 0; if (r ~ /gbit/) v *= 1000; else if (r ~ /kbit/) v /= 1000; print v }')
