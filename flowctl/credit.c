@@ -30,7 +30,7 @@
 #define CREDIT_ACTIVE_ARRIVALS 2
 
 mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, bool adaptive,
-                                const bool *remote, const mr_flowctl_params_t *params)
+                                const uint32_t *weight, const mr_flowctl_params_t *params)
 {
     uint32_t initial = mr_credit_initial(limit, adaptive);
 
@@ -49,7 +49,8 @@ mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, 
     }
     /* Every key starts with `initial` credits; the rest of its share waits here. */
     for (int k = 0; k < nkeys; k++) {
-        o->key[k].adaptive = adaptive && (remote == NULL || remote[k]);
+        o->key[k].adaptive = adaptive && weight[k] != 0;
+        o->key[k].weight = weight[k];
         o->key[k].held = o->key[k].adaptive ? initial : limit;
         o->key[k].owed = limit - o->key[k].held;
         o->key[k].epoch = UINT32_MAX;
@@ -57,21 +58,20 @@ mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, 
     o->win.adaptive = adaptive;
     o->win.window = initial;
     o->win.active = 1;
-    o->return_at = mr_credit_return_at(initial, o->threshold);
     o->static_return_at = mr_credit_return_at(limit, o->threshold);
     return MR_OK;
 }
 
-static int credit_active(const mr_credit_window_t *w)
+static uint32_t credit_active(const mr_credit_window_t *w)
 {
-    int active = w->active > w->active_now ? w->active : w->active_now;
+    uint32_t active = w->active > w->active_now ? w->active : w->active_now;
     return active > 0 ? active : 1;
 }
 
 void mr_credit_owed_fini(mr_credit_owed_t *o)
 {
     if (o->win.adaptive && o->win.rate > 0) {
-        mr_debug("Credit window: %u per key over %d active key(s); peak rate %.0f messages/s, "
+        mr_debug("Credit window: %u per rank over %u active sending rank(s); peak rate %.0f messages/s, "
                  "shortest credit loop %.1f us.", o->win.window, credit_active(&o->win),
                  o->win.rate, (double)o->win.loop_ns / 1e3);
     }
@@ -111,25 +111,60 @@ static void credit_queue(mr_credit_owed_t *o, int key)
     }
 }
 
-/* Sends what may be returned to `key`; a refusal puts the key on the retry list. */
+/* Makes `rank` the latest sender of `key`. */
+static void credit_note_sender(mr_credit_key_t *k, int rank)
+{
+    int i = 0, last, keep = k->weight < MR_CREDIT_SPLIT ? (int)k->weight : MR_CREDIT_SPLIT;
+
+    if (k->nsenders != 0 && k->sender[0] == rank) return;
+    while (i < k->nsenders && k->sender[i] != rank) i++;
+    if (keep < 1) keep = 1;
+    last = i < k->nsenders ? i : (k->nsenders < keep ? k->nsenders++ : k->nsenders - 1);
+    for (i = last; i > 0; i--) k->sender[i] = k->sender[i - 1];
+    k->sender[0] = rank;
+}
+
+/*
+ * Sends `n` credits to `key`, split among its recent senders. MR_AGAIN leaves
+ * the rest owed for a retry; a sender that is gone leaves the others, and
+ * when none is left the key's credits no longer matter.
+ */
+static mr_status_t credit_send(mr_credit_owed_t *o, int key, uint32_t n)
+{
+    mr_credit_key_t *k = &o->key[key];
+    uint32_t parts = k->nsenders < n ? k->nsenders : n;
+
+    for (uint32_t i = 0; i < parts;) {
+        uint32_t share = n / parts + (i < n % parts);
+        mr_status_t status = o->send_control(o->core, k->sender[i], share);
+
+        if (status == MR_OK) {
+            credit_granted(o, key, share);
+            i++;
+        } else if (status == MR_AGAIN) {
+            return MR_AGAIN;
+        } else {
+            /* The peer is gone: the rest goes to the others, next time. */
+            k->sender[i] = k->sender[--k->nsenders];
+            if (k->nsenders == 0) {
+                k->owed = 0;
+                return status;
+            }
+            return MR_AGAIN;
+        }
+    }
+    return MR_OK;
+}
+
+/* Sends what may be returned to `key`; what is not sent goes on the retry list. */
 static void credit_owed_return(mr_credit_owed_t *o, int key)
 {
-    uint32_t n = mr_credit_owed_returnable(o, key);
-    mr_status_t status = o->send_control(o->core, o->key[key].return_to, n);
-
-    if (status == MR_OK) {
-        credit_granted(o, key, n);
-    } else if (status == MR_AGAIN) {
-        credit_queue(o, key);
-    } else {
-        /* The peer is gone; its credits no longer matter. */
-        o->key[key].owed = 0;
-    }
+    if (credit_send(o, key, mr_credit_owed_returnable(o, key)) == MR_AGAIN) credit_queue(o, key);
 }
 
 /*
  * Sizes the window: the arrivals of one horizon at the receiver's best recent
- * rate, shared by the keys that send to it, at least MR_CREDIT_INITIAL.
+ * rate, shared by the ranks that send to it, at least MR_CREDIT_INITIAL each.
  */
 static void credit_window_update(mr_credit_window_t *w, uint32_t limit)
 {
@@ -165,7 +200,7 @@ static void credit_window_arrival(mr_credit_owed_t *o, mr_credit_key_t *k)
         k->epoch = w->epoch;
         k->epoch_arrivals = 0;
     }
-    if (++k->epoch_arrivals == CREDIT_ACTIVE_ARRIVALS) w->active_now++;
+    if (++k->epoch_arrivals == CREDIT_ACTIVE_ARRIVALS) w->active_now += k->weight;
     if (k->probe_t0 != 0) {
         now = mr_now_ns();
         uint64_t loop = now - k->probe_t0;
@@ -193,7 +228,6 @@ static void credit_window_arrival(mr_credit_owed_t *o, mr_credit_key_t *k)
     w->interval_arrivals = 0;
     if (now >= w->epoch_end_ns) credit_epoch(w, now);
     credit_window_update(w, o->limit);
-    o->return_at = mr_credit_return_at(w->window, o->threshold);
 }
 
 void mr_credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
@@ -214,8 +248,10 @@ void mr_credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
      * due without a release (an application may hold its messages while it
      * waits for more): progress sends them, outside this upcall.
      */
-    k->return_to = rank;
-    if (!k->queued && mr_credit_owed_returnable(o, key) >= o->return_at) credit_queue(o, key);
+    credit_note_sender(k, rank);
+    if (!k->queued && mr_credit_owed_returnable(o, key) >= mr_credit_owed_return_at(o, key)) {
+        credit_queue(o, key);
+    }
 }
 
 
@@ -223,7 +259,7 @@ void mr_credit_owed_consume(mr_credit_owed_t *o, int key, int rank)
 {
     mr_credit_key_t *k = &o->key[key];
 
-    k->return_to = rank;
+    credit_note_sender(k, rank);
     k->owed++;
     if (!k->queued && mr_credit_owed_returnable(o, key) >= mr_credit_owed_return_at(o, key)) {
         credit_owed_return(o, key);
@@ -246,18 +282,13 @@ int mr_credit_owed_progress(mr_credit_owed_t *o)
             k->queued = 0;
             continue;
         }
-        status = o->send_control(o->core, k->return_to, n);
+        status = credit_send(o, key, n);
         if (status == MR_AGAIN) {
             o->retry[kept++] = key;
             continue;
         }
         k->queued = 0;
-        if (status == MR_OK) {
-            credit_granted(o, key, n);
-            sent++;
-        } else {
-            k->owed = 0;
-        }
+        if (status == MR_OK) sent++;
     }
     o->nretry = kept;
     return sent;

@@ -22,16 +22,23 @@
  * when no credit count is set, for keys on other hosts: between ranks of one
  * host there is no switch to protect) a key starts with MR_CREDIT_INITIAL,
  * and the receiver keeps about `rate x horizon` credits outstanding over the
- * keys that send to it, shared evenly: `rate` is its best recent arrival
- * rate, `horizon` is 2 ms or twice the shortest credit loop it measured,
- * whichever is longer. docs/flowctl.md explains it, docs/incast.md measures
- * it. Static grants keep window = limit.
+ * ranks that send to it, shared evenly, at least MR_CREDIT_INITIAL per rank:
+ * `rate` is its best recent arrival rate, `horizon` is 2 ms or twice the
+ * shortest credit loop it measured, whichever is longer. A key that stands
+ * for several ranks (a node) gets the shares of its ranks. docs/flowctl.md
+ * explains it, docs/incast.md measures it. Static grants keep window = limit.
  */
 #define MR_CREDIT_INITIAL 2
+/*
+ * A return to a key that stands for several ranks is split among up to this
+ * many of its most recent senders: whichever of them gets a core first puts
+ * its part in the node's pool, instead of all of it waiting for one rank.
+ */
+#define MR_CREDIT_SPLIT 4
 
 typedef struct mr_credit_window {
     bool adaptive;
-    uint32_t window;          /* Credits each active key may have outstanding now. */
+    uint32_t window;          /* Credits per active sending rank outstanding now. */
     double rate;              /* Most arrivals per second lately (a decaying maximum). */
     uint64_t loop_ns;         /* Shortest credit loop of the last epoch, or 0. */
     uint64_t loop_fresh_ns;   /* Shortest of this epoch, or 0. */
@@ -39,7 +46,8 @@ typedef struct mr_credit_window {
     uint32_t interval_arrivals;
     uint64_t epoch_end_ns;
     uint32_t epoch;
-    int active, active_now;   /* Keys that sent in the last epoch, and in this one. */
+    uint32_t active, active_now; /* Ranks of the keys that sent in the last epoch, and in
+                                    this one. */
 } mr_credit_window_t;
 
 /* One key's grant, as its receiver sees it. */
@@ -49,17 +57,18 @@ typedef struct mr_credit_key {
     uint32_t epoch;           /* The last epoch it sent in, and how much: */
     uint32_t epoch_arrivals;
     uint64_t probe_t0;        /* When credits went to it with none held, or 0. */
-    int32_t return_to;        /* The rank that gets the control message. */
+    int32_t sender[MR_CREDIT_SPLIT]; /* Its last distinct senders, the latest first: */
+    uint8_t nsenders;         /* returns go to them. */
     uint8_t queued;           /* On the retry list. */
     bool adaptive;            /* Granted up to the window (else the whole share). */
+    uint32_t weight;          /* Adaptive: the sending ranks it stands for. */
 } mr_credit_key_t;
 
 typedef struct mr_credit_owed {
     int nkeys;
     uint32_t limit;       /* Credits per key: its share of the receive slots. */
     unsigned threshold;   /* MAILRAIL_CREDIT_RETURN_THRESHOLD. */
-    uint32_t return_at;   /* Return once this many are returnable to an adaptive key, */
-    uint32_t static_return_at; /* and to another key. */
+    uint32_t static_return_at; /* Return to a static key once this many are returnable. */
     bool underflow_logged;
     mr_credit_key_t *key;
     int *retry;           /* Keys with a return to send from progress. */
@@ -75,9 +84,12 @@ static inline uint32_t mr_credit_initial(uint32_t limit, bool adaptive)
     return adaptive && limit > MR_CREDIT_INITIAL ? MR_CREDIT_INITIAL : limit;
 }
 
-/* `remote[k]`: key k is on another host (adaptive grants apply to it when `adaptive`). */
+/*
+ * `weight[k]`: the ranks key k stands for when it is on another host, 0 when it
+ * is on this one (adaptive grants apply to keys of nonzero weight, when `adaptive`).
+ */
 mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, bool adaptive,
-                                const bool *remote, const mr_flowctl_params_t *params);
+                                const uint32_t *weight, const mr_flowctl_params_t *params);
 void mr_credit_owed_fini(mr_credit_owed_t *o);
 
 /* A data message of `key`, sent by `rank`, arrived on one of the key's credits. */
@@ -86,19 +98,36 @@ void mr_credit_owed_arrived(mr_credit_owed_t *o, int key, int rank);
 /* One slot of `key` was freed by a message from `rank`; returns credits when due. */
 void mr_credit_owed_consume(mr_credit_owed_t *o, int key, int rank);
 
+/* How many credits `key` may have outstanding now. */
+static inline uint32_t mr_credit_owed_window(const mr_credit_owed_t *o, int key)
+{
+    const mr_credit_key_t *k = &o->key[key];
+    uint64_t window = (uint64_t)o->win.window * k->weight;
+
+    return k->adaptive && window < o->limit ? (uint32_t)window : o->limit;
+}
+
 /* What may be granted back to `key` now: freed slots, up to its window. */
 static inline uint32_t mr_credit_owed_returnable(const mr_credit_owed_t *o, int key)
 {
     const mr_credit_key_t *k = &o->key[key];
-    uint32_t window = k->adaptive ? o->win.window : o->limit;
+    uint32_t window = mr_credit_owed_window(o, key);
     uint32_t room = window > k->held ? window - k->held : 0;
     return k->owed < room ? k->owed : room;
+}
+
+/* The credit threshold: freed credits are returned after 1/threshold of a grant. */
+static inline uint32_t mr_credit_return_at(uint32_t granted, unsigned threshold)
+{
+    uint32_t at = granted / (threshold ? threshold : 1);
+    return at ? at : 1;
 }
 
 /* How many returnable credits make a return worth a control message. */
 static inline uint32_t mr_credit_owed_return_at(const mr_credit_owed_t *o, int key)
 {
-    return o->key[key].adaptive ? o->return_at : o->static_return_at;
+    return o->key[key].adaptive ? mr_credit_return_at(mr_credit_owed_window(o, key), o->threshold)
+                                : o->static_return_at;
 }
 
 /* Takes what may be granted back to `key`, to piggyback it on a data message. */
@@ -113,13 +142,6 @@ static inline void mr_credit_owed_put_back(mr_credit_owed_t *o, int key, uint32_
 
 /* Sends returns that were refused or came due outside a release. Returns how many. */
 int mr_credit_owed_progress(mr_credit_owed_t *o);
-
-/* The credit threshold: freed credits are returned after 1/threshold of a grant. */
-static inline uint32_t mr_credit_return_at(uint32_t granted, unsigned threshold)
-{
-    uint32_t at = granted / (threshold ? threshold : 1);
-    return at ? at : 1;
-}
 
 typedef struct mr_credit_clock {
     uint64_t *since;      /* Per destination: when it ran out of credit, or 0. */

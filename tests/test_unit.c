@@ -1,9 +1,11 @@
 /*
  * Unit tests of the core's building blocks: the settings parser, the pools,
- * the deferred send queue, the pointer map and the node credit segment.
+ * the deferred send queue, the pointer map, credit returns and the node credit
+ * segment.
  * Single process, no MPI.
  */
 #include "mr_config.h"
+#include "mr_credit.h"
 #include "mr_flowctl.h"
 #include "mr_log.h"
 #include "mr_node_segment.h"
@@ -298,6 +300,91 @@ START_TEST(ptrmap_matches_reference)
 }
 END_TEST
 
+/* ---- Credit returns ------------------------------------------------------------------ */
+
+/* What send_control was asked to send, and what it answers. */
+typedef struct credit_calls {
+    int n;
+    int dest[16];
+    uint32_t credits[16];
+    int failed_rank;          /* Answers MR_ERR_PEER_FAILED for this rank. */
+} credit_calls_t;
+
+static mr_status_t credit_record(void *core, int dest, uint32_t imm)
+{
+    credit_calls_t *calls = core;
+
+    if (dest == calls->failed_rank) return MR_ERR_PEER_FAILED;
+    ck_assert_int_lt(calls->n, 16);
+    calls->dest[calls->n] = dest;
+    calls->credits[calls->n++] = imm;
+    return MR_OK;
+}
+
+/*
+ * A key that stands for 4 ranks on another host (a node) may hold the floor of
+ * 2 credits per rank, and a return is split among its recent senders, the
+ * latest first; a sender that is gone leaves its part to the others. A key on
+ * this host (weight 0) gets its whole share back, from its one last sender.
+ */
+START_TEST(credit_returns_split_among_a_nodes_senders)
+{
+    credit_calls_t calls = {.failed_rank = -1};
+    mr_flowctl_params_t params = {.return_threshold = 4, .core = &calls,
+                                  .send_control = credit_record};
+    const uint32_t weight[2] = {4, 0};
+    mr_credit_owed_t o;
+
+    ck_assert_int_eq(mr_credit_owed_init(&o, 2, 64, true, weight, &params), MR_OK);
+    ck_assert_uint_eq(o.key[0].held, MR_CREDIT_INITIAL);
+    ck_assert_uint_eq(o.key[1].held, 64);
+    ck_assert_uint_eq(mr_credit_owed_window(&o, 0), 4 * MR_CREDIT_INITIAL);
+    ck_assert_uint_eq(mr_credit_owed_return_at(&o, 0), 2);
+    /* The first arrival makes the rest of the window due, to the only sender. */
+    mr_credit_owed_arrived(&o, 0, 10);
+    ck_assert_int_eq(mr_credit_owed_progress(&o), 1);
+    ck_assert_int_eq(calls.n, 1);
+    ck_assert_int_eq(calls.dest[0], 10);
+    ck_assert_uint_eq(calls.credits[0], 7);
+    ck_assert_uint_eq(o.key[0].held, 8);
+    ck_assert_uint_eq(o.key[0].owed, 55);
+
+    /* Five senders: the four latest are kept; 12 is gone, so 13, 10 and 11 share. */
+    const int order[8] = {12, 13, 14, 10, 11, 13, 12, 13};
+    for (int i = 0; i < 8; i++) mr_credit_owed_arrived(&o, 0, order[i]);
+    ck_assert_int_eq(o.key[0].nsenders, 4);
+    ck_assert_int_eq(o.key[0].sender[0], 13);
+    ck_assert_int_eq(o.key[0].sender[1], 12);
+    ck_assert_int_eq(o.key[0].sender[2], 11);
+    ck_assert_int_eq(o.key[0].sender[3], 10);
+    calls.n = 0;
+    calls.failed_rank = 12;
+    ck_assert_int_eq(mr_credit_owed_progress(&o), 0);
+    ck_assert_int_eq(calls.n, 1);
+    ck_assert_int_eq(calls.dest[0], 13);
+    ck_assert_uint_eq(calls.credits[0], 2);
+    ck_assert_int_eq(o.key[0].nsenders, 3);
+    ck_assert_int_eq(mr_credit_owed_progress(&o), 1);
+    ck_assert_int_eq(calls.n, 4);
+    for (int i = 1; i < 4; i++) {
+        ck_assert(calls.dest[i] == 13 || calls.dest[i] == 10 || calls.dest[i] == 11);
+        ck_assert_uint_eq(calls.credits[i], 2);
+    }
+    ck_assert_uint_eq(o.key[0].held, 8);
+    ck_assert_uint_eq(o.key[0].owed, 47);
+
+    /* The local key: static, its whole share at once, to its last sender. */
+    calls.n = 0;
+    for (int i = 0; i < 16; i++) mr_credit_owed_arrived(&o, 1, 4);
+    for (int i = 0; i < 16; i++) mr_credit_owed_consume(&o, 1, i < 15 ? 4 : 3);
+    ck_assert_int_eq(calls.n, 1);
+    ck_assert_int_eq(calls.dest[0], 3);
+    ck_assert_uint_eq(calls.credits[0], 16);
+    ck_assert_uint_eq(o.key[1].held, 64);
+    mr_credit_owed_fini(&o);
+}
+END_TEST
+
 /* ---- Node credit segment ------------------------------------------------------------- */
 
 /* Opens a segment by name and returns its fstat(), failing the test if it is not there. */
@@ -385,6 +472,9 @@ static Suite *unit_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("ptrmap");
     tcase_add_test(tc, ptrmap_matches_reference);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("credit");
+    tcase_add_test(tc, credit_returns_split_among_a_nodes_senders);
     suite_add_tcase(s, tc);
     tc = tcase_create("node_segment");
     tcase_add_test(tc, node_segment_owner_only_and_stale_cleanup);

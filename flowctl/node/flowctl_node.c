@@ -146,18 +146,19 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     fc->piggyback = params->piggyback;
     fc->adaptive = ((const node_config_t *)params->config)->credits == 0;
     fc->local_return_at = mr_credit_return_at(per_node, params->return_threshold);
-    /* Sending nodes on other hosts get adaptive grants; between ranks of one host there
-       is no network to protect. A node's ranks all share one host. */
-    bool *remote = calloc((size_t)params->node_count, sizeof(*remote));
-    for (int r = 0; remote != NULL && r < params->size; r++) {
-        remote[params->node_of_rank[r]] =
-            params->host_of_rank[r] != params->host_of_rank[params->rank];
+    /* Sending nodes on other hosts get adaptive grants, a share per rank; between
+       ranks of one host there is no network to protect. A node's ranks share a host. */
+    uint32_t *weight = calloc((size_t)params->node_count, sizeof(*weight));
+    for (int r = 0; weight != NULL && r < params->size; r++) {
+        if (params->host_of_rank[r] != params->host_of_rank[params->rank]) {
+            weight[params->node_of_rank[r]]++;
+        }
     }
-    if (remote == NULL) mr_error("Cannot allocate the host map of %d nodes.", params->node_count);
-    status = remote == NULL ? MR_ERR_NO_MEMORY
+    if (weight == NULL) mr_error("Cannot allocate the host map of %d nodes.", params->node_count);
+    status = weight == NULL ? MR_ERR_NO_MEMORY
                             : mr_credit_owed_init(&fc->owed, params->node_count, per_node,
-                                                  fc->adaptive, remote, params);
-    free(remote);
+                                                  fc->adaptive, weight, params);
+    free(weight);
     if (status == MR_OK) status = mr_credit_clock_init(&fc->clock, params->size);
     /* Every rank must reach the barriers in node_attach, even after a local failure. */
     mr_status_t attached = node_attach(fc, params);

@@ -99,18 +99,18 @@ static mr_status_t rank_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
         return MR_ERR_NO_MEMORY;
     }
     /* Grants between ranks of one host never cross a network: all of them at once. */
-    bool *remote = calloc((size_t)params->size, sizeof(*remote));
-    if (remote == NULL) {
+    uint32_t *weight = calloc((size_t)params->size, sizeof(*weight));
+    if (weight == NULL) {
         mr_error("Cannot allocate the host map of %d ranks.", params->size);
         rank_finalize(fc);
         return MR_ERR_NO_MEMORY;
     }
     for (int r = 0; r < params->size; r++) {
-        remote[r] = params->host_of_rank[r] != params->host_of_rank[fc->rank];
-        fc->credits[r] = remote[r] ? mr_credit_initial(per_pair, adaptive) : per_pair;
+        weight[r] = params->host_of_rank[r] != params->host_of_rank[fc->rank];
+        fc->credits[r] = weight[r] != 0 ? mr_credit_initial(per_pair, adaptive) : per_pair;
     }
-    status = mr_credit_owed_init(&fc->owed, params->size, per_pair, adaptive, remote, params);
-    free(remote);
+    status = mr_credit_owed_init(&fc->owed, params->size, per_pair, adaptive, weight, params);
+    free(weight);
     if (status == MR_OK) status = mr_credit_clock_init(&fc->clock, params->size);
     if (status != MR_OK) {
         rank_finalize(fc);
