@@ -737,11 +737,11 @@ START_TEST(stranger_is_rejected)
         int fd = connect_to(address);
         memset(junk, 0xab, sizeof(junk));
         send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
-        /* 2. A handshake with the right shape and a wrong MAC. */
+        /* 2. A handshake with the right shape and a wrong MAC: magic "MRAU", version 2,
+              the attacker's own rank, a 32-byte MAC of zeros (substrates/tcp/tcp_wire.h). */
         int fd2 = connect_to(address);
         ck_assert_int_eq(recv(fd2, nonce, sizeof(nonce), MSG_WAITALL), (ssize_t)sizeof(nonce));
-        uint8_t auth[24] = {0};
-        memcpy(auth, "MRTA", 4);
+        uint8_t auth[44] = {0x55, 0x41, 0x52, 0x4d, 0x02, 0x00, 0x00, 0x00, (uint8_t)attacker};
         send(fd2, auth, sizeof(auth), MSG_NOSIGNAL);
         /* 3. A data frame as if authenticated, with an absurd length. */
         int fd3 = connect_to(address);

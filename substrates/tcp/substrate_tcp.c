@@ -10,15 +10,15 @@
  * the IPv4 address.
  *
  * Handshake. As soon as it accepts a connection, the acceptor writes a
- * 16-byte random nonce. The connector reads it and writes a 20-byte AUTH
+ * 16-byte random nonce. The connector reads it and writes a 44-byte AUTH
  * message, little-endian:
  *
- *     u32 magic (TCP_WIRE_AUTH_MAGIC), u16 version (1), u16 reserved (0),
- *     i32 connector rank, u64 mac
+ *     u32 magic (TCP_WIRE_AUTH_MAGIC), u16 version (2), u16 reserved (0),
+ *     i32 connector rank, u8 mac[32]
  *
- * where mac = SipHash-2-4 under the first 16 bytes of the job key of
- * nonce (16) || connector rank (i32 LE) || acceptor rank (i32 LE) ||
- * "MRTCP-AUTH" (10 bytes). The acceptor reads exactly those 20 bytes and
+ * where mac = HMAC-SHA-512-256 (libsodium's crypto_auth) under the 32-byte
+ * job key of nonce (16) || connector rank (i32 LE) || acceptor rank (i32 LE)
+ * || "MRTCP-AUTH" (10 bytes). The acceptor reads exactly those 44 bytes and
  * checks magic, version, reserved, rank range (a rank below its own that is
  * not connected yet) and the mac, in constant time. Anything else, or
  * nothing within MAILRAIL_TCP_AUTH_TIMEOUT, closes the socket and counts a
@@ -40,7 +40,6 @@
  */
 #include "mr_substrate.h"
 #include "mr_time.h"
-#include "siphash.h"
 #include "tcp_wire.h"
 
 #include <arpa/inet.h>
@@ -218,7 +217,7 @@ struct mr_substrate {
     int rank, size;
     size_t datagram_size;
     unsigned timeout_s;
-    uint8_t key[MR_SIPHASH_KEY_LEN];
+    uint8_t key[TCP_WIRE_KEY_LEN];
     void *core;
     mr_substrate_upcalls_t up;
     void (*log)(mr_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1317,13 +1316,19 @@ static mr_status_t tcp_open(const mr_substrate_params_t *p, mr_substrate_t **out
     if (!mr_substrate_params_valid(p, "TCP substrate", UINT32_MAX, true)) {
         return MR_ERR_INVALID_PARAM;
     }
+    _Static_assert(MR_JOB_KEY_LEN == TCP_WIRE_KEY_LEN, "the handshake's key is the job key");
+    if (tcp_wire_init() != MR_OK) {
+        MR_SUBSTRATE_LOG(p->log, p->log_threshold ? p->log_threshold : &tcp_default_threshold,
+                         MR_LOG_ERROR, "TCP substrate: libsodium cannot be initialized.");
+        return MR_ERR_TRANSPORT;
+    }
     s = calloc(1, sizeof(*s));
     if (s == NULL) return MR_ERR_NO_MEMORY;
     s->rank = p->rank;
     s->size = p->size;
     s->datagram_size = p->datagram_size;
     s->timeout_s = p->timeout_s;
-    memcpy(s->key, p->job_key, MR_SIPHASH_KEY_LEN);
+    memcpy(s->key, p->job_key, TCP_WIRE_KEY_LEN);
     s->core = p->core;
     s->up = *u;
     s->log = p->log;

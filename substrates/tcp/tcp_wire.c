@@ -7,11 +7,17 @@
 #include "mr_byteorder.h"
 
 #include <arpa/inet.h>
+#include <sodium.h>
 #include <stdbool.h>
 #include <string.h>
 
 #define TCP_WIRE_AUTH_DOMAIN "MRTCP-AUTH"
 #define TCP_WIRE_AUTH_DOMAIN_LEN (sizeof(TCP_WIRE_AUTH_DOMAIN) - 1)
+
+mr_status_t tcp_wire_init(void)
+{
+    return sodium_init() < 0 ? MR_ERR_TRANSPORT : MR_OK;
+}
 
 /* Fills in *err (when given) and returns `status`. */
 static mr_status_t tcp_wire_fail(tcp_wire_error_t *err, mr_status_t status,
@@ -68,45 +74,40 @@ mr_status_t tcp_wire_addr_parse(const void *blob, size_t length, struct sockaddr
 /* ------------------------------------------------------------------------ */
 /* The AUTH message, little-endian.                                          */
 
-/* The MAC of an AUTH message. */
-static uint64_t tcp_wire_auth_mac(const uint8_t key[MR_SIPHASH_KEY_LEN],
-                                  const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
-                                  int32_t acceptor)
-{
-    uint8_t msg[TCP_WIRE_NONCE_LEN + 4 + 4 + TCP_WIRE_AUTH_DOMAIN_LEN];
+_Static_assert(TCP_WIRE_MAC_LEN == crypto_auth_BYTES, "the AUTH MAC is one crypto_auth tag");
+_Static_assert(TCP_WIRE_KEY_LEN == crypto_auth_KEYBYTES, "the MAC key is one crypto_auth key");
 
+/* What the MAC of an AUTH message covers. */
+static void tcp_wire_auth_input(uint8_t msg[TCP_WIRE_NONCE_LEN + 8 + TCP_WIRE_AUTH_DOMAIN_LEN],
+                                const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
+                                int32_t acceptor)
+{
     memcpy(msg, nonce, TCP_WIRE_NONCE_LEN);
     mr_put_le32(msg + TCP_WIRE_NONCE_LEN, (uint32_t)connector);
     mr_put_le32(msg + TCP_WIRE_NONCE_LEN + 4, (uint32_t)acceptor);
     memcpy(msg + TCP_WIRE_NONCE_LEN + 8, TCP_WIRE_AUTH_DOMAIN, TCP_WIRE_AUTH_DOMAIN_LEN);
-    return mr_siphash24(key, msg, sizeof(msg));
 }
 
-/* Compares n bytes in time independent of where they differ. */
-static bool tcp_wire_ct_equal(const uint8_t *a, const uint8_t *b, size_t n)
-{
-    volatile uint8_t diff = 0;
-    for (size_t i = 0; i < n; i++) diff |= (uint8_t)(a[i] ^ b[i]);
-    return diff == 0;
-}
-
-void tcp_wire_auth_encode(uint8_t out[TCP_WIRE_AUTH_LEN], const uint8_t key[MR_SIPHASH_KEY_LEN],
+void tcp_wire_auth_encode(uint8_t out[TCP_WIRE_AUTH_LEN], const uint8_t key[TCP_WIRE_KEY_LEN],
                           const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
                           int32_t acceptor)
 {
     mr_put_le32(out, TCP_WIRE_AUTH_MAGIC);
     mr_put_le16(out + 4, TCP_WIRE_AUTH_VERSION);
     mr_put_le16(out + 6, 0);
+    uint8_t input[TCP_WIRE_NONCE_LEN + 8 + TCP_WIRE_AUTH_DOMAIN_LEN];
+
     mr_put_le32(out + 8, (uint32_t)connector);
-    mr_put_le64(out + 12, tcp_wire_auth_mac(key, nonce, connector, acceptor));
+    tcp_wire_auth_input(input, nonce, connector, acceptor);
+    crypto_auth(out + 12, input, sizeof(input), key);
 }
 
 mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
-                                 const uint8_t key[MR_SIPHASH_KEY_LEN],
+                                 const uint8_t key[TCP_WIRE_KEY_LEN],
                                  const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t acceptor,
                                  int32_t *connector, tcp_wire_error_t *err)
 {
-    uint8_t expect[8];
+    uint8_t input[TCP_WIRE_NONCE_LEN + 8 + TCP_WIRE_AUTH_DOMAIN_LEN];
 
     if (msg == NULL || length < TCP_WIRE_AUTH_LEN) return MR_AGAIN;
     uint32_t magic = mr_get_le32(msg);
@@ -128,8 +129,8 @@ mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
         return tcp_wire_fail(err, MR_ERR_INVALID_RANK, TCP_WIRE_BAD_RANK,
                              "rank that does not connect to this one", rank);
     }
-    mr_put_le64(expect, tcp_wire_auth_mac(key, nonce, rank, acceptor));
-    if (!tcp_wire_ct_equal(expect, msg + 12, sizeof(expect))) {
+    tcp_wire_auth_input(input, nonce, rank, acceptor);
+    if (crypto_auth_verify(msg + 12, input, sizeof(input), key) != 0) {
         return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAC,
                              "wrong proof of the job key for rank", rank);
     }

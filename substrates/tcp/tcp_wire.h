@@ -15,7 +15,6 @@
 #define MR_TCP_WIRE_H
 
 #include "mailrail.h"
-#include "siphash.h"
 
 #include <netinet/in.h>
 #include <stddef.h>
@@ -29,8 +28,11 @@
 /* The handshake: a nonce from the acceptor, an AUTH message from the connector. */
 #define TCP_WIRE_NONCE_LEN 16
 #define TCP_WIRE_AUTH_MAGIC 0x4d524155u /* "MRAU" as a number, little-endian on the wire. */
-#define TCP_WIRE_AUTH_VERSION 1
-#define TCP_WIRE_AUTH_LEN 20
+#define TCP_WIRE_AUTH_VERSION 2
+#define TCP_WIRE_MAC_LEN 32
+#define TCP_WIRE_AUTH_LEN (12 + TCP_WIRE_MAC_LEN)
+/* The MAC's key: the job key, all of it. */
+#define TCP_WIRE_KEY_LEN 32
 
 /* Frames: a 12-byte header, then `length` payload bytes on the data channel. */
 #define TCP_WIRE_HDR_LEN 12
@@ -77,12 +79,16 @@ void tcp_wire_addr_encode(uint8_t out[TCP_WIRE_ADDR_LEN], const struct sockaddr_
 mr_status_t tcp_wire_addr_parse(const void *blob, size_t length, struct sockaddr_in *out,
                                 tcp_wire_error_t *err);
 
+/* Readies the MAC (libsodium): call once before the AUTH functions. */
+mr_status_t tcp_wire_init(void);
+
 /*
  * Writes the AUTH message of `connector` to `acceptor` that answers `nonce`:
- * magic, version, reserved, connector rank, then the SipHash-2-4 MAC under
- * `key` of nonce || connector || acceptor || "MRTCP-AUTH".
+ * magic, version, reserved, connector rank, then the MAC under `key`
+ * (HMAC-SHA-512-256, libsodium's crypto_auth) of nonce || connector ||
+ * acceptor || "MRTCP-AUTH".
  */
-void tcp_wire_auth_encode(uint8_t out[TCP_WIRE_AUTH_LEN], const uint8_t key[MR_SIPHASH_KEY_LEN],
+void tcp_wire_auth_encode(uint8_t out[TCP_WIRE_AUTH_LEN], const uint8_t key[TCP_WIRE_KEY_LEN],
                           const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
                           int32_t acceptor);
 
@@ -90,13 +96,13 @@ void tcp_wire_auth_encode(uint8_t out[TCP_WIRE_AUTH_LEN], const uint8_t key[MR_S
  * Verifies the first TCP_WIRE_AUTH_LEN of the `length` bytes at `msg` as the
  * answer to `nonce` for the rank `acceptor`, in this order: magic, version and
  * reserved field (MR_ERR_PROTOCOL), a connector rank in [0, acceptor)
- * (MR_ERR_INVALID_RANK), then the MAC, compared in constant time
+ * (MR_ERR_INVALID_RANK), then the MAC, checked by libsodium in constant time
  * (MR_ERR_PROTOCOL, fault TCP_WIRE_BAD_MAC, value the claimed rank). Returns
  * MR_AGAIN while fewer than TCP_WIRE_AUTH_LEN bytes are there, and MR_OK with
  * *connector set when the message is genuine.
  */
 mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
-                                 const uint8_t key[MR_SIPHASH_KEY_LEN],
+                                 const uint8_t key[TCP_WIRE_KEY_LEN],
                                  const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t acceptor,
                                  int32_t *connector, tcp_wire_error_t *err);
 

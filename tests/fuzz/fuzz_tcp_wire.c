@@ -190,6 +190,15 @@ static size_t fuzz_frames(fuzz_stream_t *st, size_t limit)
     return consumed;
 }
 
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    if (tcp_wire_init() != MR_OK) abort();
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct sockaddr_in sin;

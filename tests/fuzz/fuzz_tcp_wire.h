@@ -7,8 +7,8 @@
  *     bytes 1-2     datagram size limit, little-endian (0 to 65535)
  *     byte  3       seed of the chunk sizes of the stream
  *     bytes 4-19    the acceptor's nonce
- *     bytes 20-39   the connector's AUTH message (fewer: truncated)
- *     bytes 40-     the frame stream
+ *     bytes 20-63   the connector's AUTH message (fewer: truncated)
+ *     bytes 64-     the frame stream
  */
 #ifndef MR_FUZZ_TCP_WIRE_H
 #define MR_FUZZ_TCP_WIRE_H
@@ -20,7 +20,6 @@
 #define FUZZ_TCP_STREAM_AT (FUZZ_TCP_AUTH_AT + TCP_WIRE_AUTH_LEN)
 
 /* The job key of every handshake in the corpus. */
-static const uint8_t fuzz_tcp_key[MR_SIPHASH_KEY_LEN] = {'M', 'a', 'i', 'l', 'R', 'a', 'i', 'l',
-                                                         '-', 'f', 'u', 'z', 'z', 'k', 'e', 'y'};
+static const uint8_t fuzz_tcp_key[TCP_WIRE_KEY_LEN] = "MailRail-fuzzkey-of-32-bytes....";
 
 #endif /* MR_FUZZ_TCP_WIRE_H */

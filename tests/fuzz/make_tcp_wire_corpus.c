@@ -4,9 +4,9 @@
  * and the malformed inputs a hostile or broken peer could send. The files are
  * committed; rerun this after a change of the wire format:
  *
- *     cc -std=c11 -D_GNU_SOURCE -Icore/include -Isubstrates/tcp -Itests/fuzz \
- *        tests/fuzz/make_tcp_wire_corpus.c substrates/tcp/tcp_wire.c \
- *        substrates/tcp/siphash.c -o /tmp/make_corpus
+ *     cc -std=c11 -D_GNU_SOURCE -Icore -Icore/include -Isubstrates/tcp -Itests/fuzz \
+ *        tests/fuzz/make_tcp_wire_corpus.c substrates/tcp/tcp_wire.c -lsodium \
+ *        -o /tmp/make_corpus
  *     /tmp/make_corpus tests/fuzz/corpus/tcp_wire
  */
 #include "fuzz_tcp_wire.h"
@@ -80,6 +80,8 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *dir = argv[1];
+
+    if (tcp_wire_init() != MR_OK) return 1;
 
     /* Genuine handshakes and good frames. */
     corpus_start(&in, 4, 4096, 0, 1, TCP_WIRE_AUTH_LEN);

@@ -19,7 +19,7 @@ $cc $inc tests/fuzz/fuzz_config.c $core -o "$out/fuzz_config"
 $cc $inc tests/fuzz/fuzz_ygm_trace.c tools/ygm_trace.c -o "$out/fuzz_ygm_trace"
 # shellcheck disable=SC2086
 $cc $inc -Isubstrates/tcp tests/fuzz/fuzz_tcp_wire.c substrates/tcp/tcp_wire.c \
-    substrates/tcp/siphash.c -o "$out/fuzz_tcp_wire"
+    -lsodium -o "$out/fuzz_tcp_wire"
 status=0
 for target in config ygm_trace tcp_wire; do
     corpus="$out/corpus_$target"
