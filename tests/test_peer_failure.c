@@ -1,9 +1,12 @@
 /*
  * A peer that dies turns into an error, not a hang. Run under
- * `mpiexec -disable-auto-cleanup -n 3`: rank 1 sends five messages to rank 0
- * and is then killed with SIGKILL, without finalizing; ranks 0 and 2 must get
+ * `mpiexec -disable-auto-cleanup -n 3`: rank 1 sends five messages to rank 0,
+ * stops receiving while ranks 0 and 2 send to it until their send pools are
+ * full (sends in flight to it, or waiting for its credits), and is then
+ * killed with SIGKILL, without finalizing. Ranks 0 and 2 must get
  * MR_ERR_PEER_FAILED from mr_receive() within a few seconds, keep every
- * message that arrived before the failure, still talk to each other, and get
+ * message that arrived before the failure, get their send buffers back and
+ * exchange several send pools' worth of messages with each other, and get
  * MR_ERR_PEER_FAILED (not a hang) from mr_quiesce() and mr_finalize(). Each
  * survivor prints "survivor <rank>: ok", and the victim's launcher prints
  * "victim 1: killed by SIGKILL", for tests/run_peer_failure.sh to check.
@@ -35,6 +38,9 @@
 
 #define DETECT_LIMIT_S 5.0
 #define VICTIM 1
+/* A small send pool, so that the flood fills it and the exchange needs it back. */
+#define SEND_SLOTS "32"
+#define EXCHANGE 128
 
 static double now_s(void)
 {
@@ -59,9 +65,10 @@ static void send_byte(int dest, uint8_t value, size_t length)
 
 /*
  * Checks and releases one message at a survivor: one of the victim's five
- * (rank 0 only, in order), or the other survivor's greeting (once).
+ * (rank 0 only, in order), or the next of the other survivor's EXCHANGE
+ * messages (each 16 bytes of its sequence number, mod 256).
  */
-static void take_message(mr_message_t *m, int rank, int other, int *got, bool *got_other)
+static void take_message(mr_message_t *m, int rank, int other, int *got, int *got_other)
 {
     if (m->source == VICTIM) {
         ck_assert_int_eq(rank, 0);
@@ -70,37 +77,66 @@ static void take_message(mr_message_t *m, int rank, int other, int *got, bool *g
         (*got)++;
     } else {
         ck_assert_int_eq(m->source, other);
-        ck_assert(!*got_other);
+        ck_assert_int_lt(*got_other, EXCHANGE);
         ck_assert_uint_eq(m->length, 16);
-        ck_assert_uint_eq(((uint8_t *)m->data)[0], 200 + other);
-        *got_other = true;
+        for (int i = 0; i < 16; i++) ck_assert_uint_eq(((uint8_t *)m->data)[i], *got_other % 256);
+        (*got_other)++;
     }
     ck_assert_int_eq(mr_release(m->data), MR_OK);
+}
+
+/*
+ * Sends to the victim, which no longer receives, until the send pool stays
+ * empty for 0.3 s: every send buffer is then in flight to it or waits for its
+ * credits. Messages that arrive meanwhile go to take_message(). Returns how
+ * many were sent.
+ */
+static int flood_victim(int rank, int other, int *got, int *got_other)
+{
+    double idle_since = now_s();
+    int sent = 0;
+    void *buf;
+
+    while (now_s() - idle_since < 0.3) {
+        mr_message_t m;
+        if (mr_receive(&m) == MR_OK) take_message(&m, rank, other, got, got_other);
+        if (mr_reserve(&buf) != MR_OK) continue;
+        memset(buf, 0x5a, 64);
+        ck_assert_int_eq(mr_send(buf, 64, VICTIM), MR_OK);
+        sent++;
+        idle_since = now_s();
+    }
+    return sent;
 }
 
 START_TEST(survivors_see_the_failure)
 {
     MPI_Comm comm = MPI_COMM_WORLD;
-    int rank, got = 0, other;
-    bool got_other = false;
+    int rank, got = 0, other, got_other = 0;
     mr_message_t m;
     mr_status_t st;
     double start, detected;
 
+    setenv("MAILRAIL_SEND_SLOTS", SEND_SLOTS, 1);
     ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), MR_OK);
     rank = mr_rank();
     ck_assert_int_eq(mr_size(), 3);
     if (rank == VICTIM) {
         for (int i = 0; i < 5; i++) send_byte(0, (uint8_t)(100 + i), 32);
-        /* Let the messages leave, then die without a word, as a crash would. */
+        /* Let the messages leave, then stop receiving while the others flood us. */
         start = now_s();
         while (now_s() - start < 0.2) {
             if (mr_receive(&m) == MR_OK) mr_release(m.data);
         }
+        MPI_Barrier(MPI_COMM_WORLD);
+        /* Die without a word, as a crash would. */
         kill(getpid(), SIGKILL);
         _exit(7); /* Not reached: the launcher fails the test if the child exits. */
     }
     other = rank == 0 ? 2 : 0;
+    printf("rank %d: %d messages sent to rank %d before it died\n", rank,
+           flood_victim(rank, other, &got, &got_other), VICTIM);
+    MPI_Barrier(MPI_COMM_WORLD);
     start = now_s();
     while ((st = mr_receive(&m)) != MR_ERR_PEER_FAILED) {
         ck_assert_msg(now_s() - start < DETECT_LIMIT_S, "no error %.1f s after the peer died",
@@ -119,20 +155,31 @@ START_TEST(survivors_see_the_failure)
      * each time (run_peer_failure.sh counts them); the buffer stays the caller's.
      */
     void *buf;
-    ck_assert_int_eq(mr_reserve(&buf), MR_OK);
+    start = now_s();
+    while (mr_reserve(&buf) != MR_OK) {
+        ck_assert_msg(now_s() - start < DETECT_LIMIT_S, "no send buffer came back");
+        if (mr_receive(&m) == MR_OK) take_message(&m, rank, other, &got, &got_other);
+    }
     for (int i = 0; i < 1000; i++) ck_assert_int_eq(mr_send(buf, 8, VICTIM), MR_ERR_PEER_FAILED);
     ck_assert_int_eq(mr_release(buf), MR_OK);
 
     /*
-     * The survivors still talk to each other, and messages from the dead
-     * rank that arrived before the failure are all kept.
+     * The survivors still talk to each other, with more messages than a send
+     * pool holds (the buffers stuck on the dead rank came back), and messages
+     * from the dead rank that arrived before the failure are all kept.
      */
-    send_byte(other, (uint8_t)(200 + rank), 16);
     bool other_left = false;
+    int sent = 0;
     start = now_s();
-    while (!got_other) {
+    while (got_other < EXCHANGE || sent < EXCHANGE) {
+        ck_assert_msg(now_s() - start < DETECT_LIMIT_S, "sent %d, received %d of %d", sent,
+                      got_other, EXCHANGE);
+        if (sent < EXCHANGE && mr_reserve(&buf) == MR_OK) {
+            memset(buf, sent % 256, 16);
+            ck_assert_int_eq(mr_send(buf, 16, other), MR_OK);
+            sent++;
+        }
         st = mr_receive(&m);
-        ck_assert(now_s() - start < DETECT_LIMIT_S);
         if (st == MR_AGAIN) continue;
         /* The other survivor may already have finalized and left: that is reported too. */
         if (st == MR_ERR_PEER_FAILED && !other_left) {

@@ -97,10 +97,13 @@
  * (same kernel and pid namespace) is also watched through a pidfd, so its
  * death is reported within UCX_PIDFD_CHECK_MS even without UCX's help (and
  * at once to a rank that gets a message from a peer that already knows). Peer
- * failures found in callbacks are queued and reported by progress(); the
+ * failures found in callbacks are queued and reported by progress(). A PEER
  * endpoint is then closed with UCP_EP_CLOSE_FLAG_FORCE, which completes its
  * outstanding sends (reported as completions, so that the core gets its
- * buffers back). After closing(), failures are expected and not reported.
+ * buffers back). UCX 1.13 refuses to close a NONE endpoint by force and never
+ * completes its sends to a dead peer, so the substrate gives those up itself
+ * (peer_retire_sends()). After closing(), failures are expected and not
+ * reported.
  *
  * Closing. closing() only records that every rank finished sending: a peer
  * may still be waiting in the core's first barrier, and closing an endpoint
@@ -230,8 +233,16 @@ typedef struct ucx_sreq {
     void *cookie;
     int32_t dest;
     bool ctrl;
+    bool inflight;              /* Handed to UCX, not completed yet. */
+    bool retired;               /* Given up on (its peer died): UCX may still hold it. */
     uint8_t hdr[UCX_HDR_LEN];   /* Stays valid until completion (no COPY_HEADER in 1.13). */
 } ucx_sreq_t;
+
+/* A block of send states: the first at open, one more for each set retired. */
+typedef struct ucx_sreq_block {
+    uint8_t *mem;
+    size_t n;
+} ucx_sreq_block_t;
 
 /* State of one rendezvous receive; UCX's request precedes it. */
 typedef struct ucx_rreq {
@@ -275,6 +286,7 @@ typedef struct ucx_peer {
     uint8_t state;
     bool fail_queued;
     bool same_host;            /* Same kernel (boot id). */
+    bool err_peer;             /* Its endpoint has UCP_ERR_HANDLING_MODE_PEER. */
     bool got[4];               /* HELLO, READY, BYE received (indexed by kind). */
     bool exited;               /* Its pidfd said so. */
     ucs_status_t fail_status;
@@ -319,9 +331,9 @@ struct mr_substrate {
     int *failq;                /* Ranks whose failure awaits reporting (FIFO of size). */
     int failq_head, failq_count;
 
-    /* Send state: max_sends data sends then nctrl control sends. */
-    uint8_t *sreq_mem;
-    size_t sreq_stride, nctrl;
+    /* Send state: max_sends data sends and nctrl control sends usable at any time. */
+    ucx_sreq_block_t *sreq_blocks;
+    size_t nsreq_blocks, sreq_stride, nctrl;
     ucx_sreq_t *free_sreqs, *free_ctrl;
     ucx_sreq_t *done_head, *done_tail;
 
@@ -526,10 +538,9 @@ static void mark_own_settings(void)
 /* ------------------------------------------------------------------------ */
 /* Send state.                                                               */
 
-static ucx_sreq_t *sreq_at(mr_substrate_t *s, size_t i)
+static ucx_sreq_t *sreq_at(const mr_substrate_t *s, const ucx_sreq_block_t *b, size_t i)
 {
-    return (ucx_sreq_t *)(void *)(s->sreq_mem + i * s->sreq_stride +
-                                  align_up(s->ucx_req_size, 64));
+    return (ucx_sreq_t *)(void *)(b->mem + i * s->sreq_stride + align_up(s->ucx_req_size, 64));
 }
 
 static ucx_rreq_t *rreq_at(mr_substrate_t *s, size_t i)
@@ -550,6 +561,38 @@ static void ctrl_free(mr_substrate_t *s, ucx_sreq_t *r)
 {
     r->next = s->free_ctrl;
     s->free_ctrl = r;
+}
+
+/*
+ * Adds a block of `ndata` data and `nctrl` control send states to the free
+ * lists. Not on the hot path: at open, and when a peer's sends are retired.
+ */
+static mr_status_t sreq_block_add(mr_substrate_t *s, size_t ndata, size_t nctrl)
+{
+    ucx_sreq_block_t *blocks = realloc(s->sreq_blocks,
+                                       (s->nsreq_blocks + 1) * sizeof(*s->sreq_blocks));
+    ucx_sreq_block_t *b;
+
+    if (blocks == NULL) return MR_ERR_NO_MEMORY;
+    s->sreq_blocks = blocks;
+    b = &blocks[s->nsreq_blocks];
+    b->n = ndata + nctrl;
+    b->mem = aligned_alloc(64, s->sreq_stride * b->n);
+    if (b->mem == NULL) return MR_ERR_NO_MEMORY;
+    s->nsreq_blocks++;
+    memset(b->mem, 0, s->sreq_stride * b->n);
+    for (size_t i = b->n; i-- > 0;) {
+        ucx_sreq_t *r = sreq_at(s, b, i);
+        r->s = s;
+        r->ctrl = i >= ndata;
+        if (r->ctrl) {
+            ctrl_free(s, r);
+        } else {
+            r->next = s->free_sreqs;
+            s->free_sreqs = r;
+        }
+    }
+    return MR_OK;
 }
 
 /* Queues the failure of `rank` for the next progress call. Idempotent. */
@@ -573,6 +616,8 @@ static void send_cb(void *request, ucs_status_t status, void *user_data)
     mr_substrate_t *s = r->s;
 
     (void)user_data;
+    if (r->retired) return; /* Already reported; its memory is never used again. */
+    r->inflight = false;
     if (status != UCS_OK && !s->closing && !s->closed && is_peer_gone_status(status)) {
         peer_fail(s, r->dest, status);
     }
@@ -1077,6 +1122,42 @@ static void peer_force_close(mr_substrate_t *s, ucx_peer_t *p)
     (void)s;
 }
 
+/*
+ * Gives the core back the buffers of the sends in flight to `rank`, which
+ * died, when its endpoint has no error handling (shared memory): UCX then
+ * neither completes them nor lets the endpoint be closed by force, and they
+ * would hold the send pool forever. Their request memory stays UCX's until
+ * the worker is destroyed, so a new block replaces it. UCX only reads a send
+ * buffer, and only towards the dead rank, so reusing one is safe.
+ */
+static int peer_retire_sends(mr_substrate_t *s, int rank)
+{
+    size_t ndata = 0, nctrl = 0, nblocks = s->nsreq_blocks;
+
+    for (size_t b = 0; b < nblocks; b++) {
+        for (size_t i = 0; i < s->sreq_blocks[b].n; i++) {
+            ucx_sreq_t *r = sreq_at(s, &s->sreq_blocks[b], i);
+            if (!r->inflight || r->dest != rank) continue;
+            r->inflight = false;
+            r->retired = true;
+            if (r->ctrl) {
+                nctrl++;
+            } else {
+                ndata++;
+                s->up.send_complete(s->core, r->cookie);
+            }
+        }
+    }
+    if (ndata + nctrl == 0) return 0;
+    ULOG(s, MR_LOG_DEBUG, "UCX substrate: %zu sends and %zu credit returns to rank %d given up.",
+         ndata, nctrl, rank);
+    if (sreq_block_add(s, ndata, nctrl) != MR_OK) {
+        ULOG(s, MR_LOG_WARN, "UCX substrate: no memory to replace %zu send states given up on "
+             "rank %d; fewer sends can be in flight from now on.", ndata + nctrl, rank);
+    }
+    return (int)ndata;
+}
+
 static int drain_failed(mr_substrate_t *s)
 {
     int n = 0;
@@ -1104,8 +1185,12 @@ static int drain_failed(mr_substrate_t *s)
             s->up.peer_failed(s->core, rank, MR_ERR_PEER_FAILED);
             n++;
         }
-        /* Its sends complete (with an error) and come back as completions. */
-        peer_force_close(s, p);
+        if (p->err_peer) {
+            /* Its sends complete (canceled) and come back as completions. */
+            peer_force_close(s, p);
+        } else {
+            n += peer_retire_sends(s, rank);
+        }
     }
     return n;
 }
@@ -1367,25 +1452,13 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
     /* Send and receive state, handed to UCX as user-allocated requests. */
     s->sreq_stride = align_up(s->ucx_req_size, 64) + align_up(sizeof(ucx_sreq_t), 64);
     s->rreq_stride = align_up(s->ucx_req_size, 64) + align_up(sizeof(ucx_rreq_t), 64);
-    s->sreq_mem = aligned_alloc(64, s->sreq_stride * (s->max_sends + s->nctrl));
     s->rreq_mem = aligned_alloc(64, s->rreq_stride * s->nrreqs);
-    if (s->sreq_mem == NULL || s->rreq_mem == NULL) {
+    if (sreq_block_add(s, s->max_sends, s->nctrl) != MR_OK || s->rreq_mem == NULL) {
         ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %zu sends.", s->max_sends);
         st = MR_ERR_NO_MEMORY;
         goto fail;
     }
-    memset(s->sreq_mem, 0, s->sreq_stride * (s->max_sends + s->nctrl));
     memset(s->rreq_mem, 0, s->rreq_stride * s->nrreqs);
-    for (size_t i = s->max_sends + s->nctrl; i-- > 0;) {
-        ucx_sreq_t *r = sreq_at(s, i);
-        r->s = s;
-        r->ctrl = i >= s->max_sends;
-        if (r->ctrl) ctrl_free(s, r);
-        else {
-            r->next = s->free_sreqs;
-            s->free_sreqs = r;
-        }
-    }
     for (size_t i = s->nrreqs; i-- > 0;) {
         rreq_free(s, rreq_at(s, i));
     }
@@ -1614,6 +1687,7 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
         if (s->cfg.error_mode == ERRMODE_PEER ||
             (s->cfg.error_mode == ERRMODE_AUTO && !p->same_host)) {
             ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+            p->err_peer = true;
             ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
             ep.err_handler.cb = ep_err_cb;
             ep.err_handler.arg = p;
@@ -1716,6 +1790,7 @@ static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     }
     /* Done at once: the completion is still reported by the next progress call. */
     if (sp == NULL) done_push(s, r);
+    else r->inflight = true;
     return MR_OK;
 }
 
@@ -1745,6 +1820,7 @@ static mr_status_t ucx_send_control(mr_substrate_t *s, int dest, uint32_t imm)
         return send_error(s, dest, UCS_PTR_STATUS(sp));
     }
     if (sp == NULL) ctrl_free(s, r);
+    else r->inflight = true;
     return MR_OK;
 }
 
@@ -1917,7 +1993,8 @@ static void ucx_close(mr_substrate_t *s)
              (unsigned long long)s->held, (unsigned long long)s->spilled,
              (unsigned long long)s->spilled_heap, (unsigned long long)s->paused_calls);
     }
-    free(s->sreq_mem);
+    for (size_t b = 0; b < s->nsreq_blocks; b++) free(s->sreq_blocks[b].mem);
+    free(s->sreq_blocks);
     free(s->rreq_mem);
     free(s->peers);
     free(s->failq);
