@@ -245,6 +245,14 @@ int mr_config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntable
     return unknown;
 }
 
+const mr_config_entry_t *mr_config_find(const mr_config_entry_t *table, const char *name)
+{
+    for (const mr_config_entry_t *e = table; e != NULL && e->name != NULL; e++) {
+        if (strcmp(e->name, name) == 0) return e;
+    }
+    return NULL;
+}
+
 mr_status_t mr_config_parse(const mr_config_entry_t *table, void *out)
 {
     char err[512];

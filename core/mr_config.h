@@ -45,6 +45,9 @@ typedef struct mr_config_entry {
 mr_status_t mr_config_parse_value(const mr_config_entry_t *entry, const char *value,
                                   void *out, char *err, size_t err_len);
 
+/* The entry of `table` (may be NULL) named `name`, or NULL. */
+const mr_config_entry_t *mr_config_find(const mr_config_entry_t *table, const char *name);
+
 /*
  * Fills `out` from the table: each variable from the environment when it is
  * set, from its default otherwise. Logs and returns MR_ERR_CONFIG on the first

@@ -172,6 +172,14 @@ typedef struct mr_substrate_ops {
      * UCX). The core does not report names under it as unknown. May be NULL.
      */
     const char *settings_passthrough_prefix;
+
+    /*
+     * Names of config_table entries whose value must be the same on every
+     * rank, NULL-terminated: mr_init() checks them with the core's job-wide
+     * settings and fails on every rank, naming the setting, when they differ.
+     * May be NULL.
+     */
+    const char *const *job_wide_settings;
 } mr_substrate_ops_t;
 
 /* The smallest ops table the core accepts: the first version's fields. */

@@ -146,6 +146,14 @@ static bool plugin_substrate_valid(const mr_substrate_ops_t *ops, const char *na
         snprintf(why, why_len, "the ops table lacks a mandatory function");
         return false;
     }
+    if (MR_SUBSTRATE_OPS_HAS(ops, job_wide_settings) && ops->job_wide_settings != NULL) {
+        for (const char *const *n = ops->job_wide_settings; *n != NULL; n++) {
+            if (mr_config_find(ops->config_table, *n) == NULL) {
+                snprintf(why, why_len, "job-wide setting %s is not in its settings table", *n);
+                return false;
+            }
+        }
+    }
     return true;
 }
 

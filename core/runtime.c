@@ -477,14 +477,6 @@ static void rt_agreed_add(rt_agreed_t *a, const mr_config_entry_t *e, const void
     a->hash[a->n++] = h;
 }
 
-static const mr_config_entry_t *rt_core_entry(const char *name)
-{
-    for (const mr_config_entry_t *e = mr_core_config_table; e->name != NULL; e++) {
-        if (strcmp(e->name, name) == 0) return e;
-    }
-    return NULL;
-}
-
 /*
  * Checks that every rank has the same job-wide settings, before anything that
  * depends on them. Every rank gathers every rank's digest of them and so comes
@@ -500,14 +492,21 @@ static mr_status_t rt_agree_settings(void)
     int bad = -1, differ = 0, first_rank = -1;
 
     for (size_t i = 0; rt_job_wide[i] != NULL; i++) {
-        rt_agreed_add(&mine, rt_core_entry(rt_job_wide[i]), &rt.cfg);
+        rt_agreed_add(&mine, mr_config_find(mr_core_config_table, rt_job_wide[i]), &rt.cfg);
     }
     if (strcmp(rt.flowctl->name, "none") != 0) {
-        rt_agreed_add(&mine, rt_core_entry("MAILRAIL_RECV_SLOTS"), &rt.cfg);
+        rt_agreed_add(&mine, mr_config_find(mr_core_config_table, "MAILRAIL_RECV_SLOTS"), &rt.cfg);
     }
     for (const mr_config_entry_t *e = rt.flowctl->config_table; e != NULL && e->name != NULL;
          e++) {
         rt_agreed_add(&mine, e, rt.flowctl_config);
+    }
+    if (MR_SUBSTRATE_OPS_HAS(rt.substrate, job_wide_settings) &&
+        rt.substrate->job_wide_settings != NULL) {
+        for (const char *const *n = rt.substrate->job_wide_settings; *n != NULL; n++) {
+            rt_agreed_add(&mine, mr_config_find(rt.substrate->config_table, *n),
+                          rt.substrate_config);
+        }
     }
     all = calloc((size_t)rt.size * RT_AGREED_MAX, sizeof(*all));
     if (all == NULL) {

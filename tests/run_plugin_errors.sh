@@ -3,7 +3,8 @@
 # reason, and mr_init names it: here a file that is not a shared object, and
 # a plugin whose transport library is missing. Then the ops table's growth:
 # a plugin built with the first version's table (no fields added since) still
-# loads and carries a job, and a table shorter than that is refused.
+# loads and carries a job, and a table shorter than that is refused, as is
+# one that names a job-wide setting its settings table lacks.
 set -eu
 info=$1
 demo=$2
@@ -54,6 +55,10 @@ const mr_substrate_ops_t *mr_substrate_get_ops(void)
     memcpy(&old_ops, get(), OPS_SIZE);
     old_ops.ops_size = OPS_SIZE;
     old_ops.name = NAME;
+#ifdef BAD_JOB_WIDE
+    static const char *const job_wide[] = {"MAILRAIL_TCP_NO_SUCH_SETTING", NULL};
+    old_ops.job_wide_settings = job_wide;
+#endif
     return &old_ops;
 }
 C
@@ -71,4 +76,12 @@ if out=$(MAILRAIL_PLUGIN_PATH="$dir:$bootstrap_dir" MAILRAIL_SUBSTRATE=old$short
     echo "FAIL: an ops table of $short bytes was accepted"; exit 1
 fi
 printf '%s\n' "$out" | grep -q "ops table of $short bytes, this library needs $min"
+# A job-wide setting the plugin does not declare is refused at load.
+cc -shared -fPIC -I"$src/core" -I"$src/core/include" -DTCP_PLUGIN="\"$tcp_plugin\"" \
+    -DOPS_SIZE="sizeof(mr_substrate_ops_t)" -DNAME="\"badwide\"" -DBAD_JOB_WIDE \
+    -o "$dir/mailrail_substrate_badwide.so" "$dir/old.c" -ldl
+if out=$(MAILRAIL_PLUGIN_PATH="$dir:$bootstrap_dir" MAILRAIL_SUBSTRATE=badwide timeout 60 "$demo" 1 16 2>&1); then
+    echo "FAIL: a job-wide setting outside the plugin's table was accepted"; exit 1
+fi
+printf '%s\n' "$out" | grep -q "job-wide setting MAILRAIL_TCP_NO_SUCH_SETTING is not in its settings table"
 echo "plugin load failures are reported; a first-version ops table ($min bytes) loads"

@@ -36,6 +36,8 @@ for substrate in tcp ucx mpi; do
     mismatch "$substrate" MAILRAIL_RANKS_PER_NODE 1 2
 done
 mismatch tcp MAILRAIL_SUBSTRATE tcp ucx
+# A substrate's own job-wide setting (mr_substrate_ops_t.job_wide_settings).
+mismatch ucx MAILRAIL_UCX_ERROR_MODE none peer
 
 # The same values on both ranks: the job runs.
 out=$(MAILRAIL_SUBSTRATE=tcp MAILRAIL_FLOWCTL=rank timeout -k 5 90 "$mpiexec" \

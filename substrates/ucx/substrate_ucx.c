@@ -190,6 +190,9 @@ typedef struct ucx_config {
     uint64_t spill_size;
 } ucx_config_t;
 
+/* The two ends of an endpoint must use the same error handling mode. */
+static const char *const ucx_job_wide_settings[] = {"MAILRAIL_UCX_ERROR_MODE", NULL};
+
 static const mr_config_entry_t ucx_config_table[] = {
     {.name = "MAILRAIL_UCX_ERROR_MODE",
      .default_value = "auto",
@@ -200,7 +203,8 @@ static const mr_config_entry_t ucx_config_table[] = {
             "1.13 then replaces shared memory between ranks of one host by TCP loopback (over "
             "10 times fewer messages per second); none keeps shared memory, and UCX reports no "
             "dead peer; auto is none within a host and peer between hosts. A dead peer on the "
-            "same host is detected in every mode, through its process descriptor (pidfd)."},
+            "same host is detected in every mode, through its process descriptor (pidfd). Must "
+            "be the same on every rank."},
     {.name = "MAILRAIL_UCX_ZCOPY_THRESH",
      .default_value = "0",
      .type = MR_CONFIG_SIZE,
@@ -2024,6 +2028,7 @@ static const mr_substrate_ops_t ucx_ops = {
     .stats = NULL,
     .close = ucx_close,
     .settings_passthrough_prefix = UCX_OWN_PREFIX,
+    .job_wide_settings = ucx_job_wide_settings,
 };
 
 __attribute__((visibility("default"))) const mr_substrate_ops_t *mr_substrate_get_ops(void)
