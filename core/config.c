@@ -1,8 +1,8 @@
 /*
- * The settings parser and the core's own settings table.
+ * The settings parser and the core's own settings table. Flow control's
+ * settings live in flowctl/flowctl_settings.c.
  */
 #include "mr_config.h"
-#include "mr_flowctl.h"
 #include "mr_log.h"
 
 #include <ctype.h>
@@ -19,10 +19,6 @@ const mr_config_entry_t mr_core_config_table[] = {
      "The substrate that carries messages: the name of a plugin mailrail_substrate_<name>.so: "
      "ucx (UCX active messages), mpi (MPI point-to-point) or tcp (sockets). `mailrail_info` "
      "lists the ones that load, and why one does not."},
-    {"MAILRAIL_FLOWCTL", "none", MR_CONFIG_ENUM, offsetof(mr_core_config_t, flowctl), 0, 0,
-     mr_flowctl_names,
-     "The flow-control policy: none sends unconstrained, rank keeps credits per sender and "
-     "receiver pair, node shares credits among the ranks of a sending node."},
     {"MAILRAIL_DATAGRAM_SIZE", "4K", MR_CONFIG_SIZE, offsetof(mr_core_config_t, datagram_size),
      16, 64u << 20, NULL,
      "The capacity of every send and receive buffer, which is the largest message, in bytes "
@@ -52,16 +48,6 @@ const mr_config_entry_t mr_core_config_table[] = {
      NULL,
      "Seconds that init may wait for peers to connect and finalize may wait for in-flight "
      "sends, before giving up with MR_ERR_TIMEOUT."},
-    {"MAILRAIL_CREDIT_RETURN_THRESHOLD", "2", MR_CONFIG_UINT,
-     offsetof(mr_core_config_t, credit_return_threshold), 1, 65536, NULL,
-     "Under the rank and node policies, a receiver returns credits to a sender (rank or node) "
-     "once it has consumed 1/this of the credits it grants it at a time (the adaptive window, "
-     "or the static share): 2 returns them after half. "
-     "Larger values return sooner, in more and smaller control messages."},
-    {"MAILRAIL_PIGGYBACK", "yes", MR_CONFIG_BOOL, offsetof(mr_core_config_t, piggyback), 0, 0,
-     NULL,
-     "Under the rank and node policies, a data message to a rank also carries the credits "
-     "owed to it (to its node, under node), so that fewer control messages are needed."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 

@@ -78,7 +78,6 @@ void mr_config_format_allowed(const mr_config_entry_t *entry, char *buf, size_t 
 /* The table of the core's own settings, and the struct it fills. */
 typedef struct mr_core_config {
     char substrate[MR_CONFIG_STRING_MAX];
-    unsigned flowctl;          /* Index into mr_flowctl_names. */
     uint64_t datagram_size;
     uint64_t send_slots;
     uint64_t recv_slots;
@@ -87,8 +86,6 @@ typedef struct mr_core_config {
     uint64_t ranks_per_node;   /* 0: group ranks by host. */
     bool numa;
     uint64_t timeout_s;        /* Bound on collective waits in init and finalize. */
-    uint64_t credit_return_threshold; /* Return credits after 1/this of them were consumed. */
-    bool piggyback;            /* Carry owed credits on data messages. */
 } mr_core_config_t;
 
 extern const mr_config_entry_t mr_core_config_table[];

@@ -24,6 +24,7 @@ const char *mr_status_string(mr_status_t status)
     case MR_ERR_PROTOCOL: return "malformed message from a peer";
     case MR_ERR_TIMEOUT: return "timed out";
     case MR_ERR_UNSUPPORTED: return "not supported by this build";
+    case MR_ERR_SYSTEM: return "the operating system refused a resource (see the log)";
     }
     return "unknown status";
 }

@@ -20,6 +20,15 @@
 
 #define MR_FLOWCTL_ABI_VERSION 1
 
+/* Flow control's settings (flowctl_settings.c), shared by every policy. */
+typedef struct mr_flowctl_config {
+    unsigned policy;                  /* Index into mr_flowctl_names. */
+    uint64_t credit_return_threshold; /* Return credits after 1/this of them were consumed. */
+    bool piggyback;                   /* Carry owed credits on data messages. */
+} mr_flowctl_config_t;
+
+extern const mr_config_entry_t mr_flowctl_config_table[];
+
 typedef struct mr_flowctl mr_flowctl_t; /* A policy's own state. */
 
 /* What the core offers a policy. */

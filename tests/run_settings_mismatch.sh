@@ -14,7 +14,7 @@ status=0
 mismatch() {
     substrate=$1 name=$2 v0=$3 v1=$4 both=${5:-MAILRAIL_LOG_LEVEL=warn}
     start=$(date +%s)
-    out=$(env "MAILRAIL_SUBSTRATE=$substrate" "$both" timeout -k 5 90 "$mpiexec" \
+    out=$(env "MAILRAIL_SUBSTRATE=$substrate" "$both" timeout -k 5 90 "$mpiexec" -disable-auto-cleanup \
           -n 1 -env "$name" "$v0" "$demo" 3 64 : -n 1 -env "$name" "$v1" "$demo" 3 64 2>&1)
     rc=$?
     took=$(($(date +%s) - start))
@@ -40,7 +40,7 @@ mismatch tcp MAILRAIL_SUBSTRATE tcp ucx
 mismatch ucx MAILRAIL_UCX_ERROR_MODE none peer
 
 # The same values on both ranks: the job runs.
-out=$(MAILRAIL_SUBSTRATE=tcp MAILRAIL_FLOWCTL=rank timeout -k 5 90 "$mpiexec" \
+out=$(MAILRAIL_SUBSTRATE=tcp MAILRAIL_FLOWCTL=rank timeout -k 5 90 "$mpiexec" -disable-auto-cleanup \
       -n 1 -env MAILRAIL_DATAGRAM_SIZE 4K "$demo" 3 64 : -n 1 -env MAILRAIL_DATAGRAM_SIZE 4096 "$demo" 3 64 2>&1)
 if [ $? -ne 0 ] || [ "$(printf '%s\n' "$out" | grep -c "all delivered exactly once")" -ne 2 ]; then
     printf '%s\n' "$out"

@@ -25,12 +25,31 @@
 
 /* ---- Settings ------------------------------------------------------------------------ */
 
-static const mr_config_entry_t *find_entry(const char *name)
+/* The core's and flow control's settings, and what they fill. */
+static const mr_config_entry_t *const config_tables[] = {mr_core_config_table,
+                                                         mr_flowctl_config_table};
+
+typedef union config_any {
+    mr_core_config_t core;
+    mr_flowctl_config_t flowctl;
+} config_any_t;
+
+/* The entry named `name`, and in *table the table it is in. */
+static const mr_config_entry_t *find_entry_in(const char *name, const mr_config_entry_t **table)
 {
-    for (const mr_config_entry_t *e = mr_core_config_table; e->name; e++) {
-        if (strcmp(e->name, name) == 0) return e;
+    for (size_t t = 0; t < sizeof(config_tables) / sizeof(config_tables[0]); t++) {
+        const mr_config_entry_t *e = mr_config_find(config_tables[t], name);
+        if (e != NULL) {
+            if (table != NULL) *table = config_tables[t];
+            return e;
+        }
     }
     return NULL;
+}
+
+static const mr_config_entry_t *find_entry(const char *name)
+{
+    return find_entry_in(name, NULL);
 }
 
 START_TEST(config_defaults)
@@ -41,7 +60,6 @@ START_TEST(config_defaults)
     memset(&cfg, 0xff, sizeof(cfg));
     ck_assert_int_eq(mr_config_parse(mr_core_config_table, &cfg), MR_OK);
     ck_assert_str_eq(cfg.substrate, "ucx");
-    ck_assert_str_eq(mr_flowctl_names[cfg.flowctl], "none");
     ck_assert_uint_eq(cfg.datagram_size, 4096);
     ck_assert_uint_eq(cfg.send_slots, 256);
     ck_assert_uint_eq(cfg.recv_slots, 1024);
@@ -49,6 +67,14 @@ START_TEST(config_defaults)
     ck_assert_uint_eq(cfg.log_level, MR_LOG_WARN);
     ck_assert_uint_eq(cfg.ranks_per_node, 0);
     ck_assert(cfg.numa);
+
+    mr_flowctl_config_t fc;
+    for (const mr_config_entry_t *e = mr_flowctl_config_table; e->name; e++) unsetenv(e->name);
+    memset(&fc, 0xff, sizeof(fc));
+    ck_assert_int_eq(mr_config_parse(mr_flowctl_config_table, &fc), MR_OK);
+    ck_assert_str_eq(mr_flowctl_names[fc.policy], "none");
+    ck_assert_uint_eq(fc.credit_return_threshold, 2);
+    ck_assert(fc.piggyback);
 }
 END_TEST
 
@@ -66,9 +92,10 @@ START_TEST(config_good_values)
     ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_DATAGRAM_SIZE"), "100", &cfg,
                                            err, sizeof(err)), MR_OK);
     ck_assert_uint_eq(cfg.datagram_size, 100);
-    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_FLOWCTL"), "NODE", &cfg, err,
+    mr_flowctl_config_t fc;
+    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_FLOWCTL"), "NODE", &fc, err,
                                            sizeof(err)), MR_OK);
-    ck_assert_str_eq(mr_flowctl_names[cfg.flowctl], "node");
+    ck_assert_str_eq(mr_flowctl_names[fc.policy], "node");
     ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_NUMA"), "off", &cfg, err,
                                            sizeof(err)), MR_OK);
     ck_assert(!cfg.numa);
@@ -108,8 +135,8 @@ static const struct {
 
 START_TEST(config_bad_values)
 {
-    const mr_config_entry_t *e = find_entry(bad_values[_i].name);
-    mr_core_config_t cfg, before;
+    const mr_config_entry_t *table = NULL, *e = find_entry_in(bad_values[_i].name, &table);
+    config_any_t cfg, before;
     char err[512] = "";
     char expect[128];
 
@@ -126,8 +153,24 @@ START_TEST(config_bad_values)
 
     /* The same through the environment fails the whole parse. */
     setenv(bad_values[_i].name, bad_values[_i].value, 1);
-    ck_assert_int_eq(mr_config_parse(mr_core_config_table, &cfg), MR_ERR_CONFIG);
+    ck_assert_int_eq(mr_config_parse(table, &cfg), MR_ERR_CONFIG);
     unsetenv(bad_values[_i].name);
+}
+END_TEST
+
+/* mr_check_setting(): what mr_init() would accept, without initializing. */
+START_TEST(check_setting_before_init)
+{
+    /* The refusals below log what is allowed, as mr_init() would. */
+    ck_assert_int_eq(mr_check_setting("MAILRAIL_FLOWCTL", "node"), MR_OK);
+    ck_assert_int_eq(mr_check_setting("MAILRAIL_FLOWCTL", "fast"), MR_ERR_CONFIG);
+    ck_assert_int_eq(mr_check_setting("MAILRAIL_DATAGRAM_SIZE", "64K"), MR_OK);
+    ck_assert_int_eq(mr_check_setting("MAILRAIL_DATAGRAM_SIZE", "8"), MR_ERR_CONFIG);
+    ck_assert_int_eq(mr_check_setting("MAILRAIL_CREDIT_RETURN_THRESHOLD", "0"), MR_ERR_CONFIG);
+    ck_assert_int_eq(mr_check_setting("MAILRAIL_NODE_CREDITS", "8"), MR_OK);
+    ck_assert_int_eq(mr_check_setting("MAILRAIL_NO_SUCH_SETTING", "1"), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_check_setting(NULL, "1"), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_check_setting("MAILRAIL_FLOWCTL", NULL), MR_ERR_INVALID_PARAM);
 }
 END_TEST
 
@@ -147,7 +190,9 @@ END_TEST
 
 START_TEST(config_table_is_documented)
 {
-    for (const mr_config_entry_t *e = mr_core_config_table; e->name; e++) {
+    const mr_config_entry_t *e = config_tables[_i];
+
+    for (; e->name; e++) {
         ck_assert_msg(strncmp(e->name, "MAILRAIL_", 9) == 0, "%s lacks the prefix", e->name);
         ck_assert_msg(e->doc != NULL && strlen(e->doc) > 20, "%s has no doc", e->name);
         ck_assert_msg(e->type != MR_CONFIG_ENUM || e->choices != NULL, "%s has no choices",
@@ -427,7 +472,7 @@ START_TEST(node_segment_owner_only_and_stale_cleanup)
     ck_assert_uint_eq(st.st_uid, geteuid());
     ck_assert_int_eq(seg->creator_pid, (int32_t)getpid());
     ck_assert_uint_eq(atomic_load(&seg->credits[3].n), 8);
-    ck_assert_int_eq(mr_node_segment_create(name, job, 3, 4, 8, &again), MR_ERR_NO_MEMORY);
+    ck_assert_int_eq(mr_node_segment_create(name, job, 3, 4, 8, &again), MR_ERR_SYSTEM);
     ck_assert_ptr_null(again);
     mr_node_segment_cleanup_stale();
     ck_assert_uint_eq(segment_stat(name).st_ino, st.st_ino);
@@ -461,7 +506,9 @@ static Suite *unit_suite(void)
     tcase_add_test(tc, config_good_values);
     tcase_add_loop_test(tc, config_bad_values, 0, sizeof(bad_values) / sizeof(bad_values[0]));
     tcase_add_test(tc, config_string_too_long);
-    tcase_add_test(tc, config_table_is_documented);
+    tcase_add_test(tc, check_setting_before_init);
+    tcase_add_loop_test(tc, config_table_is_documented, 0,
+                        (int)(sizeof(config_tables) / sizeof(config_tables[0])));
     suite_add_tcase(s, tc);
     tc = tcase_create("pool");
     tcase_add_loop_test(tc, pool_get_put_index, 0, 2);

@@ -165,6 +165,7 @@ int main(int argc, char **argv)
     }
     if (config) {
         print_table("Core", mr_core_config_table, sizeof(mr_core_config_t), format);
+        print_table("Flow control", mr_flowctl_config_table, sizeof(mr_flowctl_config_t), format);
         for (int i = 0; mr_flowctl_names[i] != NULL; i++) {
             const mr_flowctl_ops_t *ops = mr_flowctl_find(mr_flowctl_names[i]);
             char owner[128];

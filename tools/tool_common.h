@@ -6,6 +6,8 @@
 #ifndef MAILRAIL_TOOL_COMMON_H
 #define MAILRAIL_TOOL_COMMON_H
 
+#include "mailrail.h"
+
 #include <stdbool.h>
 #include <limits.h>
 #include <stdint.h>
@@ -50,7 +52,8 @@ static inline double tool_median(double *v, int n)
  * Splits a comma-separated list of policies ("none,rank,node") into
  * out[0..max): the names point into `buf`, which must outlive them. Returns
  * the number of names, or -1 when there are more than `max`, a name is not a
- * policy, or the list does not fit in `buf`.
+ * policy (MailRail says which are, through mr_check_setting()), or the list
+ * does not fit in `buf`.
  */
 static inline int tool_split_policies(const char *list, char *buf, size_t len, const char *out[],
                                       int max)
@@ -61,10 +64,7 @@ static inline int tool_split_policies(const char *list, char *buf, size_t len, c
     memcpy(buf, list, strlen(list) + 1);
     for (char *save = NULL, *p = strtok_r(buf, ",", &save); p != NULL;
          p = strtok_r(NULL, ",", &save)) {
-        if (n == max) return -1;
-        if (strcmp(p, "none") != 0 && strcmp(p, "rank") != 0 && strcmp(p, "node") != 0) {
-            return -1;
-        }
+        if (n == max || mr_check_setting("MAILRAIL_FLOWCTL", p) != MR_OK) return -1;
         out[n++] = p;
     }
     return n;

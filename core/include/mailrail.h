@@ -64,7 +64,8 @@ typedef enum mr_status {
     MR_ERR_PEER_FAILED = -13,
     MR_ERR_PROTOCOL = -14,
     MR_ERR_TIMEOUT = -15,
-    MR_ERR_UNSUPPORTED = -16
+    MR_ERR_UNSUPPORTED = -16,
+    MR_ERR_SYSTEM = -17
 } mr_status_t;
 
 /*
@@ -96,6 +97,11 @@ MR_API const char *mr_status_string(mr_status_t status);
  *                               (the log lists the substrates that were found).
  *   MR_ERR_BOOTSTRAP            MPI could not be initialized or used.
  *   MR_ERR_NO_MEMORY            the pools could not be allocated.
+ *   MR_ERR_SYSTEM               the operating system refused a resource, such as
+ *                               the node policy's shared-memory segment (the log
+ *                               names the call and why).
+ *   MR_ERR_UNSUPPORTED          the substrate cannot run this way (the MPI
+ *                               substrate without the MPI bootstrap).
  *   MR_ERR_TRANSPORT, MR_ERR_TIMEOUT, MR_ERR_PROTOCOL
  *                               the substrate could not connect the ranks.
  *   MR_ERR_PEER_FAILED          another rank failed to initialize (its log says why).
@@ -322,6 +328,18 @@ MR_API const char *mr_substrate_name(void);
 
 /* The name of the flow-control policy ("none", ...), or NULL when not initialized. */
 MR_API const char *mr_flowctl_name(void);
+
+/*
+ * Checks `value` for the setting `name` ("MAILRAIL_FLOWCTL", ...) of the core
+ * or of flow control, as mr_init() would read it from the environment, without
+ * initializing: a tool can refuse a bad option before it starts. May be called
+ * at any time. Substrate settings are checked by mr_init() only.
+ *
+ * Returns MR_OK when mr_init() would accept it, MR_ERR_CONFIG when not (the
+ * log says what is allowed), and MR_ERR_INVALID_PARAM for NULL or a name that
+ * is not such a setting.
+ */
+MR_API mr_status_t mr_check_setting(const char *name, const char *value);
 
 #ifdef __cplusplus
 }

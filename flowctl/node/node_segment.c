@@ -35,7 +35,7 @@ mr_status_t mr_node_segment_create(const char *name, const char *job_id, int nod
     fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, S_IRUSR | S_IWUSR);
     if (fd < 0) {
         mr_error("Cannot create the node credit segment %s: %s.", name, strerror(errno));
-        return MR_ERR_NO_MEMORY;
+        return MR_ERR_SYSTEM;
     }
     if (ftruncate(fd, (off_t)bytes) != 0) {
         mr_error("Cannot size the node credit segment %s to %zu bytes: %s.", name, bytes,
@@ -64,7 +64,7 @@ mr_status_t mr_node_segment_create(const char *name, const char *job_id, int nod
 err_unlink:
     close(fd);
     shm_unlink(name);
-    return MR_ERR_NO_MEMORY;
+    return MR_ERR_SYSTEM;
 }
 
 mr_status_t mr_node_segment_open(const char *name, const char *job_id, int node, int ranks,
@@ -78,19 +78,19 @@ mr_status_t mr_node_segment_open(const char *name, const char *job_id, int node,
     fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) {
         mr_error("Cannot open the node credit segment %s: %s.", name, strerror(errno));
-        return MR_ERR_NO_MEMORY;
+        return MR_ERR_SYSTEM;
     }
     if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes) {
         mr_error("The node credit segment %s has the wrong size (expected %zu bytes).", name,
                  bytes);
         close(fd);
-        return MR_ERR_PROTOCOL;
+        return MR_ERR_SYSTEM;
     }
     seg = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (seg == MAP_FAILED) {
         mr_error("Cannot map the node credit segment %s: %s.", name, strerror(errno));
-        return MR_ERR_NO_MEMORY;
+        return MR_ERR_SYSTEM;
     }
     atomic_thread_fence(memory_order_acquire);
     if (seg->magic != MR_NODE_SEGMENT_MAGIC || seg->version != MR_NODE_SEGMENT_VERSION ||
@@ -99,7 +99,7 @@ mr_status_t mr_node_segment_open(const char *name, const char *job_id, int node,
         mr_error("The node credit segment %s does not belong to this job (node %d, %d ranks, "
                  "%u credits).", name, node, ranks, per_node);
         munmap(seg, bytes);
-        return MR_ERR_PROTOCOL;
+        return MR_ERR_SYSTEM;
     }
     *out = seg;
     return MR_OK;

@@ -1,6 +1,6 @@
 /*
  * libFuzzer target: the settings parser. The first byte picks a setting of
- * the core's table (or a policy's), the rest is the value. Whatever the
+ * the core's table (or flow control's, or a policy's), the rest is the value. Whatever the
  * bytes, parsing must not crash or read out of bounds; a value that parses
  * must print and parse back to the same value; a refusal must name the
  * variable.
@@ -19,6 +19,9 @@ static const mr_config_entry_t *fuzz_entry(unsigned pick)
 
     if (count == 0) {
         for (const mr_config_entry_t *e = mr_core_config_table; e->name && count < 64; e++) {
+            all[count++] = e;
+        }
+        for (const mr_config_entry_t *e = mr_flowctl_config_table; e->name && count < 64; e++) {
             all[count++] = e;
         }
         for (int i = 0; mr_flowctl_names[i] != NULL; i++) {

@@ -3,15 +3,18 @@
 # bounded time on a copy of its seed corpus in tests/fuzz/corpus/<target>.
 # Any crash, leak, timeout or failed property fails the run.
 #
-#   tests/fuzz/run_fuzzers.sh [seconds-per-target] [build-dir]
+#   tests/fuzz/run_fuzzers.sh [seconds-per-target] [output-dir] [meson-build-dir/flowctl]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-30}
 out=${2:-build-fuzz}
+# Where meson generated the policy list (flowctl/mr_flowctl_builtin.h).
+generated=${3:-build/flowctl}
 mkdir -p "$out"
 cc="clang -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
-inc="-Icore -Icore/include -Iflowctl -Iflowctl/node -Itools"
-core="core/config.c core/log.c flowctl/flowctl_registry.c flowctl/credit.c flowctl/none/flowctl_none.c
+inc="-Icore -Icore/include -Iflowctl -Iflowctl/node -I$generated -Itools"
+core="core/config.c core/log.c flowctl/flowctl_registry.c flowctl/flowctl_settings.c
+      flowctl/credit.c flowctl/none/flowctl_none.c
       flowctl/rank/flowctl_rank.c flowctl/node/flowctl_node.c flowctl/node/node_segment.c"
 # shellcheck disable=SC2086
 $cc $inc tests/fuzz/fuzz_config.c $core -o "$out/fuzz_config"

@@ -1,0 +1,25 @@
+/*
+ * Flow control's own settings: which policy, and how every credit policy
+ * returns credits. Each policy's credit counts are in its own table.
+ */
+#include "mr_flowctl.h"
+
+#include <stddef.h>
+
+const mr_config_entry_t mr_flowctl_config_table[] = {
+    {"MAILRAIL_FLOWCTL", "none", MR_CONFIG_ENUM, offsetof(mr_flowctl_config_t, policy), 0, 0,
+     mr_flowctl_names,
+     "The flow-control policy: none sends unconstrained, rank keeps credits per sender and "
+     "receiver pair, node shares credits among the ranks of a sending node."},
+    {"MAILRAIL_CREDIT_RETURN_THRESHOLD", "2", MR_CONFIG_UINT,
+     offsetof(mr_flowctl_config_t, credit_return_threshold), 1, 65536, NULL,
+     "Under the rank and node policies, a receiver returns credits to a sender (rank or node) "
+     "once it has consumed 1/this of the credits it grants it at a time (the adaptive window, "
+     "or the static share): 2 returns them after half. "
+     "Larger values return sooner, in more and smaller control messages."},
+    {"MAILRAIL_PIGGYBACK", "yes", MR_CONFIG_BOOL, offsetof(mr_flowctl_config_t, piggyback), 0, 0,
+     NULL,
+     "Under the rank and node policies, a data message to a rank also carries the credits "
+     "owed to it (to its node, under node), so that fewer control messages are needed."},
+    {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
+};

@@ -1,0 +1,440 @@
+/*
+ * The hot path: send and receive slots, the arrival queue, the substrate's
+ * upcalls, sending through flow control and the deferred queue, progress,
+ * and the public data path (mr_reserve, mr_send, mr_receive, mr_wait,
+ * mr_release).
+ */
+#include "runtime.h"
+
+#include <sched.h>
+#include <string.h>
+
+/* ---- Receive slots and the arrival queue --------------------------------------------- */
+
+static uint32_t rt_recv_take(void)
+{
+    uint32_t idx = mr_pool_get(&rt.recv_pool);
+    size_t in_use;
+
+    if (idx == MR_NIL) return MR_NIL;
+    in_use = mr_pool_in_use(&rt.recv_pool);
+    if (in_use > rt.stats.peak_recv_slots_in_use) rt.stats.peak_recv_slots_in_use = in_use;
+    if (rt.recvs[idx].foreign != NULL) {
+        /* The slot stands for something else now: forget its old buffer. */
+        if (mr_ptrmap_get(&rt.foreign, rt.recvs[idx].foreign) == idx) {
+            mr_ptrmap_del(&rt.foreign, rt.recvs[idx].foreign);
+        }
+        rt.recvs[idx].foreign = NULL;
+    }
+    rt.recvs[idx].state = RECV_FILLING;
+    rt.recvs[idx].data = mr_pool_slot(&rt.recv_pool, idx);
+    rt.recvs[idx].handle = NULL;
+    return idx;
+}
+
+static void rt_recv_free(uint32_t idx)
+{
+    rt.recvs[idx].state = RECV_FREE;
+    mr_pool_put(&rt.recv_pool, idx);
+}
+
+static void rt_arrival_push(uint32_t idx, int source, size_t length)
+{
+    rt_recv_t *r = &rt.recvs[idx];
+
+    r->state = RECV_QUEUED;
+    r->source = source;
+    r->length = (uint32_t)length;
+    r->next = MR_NIL;
+    if (rt.arrival_tail == MR_NIL) rt.arrival_head = idx;
+    else rt.recvs[rt.arrival_tail].next = idx;
+    rt.arrival_tail = idx;
+}
+
+uint32_t rt_arrival_pop(void)
+{
+    uint32_t idx = rt.arrival_head;
+
+    if (idx == MR_NIL) return MR_NIL;
+    rt.arrival_head = rt.recvs[idx].next;
+    if (rt.arrival_head == MR_NIL) rt.arrival_tail = MR_NIL;
+    return idx;
+}
+
+void rt_recv_release(uint32_t idx)
+{
+    rt_recv_t *r = &rt.recvs[idx];
+
+    if (r->handle != NULL) {
+        rt.substrate->release_recv(rt.sub, r->handle);
+        r->handle = NULL;
+    }
+    rt_recv_free(idx);
+    rt.flowctl->on_release(rt.fc, r->source);
+}
+
+/* ---- Upcalls from the substrate ------------------------------------------------------- */
+
+static void *up_recv_slot_acquire(void *core)
+{
+    (void)core;
+    uint32_t idx = rt_recv_take();
+    return idx == MR_NIL ? NULL : rt.recvs[idx].data;
+}
+
+static void up_recv_slot_abandon(void *core, void *slot)
+{
+    (void)core;
+    uint32_t idx = mr_pool_index(&rt.recv_pool, slot);
+    if (idx != MR_NIL && rt.recvs[idx].state == RECV_FILLING) rt_recv_free(idx);
+}
+
+static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t imm, void *data,
+                              size_t length, void *handle)
+{
+    uint32_t idx;
+
+    (void)core;
+    (void)kind;
+    if (handle == NULL) {
+        idx = mr_pool_index(&rt.recv_pool, data);
+        if (idx == MR_NIL || rt.recvs[idx].state != RECV_FILLING) {
+            mr_error("internal: substrate %s delivered a buffer it did not acquire.",
+                     rt.substrate->name);
+            return MR_ERR_INVALID_BUFFER;
+        }
+    } else {
+        idx = rt_recv_take();
+        if (idx == MR_NIL) return MR_AGAIN;
+        rt.recvs[idx].data = data;
+        rt.recvs[idx].handle = handle;
+        rt.recvs[idx].foreign = data;
+        mr_ptrmap_put(&rt.foreign, data, idx);
+    }
+    rt_arrival_push(idx, source, length);
+    rt.flowctl->on_arrival(rt.fc, source, imm);
+    return MR_OK;
+}
+
+static void rt_send_free(uint32_t idx)
+{
+    rt.sends[idx].state = SEND_FREE;
+    mr_pool_put(&rt.send_pool, idx);
+}
+
+static void up_send_complete(void *core, void *cookie)
+{
+    (void)core;
+    rt.inflight--;
+    rt_send_free((uint32_t)((rt_send_t *)cookie - rt.sends));
+}
+
+static void up_control(void *core, int source, uint32_t imm)
+{
+    (void)core;
+    rt.stats.credit_returns_received++;
+    rt.flowctl->on_control(rt.fc, source, imm);
+}
+
+static void up_peer_failed(void *core, int rank, mr_status_t why)
+{
+    (void)core;
+    if (rt.closing || rank < 0 || rank >= rt.size || rt.peer[rank] != PEER_OK) return;
+    rt.peer[rank] = PEER_FAILED_UNREPORTED;
+    rt.failures_unreported++;
+    rt.any_failure = true;
+    mr_error("Rank %d failed (%s); messages to it are dropped.", rank, mr_status_string(why));
+    /* Deferred messages to a dead rank can never go: give their slots back. */
+    for (uint32_t idx; (idx = mr_deferq_pop(&rt.deferq, rank)) != MR_NIL;) rt_send_free(idx);
+}
+
+const mr_substrate_upcalls_t rt_upcalls = {
+    .recv_slot_acquire = up_recv_slot_acquire,
+    .recv_slot_abandon = up_recv_slot_abandon,
+    .deliver = up_deliver,
+    .send_complete = up_send_complete,
+    .control = up_control,
+    .peer_failed = up_peer_failed,
+};
+
+mr_status_t rt_send_control(void *core, int dest, uint32_t imm)
+{
+    (void)core;
+    mr_status_t status = rt.substrate->send_control(rt.sub, dest, imm);
+    if (status == MR_OK) rt.stats.credit_returns_sent++;
+    return status;
+}
+
+/* ---- Sending ------------------------------------------------------------------------- */
+
+/* Copies a message to oneself into a receive slot. */
+static mr_status_t rt_deliver_self(uint32_t idx)
+{
+    uint32_t r = rt_recv_take();
+
+    if (r == MR_NIL) return MR_AGAIN;
+    memcpy(rt.recvs[r].data, mr_pool_slot(&rt.send_pool, idx), rt.sends[idx].length);
+    rt_arrival_push(r, rt.rank, rt.sends[idx].length);
+    rt_send_free(idx);
+    return MR_OK;
+}
+
+/*
+ * Hands a message to the substrate, or to oneself, if flow control grants a
+ * credit. Messages to oneself take a credit too, since they take a receive
+ * slot that flow control may have promised to a peer.
+ */
+static mr_status_t rt_transmit(uint32_t idx)
+{
+    rt_send_t *s = &rt.sends[idx];
+    int dest = s->dest;
+    uint32_t imm;
+    mr_status_t status;
+
+    if (!rt.flowctl->acquire(rt.fc, dest, &imm)) return MR_AGAIN;
+    if (dest == rt.rank) {
+        status = rt_deliver_self(idx);
+    } else {
+        status = rt.substrate->send(rt.sub, dest, MR_KIND_DATA, imm,
+                                    mr_pool_slot(&rt.send_pool, idx), s->length, s);
+        if (status == MR_OK) {
+            s->state = SEND_INFLIGHT;
+            rt.inflight++;
+        }
+    }
+    if (status != MR_OK) rt.flowctl->unacquire(rt.fc, dest, imm);
+    return status;
+}
+
+/*
+ * Visits every destination with deferred messages once, sending the oldest
+ * message of each that can take one, as the paper's deferred queue does on
+ * every send. With `until_stuck`, repeats while that moved something.
+ * Returns the number of messages that left the queue.
+ */
+static int rt_drain(bool until_stuck)
+{
+    int moved = 0, pass;
+
+    do {
+        int count = rt.deferq.ring_count;
+        int dest = mr_deferq_first(&rt.deferq);
+
+        pass = 0;
+        for (int i = 0; i < count && dest >= 0; i++) {
+            int next = mr_deferq_next(&rt.deferq, dest);
+            uint32_t idx = mr_deferq_peek(&rt.deferq, dest);
+            mr_status_t status = rt_transmit(idx);
+
+            if (status == MR_OK) {
+                mr_deferq_pop(&rt.deferq, dest);
+                pass++;
+            } else if (status < 0) {
+                /* The substrate refused for good (peer failure): drop the message. */
+                mr_deferq_pop(&rt.deferq, dest);
+                rt_send_free(idx);
+            }
+            dest = next;
+        }
+        moved += pass;
+    } while (until_stuck && pass > 0 && rt.deferq.depth > 0);
+    return moved;
+}
+
+int rt_progress(int timeout_ms)
+{
+    int events = rt.substrate->progress(rt.sub, timeout_ms);
+
+    if (events < 0) return events;
+    events += rt.flowctl->progress(rt.fc);
+    if (rt.deferq.depth > 0) events += rt_drain(true);
+    return events;
+}
+
+/* ---- The data path ------------------------------------------------------------------- */
+
+mr_status_t mr_reserve(void **buffer)
+{
+    uint32_t idx;
+
+    RT_CHECK_READY("mr_reserve()");
+    if (buffer == NULL) {
+        mr_error("mr_reserve(): the output pointer is NULL.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    idx = mr_pool_get(&rt.send_pool);
+    if (idx == MR_NIL) {
+        rt.stats.reserve_failures++;
+        return MR_AGAIN;
+    }
+    rt.sends[idx].state = SEND_RESERVED;
+    *buffer = mr_pool_slot(&rt.send_pool, idx);
+    return MR_OK;
+}
+
+/* Finds the send slot of a buffer the application passes in, logging misuse. */
+static mr_status_t rt_reserved_slot(const char *fn, const void *buffer, uint32_t *out)
+{
+    uint32_t idx = mr_pool_index(&rt.send_pool, buffer);
+
+    if (idx == MR_NIL) {
+        mr_error("%s: %p is not a buffer from mr_reserve().", fn, buffer);
+        return MR_ERR_INVALID_BUFFER;
+    }
+    if (rt.sends[idx].state != SEND_RESERVED) {
+        mr_error("%s: send buffer %p is not reserved (already sent or released).", fn, buffer);
+        return MR_ERR_BUFFER_STATE;
+    }
+    *out = idx;
+    return MR_OK;
+}
+
+mr_status_t mr_send(void *buffer, size_t length, int dest)
+{
+    uint32_t idx;
+    rt_send_t *s;
+    mr_status_t status;
+
+    RT_CHECK_READY("mr_send()");
+    if (dest < 0 || dest >= rt.size) {
+        mr_error("mr_send(): destination %d is not in [0, %d).", dest, rt.size);
+        return MR_ERR_INVALID_RANK;
+    }
+    if (length > rt.cfg.datagram_size) {
+        mr_error("mr_send(): length %zu exceeds the datagram size %zu (MAILRAIL_DATAGRAM_SIZE).",
+                 length, (size_t)rt.cfg.datagram_size);
+        return MR_ERR_MESSAGE_TOO_LONG;
+    }
+    status = rt_reserved_slot("mr_send()", buffer, &idx);
+    if (status != MR_OK) return status;
+    if (rt.peer[dest] != PEER_OK) {
+        /* The failure itself was logged once, when it was detected. */
+        return MR_ERR_PEER_FAILED;
+    }
+    s = &rt.sends[idx];
+    s->dest = dest;
+    s->length = (uint32_t)length;
+
+    /* Older deferred messages go first; a new one never overtakes them. */
+    if (rt.deferq.depth > 0) rt_drain(false);
+    if (mr_deferq_peek(&rt.deferq, dest) == MR_NIL) {
+        status = rt_transmit(idx);
+        if (status < 0) {
+            s->state = SEND_RESERVED;
+            return status;
+        }
+    } else {
+        status = MR_AGAIN;
+    }
+    if (status == MR_AGAIN) {
+        s->state = SEND_DEFERRED;
+        mr_deferq_push(&rt.deferq, dest, idx);
+        rt.stats.deferred_sends++;
+    }
+    rt.stats.messages_sent++;
+    rt.stats.bytes_sent += length;
+    return MR_OK;
+}
+
+/* Reports one not yet reported peer failure. */
+static bool rt_report_failure(void)
+{
+    if (rt.failures_unreported == 0) return false;
+    for (int r = 0; r < rt.size; r++) {
+        if (rt.peer[r] == PEER_FAILED_UNREPORTED) {
+            rt.peer[r] = PEER_FAILED_REPORTED;
+            rt.failures_unreported--;
+            return true;
+        }
+    }
+    return false;
+}
+
+mr_status_t mr_receive(mr_message_t *message)
+{
+    uint32_t idx;
+    int events;
+
+    RT_CHECK_READY("mr_receive()");
+    if (message == NULL) {
+        mr_error("mr_receive(): the message pointer is NULL.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    /* Progress on every call while idle, and regularly while messages are queued. */
+    if (rt.arrival_head == MR_NIL || (++rt.receive_calls & 15) == 0) {
+        events = rt_progress(0);
+        if (events < 0) return (mr_status_t)events;
+    }
+    if (rt_report_failure()) return MR_ERR_PEER_FAILED;
+    idx = rt_arrival_pop();
+    if (idx == MR_NIL) {
+        /* When ranks outnumber cores, an idle poll loop must let the others run. */
+        if (++rt.idle_polls >= 64) {
+            rt.idle_polls = 0;
+            sched_yield();
+        }
+        return MR_AGAIN;
+    }
+    rt.idle_polls = 0;
+    rt.recvs[idx].state = RECV_HELD;
+    message->data = rt.recvs[idx].data;
+    message->length = rt.recvs[idx].length;
+    message->source = rt.recvs[idx].source;
+    rt.stats.messages_received++;
+    rt.stats.bytes_received += rt.recvs[idx].length;
+    return MR_OK;
+}
+
+mr_status_t mr_wait(int timeout_ms)
+{
+    int events;
+
+    RT_CHECK_READY("mr_wait()");
+    if (timeout_ms < 0 || timeout_ms > 60000) {
+        mr_error("mr_wait(): the timeout is %d ms; give 0 to 60000.", timeout_ms);
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (rt.arrival_head != MR_NIL || rt.failures_unreported > 0) return MR_OK;
+    /* Deferred sends that found credit count as news: do not sleep on them. */
+    int moved = rt.deferq.depth > 0 ? rt_drain(true) : 0;
+    events = rt_progress(moved > 0 ? 0 : timeout_ms);
+    if (events < 0) return (mr_status_t)events;
+    bool news = events + moved > 0 || rt.arrival_head != MR_NIL || rt.failures_unreported > 0;
+    return news ? MR_OK : MR_AGAIN;
+}
+
+mr_status_t mr_release(void *buffer)
+{
+    uint32_t idx;
+
+    RT_CHECK_READY("mr_release()");
+    idx = mr_pool_index(&rt.recv_pool, buffer);
+    if (idx != MR_NIL) {
+        if (rt.recvs[idx].state != RECV_HELD) {
+            mr_error("mr_release(): receive buffer %p is not held by the application "
+                     "(double release?).", buffer);
+            return MR_ERR_BUFFER_STATE;
+        }
+        rt_recv_release(idx);
+        return MR_OK;
+    }
+    if (mr_pool_contains(&rt.send_pool, buffer)) {
+        mr_status_t status = rt_reserved_slot("mr_release()", buffer, &idx);
+        if (status != MR_OK) return status;
+        rt_send_free(idx);
+        return MR_OK;
+    }
+    /* A buffer the substrate owns (zero-copy receive). */
+    idx = mr_pool_contains(&rt.recv_pool, buffer) ? MR_NIL : mr_ptrmap_get(&rt.foreign, buffer);
+    if (idx != MR_NIL) {
+        if (rt.recvs[idx].state != RECV_HELD || rt.recvs[idx].data != buffer) {
+            mr_error("mr_release(): receive buffer %p is not held by the application "
+                     "(double release?).", buffer);
+            return MR_ERR_BUFFER_STATE;
+        }
+        rt_recv_release(idx);
+        return MR_OK;
+    }
+    mr_error("mr_release(): %p was not handed out by MailRail.", buffer);
+    return MR_ERR_INVALID_BUFFER;
+}

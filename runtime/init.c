@@ -1,0 +1,416 @@
+/*
+ * mr_init() and mr_finalize(): loading the plugins, the steps of init in
+ * order and their unwinding, and the orderly end of a job.
+ */
+#include "runtime.h"
+#include "mr_plugin.h"
+#include "mr_time.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+rt_runtime_t rt;
+enum rt_state rt_state = RT_UNINITIALIZED;
+
+const char *rt_who(void)
+{
+    return rt_state == RT_FINALIZED ? "after mr_finalize()" : "before mr_init()";
+}
+
+typedef struct rt_found {
+    char list[512];
+    size_t used;
+} rt_found_t;
+
+static void rt_collect_substrate(void *arg, const char *name, const char *path,
+                                 const mr_substrate_ops_t *ops, const char *why)
+{
+    rt_found_t *found = arg;
+    int n;
+
+    (void)path;
+    if (ops != NULL) {
+        n = snprintf(found->list + found->used, sizeof(found->list) - found->used, "%s%s",
+                     found->used ? ", " : "", name);
+    } else {
+        n = snprintf(found->list + found->used, sizeof(found->list) - found->used,
+                     "%s%s (does not load: %s)", found->used ? ", " : "", name, why);
+    }
+    if (n > 0 && found->used + (size_t)n < sizeof(found->list)) found->used += (size_t)n;
+}
+
+/* Parses a module's own settings table into a fresh struct. */
+static mr_status_t rt_parse_module_config(const mr_config_entry_t *table, size_t size,
+                                          void **out)
+{
+    void *cfg;
+
+    if (table == NULL) {
+        *out = NULL;
+        return MR_OK;
+    }
+    cfg = calloc(1, size);
+    if (cfg == NULL) {
+        mr_error("Cannot allocate %zu bytes of settings.", size);
+        return MR_ERR_NO_MEMORY;
+    }
+    if (mr_config_parse(table, cfg) != MR_OK) {
+        free(cfg);
+        return MR_ERR_CONFIG;
+    }
+    *out = cfg;
+    return MR_OK;
+}
+
+static mr_status_t rt_load_plugins(void)
+{
+    mr_plugin_dirs_t *dirs = malloc(sizeof(*dirs));
+    char why[1024];
+    mr_status_t status;
+
+    if (dirs == NULL) {
+        mr_error("Cannot allocate the plugin search path.");
+        return MR_ERR_NO_MEMORY;
+    }
+    mr_plugin_dirs_init(dirs, rt.cfg.plugin_path);
+    status = mr_plugin_load_bootstrap(dirs, "mpi", &rt.bootstrap_dl, &rt.bootstrap, why,
+                                      sizeof(why));
+    if (status != MR_OK) {
+        mr_error("Cannot load the MPI bootstrap plugin: %s.", why);
+        goto out;
+    }
+    status = mr_plugin_load_substrate(dirs, rt.cfg.substrate, &rt.substrate_dl, &rt.substrate,
+                                      why, sizeof(why));
+    if (status != MR_OK) {
+        rt_found_t found = {.used = 0};
+        mr_plugin_list_substrates(dirs, rt_collect_substrate, &found);
+        mr_error("MAILRAIL_SUBSTRATE=\"%s\" cannot be used: %s. Substrates found: %s.",
+                 rt.cfg.substrate, why, found.used ? found.list : "none");
+        mr_plugin_unload(rt.bootstrap_dl);
+        rt.bootstrap_dl = NULL;
+        goto out;
+    }
+out:
+    free(dirs);
+    return status;
+}
+
+/* Frees the pools and slot tables; safe on partly allocated state. */
+static void rt_free_pools(void)
+{
+    free(rt.sends);
+    free(rt.recvs);
+    free(rt.peer);
+    rt.sends = NULL;
+    rt.recvs = NULL;
+    rt.peer = NULL;
+    mr_ptrmap_fini(&rt.foreign);
+    mr_deferq_fini(&rt.deferq);
+    mr_pool_fini(&rt.recv_pool);
+    mr_pool_fini(&rt.send_pool);
+}
+
+static mr_status_t rt_alloc_pools(void)
+{
+    mr_status_t status;
+
+    status = mr_pool_init(&rt.send_pool, rt.cfg.send_slots, rt.cfg.datagram_size, rt.cfg.numa);
+    if (status == MR_OK) {
+        status = mr_pool_init(&rt.recv_pool, rt.cfg.recv_slots, rt.cfg.datagram_size,
+                              rt.cfg.numa);
+    }
+    if (status == MR_OK) status = mr_deferq_init(&rt.deferq, rt.size, rt.cfg.send_slots);
+    if (status == MR_OK) status = mr_ptrmap_init(&rt.foreign, rt.cfg.recv_slots);
+    if (status == MR_OK) {
+        rt.sends = calloc(rt.cfg.send_slots, sizeof(*rt.sends));
+        rt.recvs = calloc(rt.cfg.recv_slots, sizeof(*rt.recvs));
+        rt.peer = calloc((size_t)rt.size, sizeof(*rt.peer));
+        if (!rt.sends || !rt.recvs || !rt.peer) {
+            mr_error("Cannot allocate the slot tables.");
+            status = MR_ERR_NO_MEMORY;
+        }
+    }
+    if (status != MR_OK) {
+        rt_free_pools();
+        return status;
+    }
+    rt.arrival_head = rt.arrival_tail = MR_NIL;
+    return MR_OK;
+}
+
+static mr_status_t rt_open_flowctl(void)
+{
+    mr_flowctl_params_t params = {
+        .rank = rt.rank,
+        .size = rt.size,
+        .node_count = rt.node_count,
+        .node_of_rank = rt.node_of,
+        .host_of_rank = rt.host_of,
+        .recv_slots = rt.cfg.recv_slots,
+        .return_threshold = (unsigned)rt.fcfg.credit_return_threshold,
+        .piggyback = rt.fcfg.piggyback,
+        .job_id = rt.job_id,
+        .config = rt.flowctl_config,
+        .core = &rt,
+        .send_control = rt_send_control,
+        .barrier = rt_barrier,
+    };
+    return rt.flowctl->init(&params, &rt.fc);
+}
+
+/* Opens the substrate and reads this rank's address. */
+static mr_status_t rt_open_substrate(uint8_t *addr, size_t *len)
+{
+    mr_substrate_params_t params = {
+        .rank = rt.rank,
+        .size = rt.size,
+        .node_of_rank = rt.node_of,
+        .datagram_size = rt.cfg.datagram_size,
+        .max_sends = rt.cfg.send_slots,
+        .recv_slots = rt.cfg.recv_slots,
+        .job_key = rt.job_key,
+        .job_id = rt.job_id,
+        .bootstrap_comm = rt.bootstrap->comm(rt.bs),
+        .timeout_s = (unsigned)rt.cfg.timeout_s,
+        .config = rt.substrate_config,
+        .core = &rt,
+        .upcalls = &rt_upcalls,
+        .log = mr_log_write,
+        .log_threshold = &mr_log_threshold,
+    };
+    mr_status_t status;
+
+    status = rt.substrate->open(&params, &rt.sub);
+    if (status != MR_OK) return status;
+    status = rt.substrate->get_address(rt.sub, addr, len);
+    if (status != MR_OK) {
+        rt.substrate->close(rt.sub);
+        rt.sub = NULL;
+    }
+    return status;
+}
+
+static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
+{
+    const char *flowctl_name;
+    mr_status_t status;
+
+    if (rt_state == RT_READY) {
+        mr_error("mr_init() called twice without mr_finalize().");
+        return MR_ERR_ALREADY_INITIALIZED;
+    }
+    memset(&rt, 0, sizeof(rt));
+    mr_log_set_rank(-1);
+    status = mr_config_parse(mr_core_config_table, &rt.cfg);
+    if (status == MR_OK) status = mr_config_parse(mr_flowctl_config_table, &rt.fcfg);
+    if (status != MR_OK) return status;
+    mr_log_threshold = (mr_log_level_t)rt.cfg.log_level;
+
+    flowctl_name = mr_flowctl_names[rt.fcfg.policy];
+    rt.flowctl = mr_flowctl_find(flowctl_name);
+    if (rt.flowctl == NULL) {
+        mr_error("MAILRAIL_FLOWCTL=\"%s\" is not available in this build.", flowctl_name);
+        return MR_ERR_CONFIG;
+    }
+    status = rt_parse_module_config(rt.flowctl->config_table, rt.flowctl->config_size,
+                                    &rt.flowctl_config);
+    if (status != MR_OK) return status;
+
+    status = rt_load_plugins();
+    if (status != MR_OK) goto err_flowctl_config;
+    status = rt_parse_module_config(rt.substrate->config_table, rt.substrate->config_size,
+                                    &rt.substrate_config);
+    if (status != MR_OK) goto err_plugins;
+
+    status = rt.bootstrap->init(user_comm, user_comm_size, mr_log_write, &rt.bs, &rt.rank,
+                                &rt.size);
+    if (status != MR_OK) goto err_substrate_config;
+    mr_log_set_rank(rt.rank);
+    /* Every rank has the same environment under mpiexec: one warning is enough. */
+    if (rt.rank == 0) rt_warn_unknown_settings();
+    status = rt_agree_settings();
+    if (status != MR_OK) goto err_nodes;
+    /*
+     * From here on every rank must fail together: rt_agree() after each step
+     * that can fail on some ranks only.
+     */
+    status = rt_map_nodes();
+    if (status != MR_OK) goto err_nodes;
+    status = rt_share_job_key();
+    if (status != MR_OK) goto err_nodes;
+    /*
+     * After a failed agreement a rank's own step may have worked: the labels
+     * below undo whatever exists.
+     */
+    status = rt_agree(rt_alloc_pools());
+    if (status != MR_OK) goto err_pools;
+    status = rt_agree(rt_open_flowctl());
+    if (status != MR_OK) goto err_flowctl;
+    uint8_t addr[MR_SUBSTRATE_ADDR_MAX];
+    size_t addr_len = sizeof(addr);
+    status = rt_agree(rt_open_substrate(addr, &addr_len));
+    if (status != MR_OK) goto err_substrate;
+    status = rt_exchange_addresses(addr, addr_len);
+    if (status != MR_OK) goto err_substrate;
+    status = rt_agree(rt.substrate->connect(rt.sub, rt.addrs, rt.addr_len));
+    if (status != MR_OK) goto err_addrs;
+
+    rt.stats.size = sizeof(rt.stats);
+    rt_state = RT_READY;
+    mr_info("Initialized: %d ranks on %d nodes, substrate %s, flow control %s, datagram %zu "
+            "bytes, %zu send and %zu receive slots.",
+            rt.size, rt.node_count, rt.substrate->name, rt.flowctl->name,
+            (size_t)rt.cfg.datagram_size, (size_t)rt.cfg.send_slots,
+            (size_t)rt.cfg.recv_slots);
+    return MR_OK;
+
+err_addrs:
+    free(rt.addrs);
+err_substrate:
+    if (rt.sub != NULL) rt.substrate->close(rt.sub);
+err_flowctl:
+    if (rt.fc != NULL) rt.flowctl->finalize(rt.fc);
+err_pools:
+    rt_free_pools();
+err_nodes:
+    free(rt.node_of);
+    free(rt.host_of);
+    /* MPI stays up, so that mr_init() can be called again (unless a rank is gone). */
+    rt.bootstrap->finalize(rt.bs, rt.unclean ? MR_BOOTSTRAP_END_ABANDON : MR_BOOTSTRAP_END_RETRY);
+err_substrate_config:
+    free(rt.substrate_config);
+err_plugins:
+    mr_plugin_unload(rt.substrate_dl);
+    mr_plugin_unload(rt.bootstrap_dl);
+err_flowctl_config:
+    free(rt.flowctl_config);
+    memset(&rt, 0, sizeof(rt));
+    mr_log_set_rank(-1);
+    return status;
+}
+
+mr_status_t mr_init(void)
+{
+    return rt_init(NULL, 0);
+}
+
+mr_status_t mr_init_mpi(const void *mpi_comm, size_t mpi_comm_size)
+{
+    if (mpi_comm == NULL || mpi_comm_size == 0) {
+        mr_error("mr_init_mpi: the communicator pointer is NULL or its size is 0.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    return rt_init(mpi_comm, mpi_comm_size);
+}
+
+/* Discards every arrived message, returning its credit. */
+static void rt_drop_arrivals(void)
+{
+    for (uint32_t idx; (idx = rt_arrival_pop()) != MR_NIL;) {
+        rt.dropped_at_finalize++;
+        rt_recv_release(idx);
+    }
+}
+
+/*
+ * Waits for the bootstrap's pending collective while serving traffic (arrivals
+ * are discarded: only finalize waits like this).
+ */
+static mr_status_t rt_wait_collective(uint64_t deadline)
+{
+    mr_status_t status;
+
+    while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) {
+        if (rt.any_failure) {
+            rt.unclean = true;
+            return MR_ERR_PEER_FAILED;
+        }
+        if (mr_now_ns() > deadline) {
+            rt.unclean = true;
+            mr_error("mr_finalize(): other ranks did not reach finalize within %u s.",
+                     (unsigned)rt.cfg.timeout_s);
+            return MR_ERR_TIMEOUT;
+        }
+        rt_drop_arrivals();
+        rt_progress(1);
+    }
+    return status;
+}
+
+static bool rt_sends_pending(void)
+{
+    return rt.deferq.depth > 0 || rt.inflight > 0;
+}
+
+mr_status_t mr_finalize(void)
+{
+    uint64_t deadline;
+    mr_status_t status = MR_OK;
+
+    RT_CHECK_READY("mr_finalize()");
+    deadline = mr_now_ns() + rt.cfg.timeout_s * MR_NS_PER_S;
+
+    /* A quiescence wave the application abandoned must end before the barrier starts. */
+    if (rt.wave_pending) {
+        rt.wave_pending = false;
+        status = rt_wait_collective(deadline);
+    }
+    /* Buffers the application still holds become invalid now. */
+    for (size_t i = 0; i < rt.cfg.recv_slots; i++) {
+        if (rt.recvs[i].state == RECV_HELD) rt_recv_release((uint32_t)i);
+    }
+    /* Send what is deferred or in flight, discarding arrivals so that peers can finish. */
+    while (status == MR_OK && rt_sends_pending() && !rt.any_failure) {
+        rt_drop_arrivals();
+        if (rt_progress(1) < 0) break;
+        if (mr_now_ns() > deadline) {
+            mr_error("mr_finalize(): messages still unsent after %u s.",
+                     (unsigned)rt.cfg.timeout_s);
+            status = MR_ERR_TIMEOUT;
+            /* A peer stopped: MPI_Finalize would wait for it. */
+            rt.unclean = true;
+        }
+    }
+    /*
+     * Wait until every rank has sent everything, serving their traffic
+     * meanwhile. Then a second barrier: once a rank has passed it, every rank
+     * knows that connections are about to close, so a peer's end-of-stream is
+     * no longer a failure.
+     */
+    if (status == MR_OK && !rt.any_failure) {
+        status = rt.bootstrap->ibarrier(rt.bs);
+        if (status == MR_OK) status = rt_wait_collective(deadline);
+    }
+    if (status == MR_OK && !rt.any_failure) {
+        rt.closing = true;
+        if (rt.substrate->closing != NULL) rt.substrate->closing(rt.sub);
+        status = rt.bootstrap->ibarrier(rt.bs);
+        if (status == MR_OK) status = rt_wait_collective(deadline);
+    }
+    rt_drop_arrivals();
+    if (rt.any_failure) status = MR_ERR_PEER_FAILED;
+    if (rt.dropped_at_finalize > 0) {
+        mr_warn("mr_finalize(): %llu arrived messages were never received and are discarded.",
+                (unsigned long long)rt.dropped_at_finalize);
+    }
+
+    rt.substrate->close(rt.sub);
+    rt.flowctl->finalize(rt.fc);
+    free(rt.addrs);
+    rt_free_pools();
+    free(rt.node_of);
+    free(rt.host_of);
+    /* MPI cannot be finalized when a peer is gone or a collective was abandoned. */
+    rt.bootstrap->finalize(rt.bs, rt.unclean || rt.any_failure ? MR_BOOTSTRAP_END_ABANDON
+                                                               : MR_BOOTSTRAP_END_FINAL);
+    free(rt.substrate_config);
+    free(rt.flowctl_config);
+    mr_plugin_unload(rt.substrate_dl);
+    mr_plugin_unload(rt.bootstrap_dl);
+    memset(&rt, 0, sizeof(rt));
+    rt_state = RT_FINALIZED;
+    mr_log_set_rank(-1);
+    return status;
+}

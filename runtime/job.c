@@ -1,0 +1,229 @@
+/*
+ * What the ranks set up together at init, over the bootstrap: agreement on
+ * each step's outcome, the node map, the job secret and the substrate
+ * addresses.
+ */
+#include "runtime.h"
+#include "mr_time.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+uint64_t rt_reduce_in[2], rt_reduce_out[2];
+
+/* Waits for the bootstrap's pending collective, up to `deadline`, without progress. */
+static mr_status_t rt_wait_bootstrap(uint64_t deadline)
+{
+    mr_status_t status;
+
+    while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) {
+        if (mr_now_ns() > deadline) {
+            mr_error("A collective of the bootstrap did not complete within %u s "
+                     "(MAILRAIL_TIMEOUT); another rank is stuck or gone.",
+                     (unsigned)rt.cfg.timeout_s);
+            rt.unclean = true;
+            return MR_ERR_TIMEOUT;
+        }
+        sched_yield();
+    }
+    return status;
+}
+
+/*
+ * Every rank learns whether any rank failed a step of init, so that all of
+ * them fail together instead of some waiting forever in the next collective.
+ * Returns the local status when it is an error, MR_ERR_PEER_FAILED when only
+ * another rank failed, MR_OK when none did.
+ */
+mr_status_t rt_agree(mr_status_t local)
+{
+    mr_status_t status;
+
+    rt_reduce_in[0] = local != MR_OK;
+    status = rt.bootstrap->iallreduce_sum(rt.bs, rt_reduce_in, rt_reduce_out, 1);
+    if (status == MR_OK) {
+        status = rt_wait_bootstrap(mr_now_ns() + rt.cfg.timeout_s * MR_NS_PER_S);
+    }
+    if (status != MR_OK) {
+        rt.unclean = true;
+        return local != MR_OK ? local : status;
+    }
+    if (local != MR_OK) return local;
+    if (rt_reduce_out[0] > 0) {
+        mr_error("%llu other rank(s) failed to initialize; see their messages.",
+                 (unsigned long long)rt_reduce_out[0]);
+        return MR_ERR_PEER_FAILED;
+    }
+    return MR_OK;
+}
+
+/* Orders ranks by host name, then by rank, for rt_map_nodes(). */
+static const char *rt_sort_hosts;
+
+static int rt_compare_host(const void *a, const void *b)
+{
+    int ra = *(const int *)a, rb = *(const int *)b;
+    int c = strncmp(rt_sort_hosts + (size_t)ra * RT_HOST_MAX,
+                    rt_sort_hosts + (size_t)rb * RT_HOST_MAX, RT_HOST_MAX);
+    return c != 0 ? c : (ra > rb) - (ra < rb);
+}
+
+/*
+ * Numbers the hosts, and the nodes: real hosts, split into virtual nodes of
+ * MAILRAIL_RANKS_PER_NODE consecutive ranks of a host. Both are numbered in
+ * the order of their lowest rank. O(P log P): one sort of the ranks by host.
+ */
+mr_status_t rt_map_nodes(void)
+{
+    char host[RT_HOST_MAX] = {0};
+    size_t n = (size_t)rt.size;
+    char *hosts = calloc(n, RT_HOST_MAX);
+    int *order = calloc(n, sizeof(int));
+    int *first = calloc(n, sizeof(int));   /* Per rank: the lowest rank of its host. */
+    int *local = calloc(n, sizeof(int));   /* Per rank: its place among its host's ranks. */
+    int *count = calloc(n, sizeof(int));   /* Per lowest rank: its host's ranks. */
+    int *slots = calloc(n, sizeof(int));   /* Per host: where its nodes' numbers start. */
+    int *node = calloc(n, sizeof(int));    /* Per slot: the node number, or -1. */
+    int nhosts = 0, nslots = 0;
+    mr_status_t status = MR_ERR_NO_MEMORY;
+
+    rt.host_of = calloc(n, sizeof(int));
+    rt.node_of = calloc(n, sizeof(int));
+    if (!hosts || !order || !first || !local || !count || !slots || !node || !rt.host_of ||
+        !rt.node_of) {
+        mr_error("Cannot allocate the node map of %d ranks.", rt.size);
+        goto out;
+    }
+    gethostname(host, sizeof(host) - 1);
+    status = rt.bootstrap->allgather(rt.bs, host, hosts, RT_HOST_MAX);
+    if (status != MR_OK) goto out;
+    for (int r = 0; r < rt.size; r++) order[r] = r;
+    rt_sort_hosts = hosts;
+    qsort(order, n, sizeof(int), rt_compare_host);
+    for (size_t i = 0; i < n; i++) {
+        int r = order[i], prev = i > 0 ? order[i - 1] : -1;
+        bool same = prev >= 0 && strncmp(hosts + (size_t)prev * RT_HOST_MAX,
+                                         hosts + (size_t)r * RT_HOST_MAX, RT_HOST_MAX) == 0;
+        first[r] = same ? first[prev] : r;
+        local[r] = same ? local[prev] + 1 : 0;
+        count[first[r]]++;
+    }
+    rt.node_count = 0;
+    for (int r = 0; r < rt.size; r++) {
+        int rpn = (int)rt.cfg.ranks_per_node;
+        if (first[r] == r) {
+            rt.host_of[r] = nhosts;
+            slots[nhosts++] = nslots;
+            int groups = rpn ? (count[r] + rpn - 1) / rpn : 1;
+            for (int g = 0; g < groups; g++) node[nslots + g] = -1;
+            nslots += groups;
+        } else {
+            rt.host_of[r] = rt.host_of[first[r]];
+        }
+        int slot = slots[rt.host_of[r]] + (rpn ? local[r] / rpn : 0);
+        if (node[slot] < 0) node[slot] = rt.node_count++;
+        rt.node_of[r] = node[slot];
+    }
+    status = MR_OK;
+out:
+    free(hosts);
+    free(order);
+    free(first);
+    free(local);
+    free(count);
+    free(slots);
+    free(node);
+    return status;
+}
+
+/* Fills `buf` from the kernel's random source, or fails. */
+static bool rt_random(uint8_t *buf, size_t len)
+{
+    size_t got = 0;
+
+    while (got < len) {
+        ssize_t n = getrandom(buf + got, len - got, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        got += (size_t)n;
+    }
+    return true;
+}
+
+/*
+ * Rank 0 draws the job secret and name; every rank gets them. The last byte
+ * says whether drawing worked, so that all ranks fail together if not.
+ */
+mr_status_t rt_share_job_key(void)
+{
+    uint8_t bytes[MR_JOB_KEY_LEN + 8 + 1] = {0};
+    mr_status_t status;
+
+    if (rt.rank == 0) {
+        bytes[sizeof(bytes) - 1] = rt_random(bytes, sizeof(bytes) - 1);
+        if (!bytes[sizeof(bytes) - 1]) mr_error("getrandom failed: cannot draw the job secret.");
+    }
+    status = rt.bootstrap->bcast(rt.bs, bytes, sizeof(bytes), 0);
+    if (status != MR_OK) return status;
+    if (!bytes[sizeof(bytes) - 1]) {
+        if (rt.rank != 0) mr_error("Rank 0 could not draw the job secret.");
+        return MR_ERR_BOOTSTRAP;
+    }
+    memcpy(rt.job_key, bytes, MR_JOB_KEY_LEN);
+    snprintf(rt.job_id, sizeof(rt.job_id), "mr-%02x%02x%02x%02x%02x%02x%02x%02x",
+             bytes[32], bytes[33], bytes[34], bytes[35], bytes[36], bytes[37], bytes[38],
+             bytes[39]);
+    memset(bytes, 0, sizeof(bytes));
+    return MR_OK;
+}
+
+/* A blocking barrier over the bootstrap, for flow-control policies at init. */
+mr_status_t rt_barrier(void *core)
+{
+    mr_status_t status;
+
+    (void)core;
+    status = rt.bootstrap->ibarrier(rt.bs);
+    if (status != MR_OK) return status;
+    while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) sched_yield();
+    return status;
+}
+
+/* All-gathers the substrate addresses, padded to the longest. */
+mr_status_t rt_exchange_addresses(const uint8_t *addr, size_t len)
+{
+    uint64_t mylen = len, maxlen = 0, *lens;
+    uint8_t padded[MR_SUBSTRATE_ADDR_MAX] = {0};
+    mr_status_t status;
+
+    lens = calloc((size_t)rt.size, sizeof(*lens));
+    if (lens == NULL) {
+        mr_error("Cannot allocate the address lengths.");
+        return MR_ERR_NO_MEMORY;
+    }
+    status = rt.bootstrap->allgather(rt.bs, &mylen, lens, sizeof(mylen));
+    for (int r = 0; status == MR_OK && r < rt.size; r++) {
+        if (lens[r] > maxlen) maxlen = lens[r];
+    }
+    free(lens);
+    if (status != MR_OK) return status;
+    rt.addr_len = maxlen ? maxlen : 1;
+    rt.addrs = calloc((size_t)rt.size, rt.addr_len);
+    if (rt.addrs == NULL) {
+        /* Every rank allocates the same amount, so every rank fails here. */
+        mr_error("Cannot allocate %d addresses of %zu bytes.", rt.size, rt.addr_len);
+        return MR_ERR_NO_MEMORY;
+    }
+    memcpy(padded, addr, len);
+    status = rt.bootstrap->allgather(rt.bs, padded, rt.addrs, rt.addr_len);
+    if (status != MR_OK) {
+        free(rt.addrs);
+        rt.addrs = NULL;
+    }
+    return status;
+}

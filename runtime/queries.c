@@ -1,0 +1,113 @@
+/*
+ * What an application can ask the runtime: its rank, the job's shape, a
+ * peer's address and the statistics.
+ */
+#include "runtime.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int mr_rank(void)
+{
+    return rt_state == RT_READY ? rt.rank : -1;
+}
+
+int mr_size(void)
+{
+    return rt_state == RT_READY ? rt.size : -1;
+}
+
+int mr_node_count(void)
+{
+    return rt_state == RT_READY ? rt.node_count : -1;
+}
+
+int mr_node_of(int rank)
+{
+    if (rt_state != RT_READY || rank < 0 || rank >= rt.size) return -1;
+    return rt.node_of[rank];
+}
+
+size_t mr_datagram_size(void)
+{
+    return rt_state == RT_READY ? rt.cfg.datagram_size : 0;
+}
+
+const char *mr_substrate_name(void)
+{
+    return rt_state == RT_READY ? rt.substrate->name : NULL;
+}
+
+const char *mr_flowctl_name(void)
+{
+    return rt_state == RT_READY ? rt.flowctl->name : NULL;
+}
+
+mr_status_t mr_peer_address(int rank, char *buf, size_t len)
+{
+    RT_CHECK_READY("mr_peer_address()");
+    if (buf == NULL || len == 0) {
+        mr_error("mr_peer_address(): the buffer is NULL or empty.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (rank < 0 || rank >= rt.size) {
+        mr_error("mr_peer_address(): rank %d is not in [0, %d).", rank, rt.size);
+        return MR_ERR_INVALID_RANK;
+    }
+    rt.substrate->format_address(rt.addrs + (size_t)rank * rt.addr_len, rt.addr_len, buf, len);
+    return MR_OK;
+}
+
+
+mr_status_t mr_get_stats(mr_stats_t *stats)
+{
+    mr_stats_t snapshot;
+    size_t size;
+
+    RT_CHECK_READY("mr_get_stats()");
+    if (stats == NULL || stats->size < offsetof(mr_stats_t, connections_rejected)) {
+        mr_error("mr_get_stats(): NULL or stats->size not set to sizeof(mr_stats_t).");
+        return MR_ERR_INVALID_PARAM;
+    }
+    snapshot = rt.stats;
+    snapshot.peak_deferred_depth = rt.deferq.peak_depth;
+    snapshot.recv_slots_in_use = mr_pool_in_use(&rt.recv_pool);
+    rt.flowctl->stats(rt.fc, &snapshot);
+    if (rt.substrate->stats != NULL) rt.substrate->stats(rt.sub, &snapshot);
+    size = stats->size < sizeof(snapshot) ? stats->size : sizeof(snapshot);
+    snapshot.size = size;
+    memcpy(stats, &snapshot, size);
+    return MR_OK;
+}
+
+mr_status_t mr_check_setting(const char *name, const char *value)
+{
+    const mr_config_entry_t *tables[2 + 8] = {mr_core_config_table, mr_flowctl_config_table};
+    size_t sizes[2 + 8] = {sizeof(mr_core_config_t), sizeof(mr_flowctl_config_t)};
+    size_t ntables = 2;
+    char err[512];
+
+    if (name == NULL || value == NULL) {
+        mr_error("mr_check_setting(): the name or the value is NULL.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    for (size_t i = 0; mr_flowctl_names[i] != NULL && ntables < 10; i++) {
+        const mr_flowctl_ops_t *policy = mr_flowctl_find(mr_flowctl_names[i]);
+        if (policy == NULL || policy->config_table == NULL) continue;
+        tables[ntables] = policy->config_table;
+        sizes[ntables++] = policy->config_size;
+    }
+    for (size_t t = 0; t < ntables; t++) {
+        const mr_config_entry_t *e = mr_config_find(tables[t], name);
+        if (e == NULL) continue;
+        /* Parsed into scratch space of the owner's struct, then dropped. */
+        void *scratch = calloc(1, sizes[t]);
+        if (scratch == NULL) return MR_ERR_NO_MEMORY;
+        mr_status_t status = mr_config_parse_value(e, value, scratch, err, sizeof(err));
+        free(scratch);
+        if (status != MR_OK) mr_error("%s", err);
+        return status;
+    }
+    mr_error("mr_check_setting(): %s is not a setting of the core or of flow control.", name);
+    return MR_ERR_INVALID_PARAM;
+}

@@ -1,0 +1,45 @@
+/*
+ * mr_quiesce(): global quiescence by waves of sums of messages sent and
+ * received.
+ */
+#include "runtime.h"
+
+mr_status_t mr_quiesce(void)
+{
+    mr_status_t status;
+    int events;
+
+    RT_CHECK_READY("mr_quiesce()");
+    events = rt_progress(0);
+    if (events < 0) return (mr_status_t)events;
+    if (rt.any_failure) {
+        mr_error("mr_quiesce(): a peer has failed; quiescence cannot be reached.");
+        return MR_ERR_PEER_FAILED;
+    }
+    if (!rt.wave_pending) {
+        /* Each wave sums messages sent and received over all ranks. */
+        rt_reduce_in[0] = rt.stats.messages_sent;
+        rt_reduce_in[1] = rt.stats.messages_received;
+        status = rt.bootstrap->iallreduce_sum(rt.bs, rt_reduce_in, rt_reduce_out, 2);
+        if (status != MR_OK) return status;
+        rt.wave_pending = true;
+    }
+    status = rt.bootstrap->test(rt.bs);
+    if (status == MR_AGAIN) return MR_AGAIN;
+    rt.wave_pending = false;
+    if (status != MR_OK) return status;
+    /*
+     * Two consecutive waves with equal sums, sent == received, mean nothing
+     * was in flight between them: every rank sees the same sums and stops in
+     * the same round.
+     */
+    if (rt_reduce_out[0] == rt_reduce_out[1] && rt.have_last_wave &&
+        rt.last_wave[0] == rt_reduce_out[0] && rt.last_wave[1] == rt_reduce_out[1]) {
+        rt.have_last_wave = false;
+        return MR_OK;
+    }
+    rt.last_wave[0] = rt_reduce_out[0];
+    rt.last_wave[1] = rt_reduce_out[1];
+    rt.have_last_wave = true;
+    return MR_AGAIN;
+}

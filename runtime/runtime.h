@@ -1,0 +1,154 @@
+/*
+ * The runtime behind mailrail.h: its state, and what its files share.
+ * Internal to libmailrail; docs/architecture.md describes the files.
+ *
+ * One message's path: mr_reserve() takes a send-pool slot; mr_send() either
+ * hands it to the substrate (after flow control granted a credit) or appends
+ * it to the deferred queue of its destination; the substrate completes the
+ * send in a later progress call and the slot returns to the pool. At the
+ * receiver the substrate copies the payload into a receive-pool slot it took
+ * through recv_slot_acquire() and delivers it; the slot joins the arrival
+ * queue, mr_receive() hands it out in arrival order and mr_release() returns
+ * it to the pool, telling flow control that a credit was consumed.
+ */
+#ifndef MR_RUNTIME_H
+#define MR_RUNTIME_H
+
+#include "mailrail.h"
+#include "mr_bootstrap.h"
+#include "mr_config.h"
+#include "mr_flowctl.h"
+#include "mr_log.h"
+#include "mr_pool.h"
+#include "mr_substrate.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum rt_state { RT_UNINITIALIZED, RT_READY, RT_FINALIZED };
+
+/* Where a send slot is in its life. */
+enum send_state { SEND_FREE, SEND_RESERVED, SEND_DEFERRED, SEND_INFLIGHT };
+
+/* Where a receive slot is in its life. */
+enum recv_state { RECV_FREE, RECV_FILLING, RECV_QUEUED, RECV_HELD };
+
+typedef struct rt_send {
+    uint8_t state;
+    int32_t dest;
+    uint32_t length;
+} rt_send_t;
+
+typedef struct rt_recv {
+    uint8_t state;
+    int32_t source;
+    uint32_t length;
+    uint32_t next;      /* Next in the arrival queue. */
+    void *data;         /* The slot, or the substrate's buffer when `handle` is set. */
+    void *handle;       /* Substrate-owned buffer, released through release_recv(). */
+    void *foreign;      /* The substrate's buffer this slot last stood for, kept in
+                           rt.foreign after release so that a double release is
+                           recognised; NULL if none. */
+} rt_recv_t;
+
+/* Peer health, per rank. */
+enum peer_state { PEER_OK, PEER_FAILED_UNREPORTED, PEER_FAILED_REPORTED };
+
+#define RT_HOST_MAX 64
+#define RT_JOB_ID_MAX 40
+
+typedef struct rt_runtime {
+    mr_core_config_t cfg;
+    mr_flowctl_config_t fcfg;
+    int rank, size, node_count;
+    int *node_of;
+    int *host_of;          /* Physical host index per rank. */
+    uint8_t job_key[MR_JOB_KEY_LEN];
+    char job_id[RT_JOB_ID_MAX];
+
+    void *bootstrap_dl;
+    const mr_bootstrap_ops_t *bootstrap;
+    mr_bootstrap_t *bs;
+
+    void *substrate_dl;
+    const mr_substrate_ops_t *substrate;
+    mr_substrate_t *sub;
+    void *substrate_config;
+    char *addrs;        /* size * addr_len bytes. */
+    size_t addr_len;
+
+    const mr_flowctl_ops_t *flowctl;
+    mr_flowctl_t *fc;
+    void *flowctl_config;
+
+    mr_pool_t send_pool, recv_pool;
+    rt_send_t *sends;
+    rt_recv_t *recvs;
+    mr_deferq_t deferq;
+    uint32_t arrival_head, arrival_tail;
+    mr_ptrmap_t foreign;   /* Substrate-owned buffer -> receive slot. */
+
+    uint8_t *peer;         /* enum peer_state per rank. */
+    bool closing;          /* All ranks finished sending; EOF from peers is expected. */
+    int failures_unreported;
+    bool any_failure;
+
+    /* Quiescence: whether a wave is pending (in rt_reduce_*) and the last completed one. */
+    bool wave_pending;
+    bool have_last_wave;
+    uint64_t last_wave[2];
+    bool unclean;          /* A collective was abandoned: MPI cannot be finalized. */
+    size_t inflight;       /* Sends accepted by the substrate and not completed. */
+    uint64_t dropped_at_finalize;
+
+    unsigned receive_calls;
+    unsigned idle_polls;
+    mr_stats_t stats;
+} rt_runtime_t;
+
+extern rt_runtime_t rt;
+extern enum rt_state rt_state;
+
+/*
+ * Buffers of the bootstrap's non-blocking reductions (init's agreements and
+ * quiescence waves). They live outside `rt` and are never freed: a reduction
+ * abandoned because a peer died may still be completed by MPI later, and must
+ * not write into reused memory.
+ */
+extern uint64_t rt_reduce_in[2], rt_reduce_out[2];
+
+/* "before mr_init()" or "after mr_finalize()", for error messages. */
+const char *rt_who(void);
+
+#define RT_CHECK_READY(fn)                                                                   \
+    do {                                                                                     \
+        if (rt_state != RT_READY) {                                                          \
+            mr_error("%s called %s.", fn, rt_who());                                         \
+            return MR_ERR_NOT_INITIALIZED;                                                   \
+        }                                                                                    \
+    } while (0)
+
+/* datapath.c: the hot path. */
+extern const mr_substrate_upcalls_t rt_upcalls;
+/* Sends a credit return for flow control. */
+mr_status_t rt_send_control(void *core, int dest, uint32_t imm);
+/* One round of progress: substrate, flow control, deferred sends. */
+int rt_progress(int timeout_ms);
+/* Takes the oldest arrived message off the arrival queue, or MR_NIL. */
+uint32_t rt_arrival_pop(void);
+/* Returns a held or queued receive slot, and its credit, to MailRail. */
+void rt_recv_release(uint32_t idx);
+
+/* job.c: what the ranks set up together at init, over the bootstrap. */
+mr_status_t rt_agree(mr_status_t local);
+mr_status_t rt_map_nodes(void);
+mr_status_t rt_share_job_key(void);
+mr_status_t rt_exchange_addresses(const uint8_t *addr, size_t len);
+mr_status_t rt_barrier(void *core);
+
+/* settings_check.c: settings no module declares, and those that must agree. */
+void rt_warn_unknown_settings(void);
+mr_status_t rt_agree_settings(void);
+
+#endif /* MR_RUNTIME_H */
