@@ -120,8 +120,7 @@
  * context are destroyed, and only then the request memory is freed.
  */
 #include "mr_byteorder.h"
-#include "mr_substrate.h"
-#include "mr_time.h"
+#include "mr_substrate_base.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -173,9 +172,6 @@ enum { CTRL_CREDIT = 0, CTRL_HELLO = 1, CTRL_READY = 2, CTRL_BYE = 3 };
 #define UCX_CLOSE_EP_MS 1000      /* Longest wait for the endpoints to close after it. */
 #define UCX_PROTO_LOG_BURST 10    /* Protocol errors logged before going quiet. */
 #define UCX_MAX_EVENTS 32
-
-#define NS_PER_MS MR_NS_PER_MS
-#define NS_PER_S MR_NS_PER_S
 
 /* ------------------------------------------------------------------------ */
 /* Settings.                                                                 */
@@ -232,9 +228,8 @@ static const mr_config_entry_t ucx_config_table[] = {
 
 /* Send state of one data or control message; UCX's request precedes it. */
 typedef struct ucx_sreq {
-    struct ucx_sreq *next;
+    mr__sreq_t link;            /* Free list, done queue, and send()'s cookie. */
     mr_substrate_t *s;
-    void *cookie;
     int32_t dest;
     bool ctrl;
     bool inflight;              /* Handed to UCX, not completed yet. */
@@ -303,14 +298,7 @@ typedef struct ucx_peer {
 } ucx_peer_t;
 
 struct mr_substrate {
-    int rank, size;
-    size_t datagram_size;
-    size_t max_sends;
-    unsigned timeout_s;
-    void *core;
-    mr_substrate_upcalls_t up;
-    void (*log)(mr_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-    const mr_log_level_t *log_threshold;
+    mr__substrate_base_t base; /* base.closing: peer failures are expected. */
     ucx_config_t cfg;
     uint32_t hello_token;
 
@@ -326,7 +314,6 @@ struct mr_substrate {
     uint64_t boot_hash, pidns;
 
     bool connect_started, connected;
-    bool closing;              /* closing() was called: peer failures are expected. */
     bool closed;               /* close() runs: data is dropped, failures are expected. */
     bool upcalls_ok;           /* Inside progress(): callbacks may call the core. */
     int cb_events;             /* Upcalls made from callbacks in this progress() call. */
@@ -338,8 +325,8 @@ struct mr_substrate {
     /* Send state: max_sends data sends and nctrl control sends usable at any time. */
     ucx_sreq_block_t *sreq_blocks;
     size_t nsreq_blocks, sreq_stride, nctrl;
-    ucx_sreq_t *free_sreqs, *free_ctrl;
-    ucx_sreq_t *done_head, *done_tail;
+    mr__sreq_t *free_sreqs, *free_ctrl;
+    mr__done_queue_t done;
 
     /* Rendezvous receives. */
     uint8_t *rreq_mem;
@@ -366,10 +353,7 @@ struct mr_substrate {
     uint64_t proto_errors;
     uint64_t spilled, spilled_heap, paused_calls, zcopy_delivered, rndv_received, held;
 };
-
-static const mr_log_level_t ucx_default_threshold = MR_LOG_WARN;
-
-#define ULOG(s, level, ...) MR_SUBSTRATE_LOG((s)->log, (s)->log_threshold, level, __VA_ARGS__)
+MR__BASE_CHECK();
 
 static void ucx_close(mr_substrate_t *s);
 static void check_events(mr_substrate_t *s, int timeout_ms);
@@ -398,7 +382,7 @@ static void hdr_pack(const mr_substrate_t *s, uint8_t *h, unsigned kind, uint32_
 {
     h[0] = (uint8_t)kind;
     mr_put_le32(h + 1, imm);
-    mr_put_le32(h + 5, (uint32_t)s->rank);
+    mr_put_le32(h + 5, (uint32_t)s->base.rank);
     h[9] = s->failures_seen;
 }
 
@@ -420,11 +404,11 @@ static void proto_error(mr_substrate_t *s, const char *fmt, ...)
 
     s->proto_errors++;
     level = s->proto_errors <= UCX_PROTO_LOG_BURST ? MR_LOG_ERROR : MR_LOG_DEBUG;
-    if (s->log == NULL || level > *s->log_threshold) return;
+    if (s->base.log == NULL || !mr__log_enabled(&s->base, level)) return;
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
-    s->log(level, "UCX substrate: dropped a malformed message (%s)%s.", what,
+    s->base.log(level, "UCX substrate: dropped a malformed message (%s)%s.", what,
            s->proto_errors == UCX_PROTO_LOG_BURST ? "; further ones are logged at debug level"
                                                   : "");
 }
@@ -553,18 +537,15 @@ static ucx_rreq_t *rreq_at(mr_substrate_t *s, size_t i)
                                   align_up(s->ucx_req_size, 64));
 }
 
-static void done_push(mr_substrate_t *s, ucx_sreq_t *r)
+/* Takes a send state from a free list, or NULL (its link comes first). */
+static ucx_sreq_t *sreq_pop(mr__sreq_t **free_list)
 {
-    r->next = NULL;
-    if (s->done_tail != NULL) s->done_tail->next = r;
-    else s->done_head = r;
-    s->done_tail = r;
+    return (ucx_sreq_t *)(void *)mr__sreq_pop(free_list);
 }
 
 static void ctrl_free(mr_substrate_t *s, ucx_sreq_t *r)
 {
-    r->next = s->free_ctrl;
-    s->free_ctrl = r;
+    mr__sreq_push(&s->free_ctrl, &r->link);
 }
 
 /*
@@ -592,8 +573,7 @@ static mr_status_t sreq_block_add(mr_substrate_t *s, size_t ndata, size_t nctrl)
         if (r->ctrl) {
             ctrl_free(s, r);
         } else {
-            r->next = s->free_sreqs;
-            s->free_sreqs = r;
+            mr__sreq_push(&s->free_sreqs, &r->link);
         }
     }
     return MR_OK;
@@ -604,13 +584,13 @@ static void peer_fail(mr_substrate_t *s, int rank, ucs_status_t why)
 {
     ucx_peer_t *p;
 
-    if (rank < 0 || rank >= s->size || rank == s->rank) return;
+    if (rank < 0 || rank >= s->base.size || rank == s->base.rank) return;
     p = &s->peers[rank];
     if (p->state != P_OK || p->fail_queued) return;
     p->fail_queued = true;
     p->fail_status = why;
     if (s->failures_seen < UINT8_MAX) s->failures_seen++;
-    s->failq[(s->failq_head + s->failq_count) % s->size] = rank;
+    s->failq[(s->failq_head + s->failq_count) % s->base.size] = rank;
     s->failq_count++;
 }
 
@@ -622,14 +602,14 @@ static void send_cb(void *request, ucs_status_t status, void *user_data)
     (void)user_data;
     if (r->retired) return; /* Already reported; its memory is never used again. */
     r->inflight = false;
-    if (status != UCS_OK && !s->closing && !s->closed && is_peer_gone_status(status)) {
+    if (status != UCS_OK && !s->base.closing && !s->closed && is_peer_gone_status(status)) {
         peer_fail(s, r->dest, status);
     }
     if (r->ctrl) {
         ctrl_free(s, r);
         return;
     }
-    done_push(s, r);
+    mr__done_push(&s->done, &r->link);
 }
 
 static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -678,7 +658,7 @@ static bool spill_store(mr_substrate_t *s, ucx_rx_t *e, const void *data, size_t
         s->spilled_heap++;
         if (!s->spill_warned) {
             s->spill_warned = true;
-            ULOG(s, MR_LOG_WARN, "UCX substrate: every receive slot is taken and the %zu-byte "
+            MR__LOG(s, MR_LOG_WARN, "UCX substrate: every receive slot is taken and the %zu-byte "
                  "spill area is full: messages are copied to the heap. Use credit flow control "
                  "(MAILRAIL_FLOWCTL=rank or node) or raise MAILRAIL_UCX_SPILL_SIZE.",
                  s->spill_cap);
@@ -767,7 +747,7 @@ static bool rx_start_rndv(mr_substrate_t *s, ucx_rx_t *e, void *desc)
     void *slot;
 
     if (r == NULL) return false;
-    slot = s->up.recv_slot_acquire(s->core);
+    slot = s->base.up.recv_slot_acquire(s->base.core);
     if (slot == NULL) return false;
     s->free_rreqs = r->next;
     r->done = false;
@@ -786,7 +766,7 @@ static bool rx_start_rndv(mr_substrate_t *s, ucx_rx_t *e, void *desc)
     } else if (UCS_PTR_IS_ERR(sp)) {
         rreq_free(s, r);
         e->state = RX_FAILED;
-        ULOG(s, MR_LOG_WARN, "UCX substrate: cannot receive a %zu-byte rendezvous message from "
+        MR__LOG(s, MR_LOG_WARN, "UCX substrate: cannot receive a %zu-byte rendezvous message from "
              "rank %d: %s; it is lost.", e->length, (int)e->source,
              ucs_status_string(UCS_PTR_STATUS(sp)));
     } else {
@@ -809,8 +789,8 @@ static void rx_finish_rndv(mr_substrate_t *s, ucx_rx_t *e)
         e->state = RX_READY;
     } else {
         e->state = RX_FAILED;
-        if (!s->closing && !s->closed) {
-            ULOG(s, MR_LOG_WARN, "UCX substrate: a %zu-byte rendezvous message from rank %d "
+        if (!s->base.closing && !s->closed) {
+            MR__LOG(s, MR_LOG_WARN, "UCX substrate: a %zu-byte rendezvous message from rank %d "
                  "failed: %s; it is lost.", e->length, (int)e->source,
                  ucs_status_string(r->status));
         }
@@ -833,7 +813,7 @@ static bool rx_claim(mr_substrate_t *s, ucx_rx_t *e)
     void *slot;
 
     if (e->state == RX_RNDV_WAIT) return rx_start_rndv(s, e, e->data);
-    slot = s->up.recv_slot_acquire(s->core);
+    slot = s->base.up.recv_slot_acquire(s->base.core);
     if (slot == NULL) return false;
     if (e->length > 0) memcpy(slot, e->data, e->length);
     if (e->state == RX_HELD) ucp_am_data_release(s->worker, e->data);
@@ -846,9 +826,9 @@ static bool rx_claim(mr_substrate_t *s, ucx_rx_t *e)
 static void deliver_slot(mr_substrate_t *s, int source, unsigned kind, uint32_t imm, void *slot,
                          size_t length)
 {
-    mr_status_t st = s->up.deliver(s->core, source, kind, imm, slot, length, NULL);
+    mr_status_t st = s->base.up.deliver(s->base.core, source, kind, imm, slot, length, NULL);
     if (st != MR_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d (status %d).",
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d (status %d).",
              source, (int)st);
     }
 }
@@ -876,17 +856,17 @@ static int rx_drain(mr_substrate_t *s)
                 deliver_slot(s, c.source, c.kind, c.imm, c.data, c.length);
                 n++;
             } else {
-                s->up.recv_slot_abandon(s->core, c.data);
+                s->base.up.recv_slot_abandon(s->base.core, c.data);
             }
             continue;
         }
         /* The head waits for a slot. */
         if (e->state == RX_HELD && zcopy_ok(s, e->length)) {
-            mr_status_t st = s->up.deliver(s->core, e->source, e->kind, e->imm, e->data,
+            mr_status_t st = s->base.up.deliver(s->base.core, e->source, e->kind, e->imm, e->data,
                                            e->length, e->data);
             if (st == MR_AGAIN) break;
             if (st != MR_OK) {
-                ULOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d "
+                MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d "
                      "(status %d).", (int)e->source, (int)st);
                 ucp_am_data_release(s->worker, e->data);
             } else {
@@ -928,9 +908,9 @@ static bool hdr_parse(mr_substrate_t *s, const char *what, const void *header, s
         return false;
     }
     src = (int32_t)mr_get_le32(h + 5);
-    if (src < 0 || src >= s->size || src == s->rank) {
+    if (src < 0 || src >= s->base.size || src == s->base.rank) {
         proto_error(s, "%s from rank %d, which is not a peer in a job of %d", what, (int)src,
-                    s->size);
+                    s->base.size);
         return false;
     }
     *kind = h[0];
@@ -966,9 +946,9 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
 
     if (s->closed) return UCS_OK; /* Finalizing: nobody receives any more. */
     if (!hdr_parse(s, "data", header, header_length, &kind, &imm, &source)) return UCS_OK;
-    if (length > s->datagram_size) {
+    if (length > s->base.datagram_size) {
         proto_error(s, "%zu-byte data from rank %d, more than the %zu-byte datagram", length,
-                    source, s->datagram_size);
+                    source, s->base.datagram_size);
         return UCS_OK;
     }
     /* A slot may be taken now only when no earlier arrival still waits for one. */
@@ -978,18 +958,18 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
         /* Fast path: nothing queued, deliver at once. */
         if (!rndv) {
             if (holdable && zcopy_ok(s, length)) {
-                mr_status_t st = s->up.deliver(s->core, source, kind, imm, data, length, data);
+                mr_status_t st = s->base.up.deliver(s->base.core, source, kind, imm, data, length, data);
                 if (st == MR_OK) {
                     s->zcopy_delivered++;
                     s->cb_events++;
                     return UCS_INPROGRESS;
                 }
                 if (st != MR_AGAIN) {
-                    ULOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank "
+                    MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank "
                          "%d (status %d).", source, (int)st);
                     return UCS_OK;
                 }
-            } else if ((slot = s->up.recv_slot_acquire(s->core)) != NULL) {
+            } else if ((slot = s->base.up.recv_slot_acquire(s->base.core)) != NULL) {
                 if (length > 0) memcpy(slot, data, length);
                 deliver_slot(s, source, kind, imm, slot, length);
                 s->cb_events++;
@@ -1001,7 +981,7 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
 
     e = rxq_push(s);
     if (e == NULL) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for the arrival queue; a %zu-byte "
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for the arrival queue; a %zu-byte "
              "message from rank %d is lost.", length, source);
         return UCS_OK;
     }
@@ -1019,7 +999,7 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
         }
         return UCS_INPROGRESS; /* UCX keeps the descriptor, or the receive owns it. */
     }
-    if (may_claim && (slot = s->up.recv_slot_acquire(s->core)) != NULL) {
+    if (may_claim && (slot = s->base.up.recv_slot_acquire(s->base.core)) != NULL) {
         /* Behind a rendezvous in flight: copy now, deliver in turn. */
         if (length > 0) memcpy(slot, data, length);
         e->state = RX_READY;
@@ -1035,7 +1015,7 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
     }
     if (!spill_store(s, e, data, length)) {
         s->rxq_count--; /* Undo the push. */
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for a %zu-byte message from rank "
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for a %zu-byte message from rank "
              "%d arriving while every receive slot is taken; it is lost.", length, source);
     }
     return UCS_OK;
@@ -1047,7 +1027,7 @@ static void ctrlq_push(mr_substrate_t *s, int source, uint32_t imm)
         size_t cap = s->ctrlq_cap ? s->ctrlq_cap * 2 : 64;
         uint32_t *q = malloc(cap * 2 * sizeof(*q));
         if (q == NULL) {
-            ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory; a control message from rank "
+            MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory; a control message from rank "
                  "%d is lost.", source);
             return;
         }
@@ -1085,7 +1065,7 @@ static ucs_status_t ctrl_am_cb(void *arg, const void *header, size_t header_leng
     case CTRL_CREDIT:
         if (s->closed) break;
         if (s->upcalls_ok) {
-            s->up.control(s->core, source, imm);
+            s->base.up.control(s->base.core, source, imm);
             s->cb_events++;
         } else {
             ctrlq_push(s, source, imm);
@@ -1148,15 +1128,15 @@ static int peer_retire_sends(mr_substrate_t *s, int rank)
                 nctrl++;
             } else {
                 ndata++;
-                s->up.send_complete(s->core, r->cookie);
+                s->base.up.send_complete(s->base.core, r->link.cookie);
             }
         }
     }
     if (ndata + nctrl == 0) return 0;
-    ULOG(s, MR_LOG_DEBUG, "UCX substrate: %zu sends and %zu credit returns to rank %d given up.",
+    MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %zu sends and %zu credit returns to rank %d given up.",
          ndata, nctrl, rank);
     if (sreq_block_add(s, ndata, nctrl) != MR_OK) {
-        ULOG(s, MR_LOG_WARN, "UCX substrate: no memory to replace %zu send states given up on "
+        MR__LOG(s, MR_LOG_WARN, "UCX substrate: no memory to replace %zu send states given up on "
              "rank %d; fewer sends can be in flight from now on.", ndata + nctrl, rank);
     }
     return (int)ndata;
@@ -1170,23 +1150,23 @@ static int drain_failed(mr_substrate_t *s)
         int rank = s->failq[s->failq_head];
         ucx_peer_t *p = &s->peers[rank];
 
-        s->failq_head = (s->failq_head + 1) % s->size;
+        s->failq_head = (s->failq_head + 1) % s->base.size;
         s->failq_count--;
         p->fail_queued = false;
         if (p->state != P_OK) continue;
         p->state = P_FAILED;
-        if (s->closing) {
-            ULOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d went away while finalizing (%s).",
+        if (s->base.closing) {
+            MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d went away while finalizing (%s).",
                  rank, p->exited ? "its process exited" : ucs_status_string(p->fail_status));
         } else {
             if (p->exited) {
-                ULOG(s, MR_LOG_WARN, "UCX substrate: the process of rank %d (pid %u) exited.",
+                MR__LOG(s, MR_LOG_WARN, "UCX substrate: the process of rank %d (pid %u) exited.",
                      rank, (unsigned)p->pid);
             } else {
-                ULOG(s, MR_LOG_WARN, "UCX substrate: rank %d failed (UCX: %s).", rank,
+                MR__LOG(s, MR_LOG_WARN, "UCX substrate: rank %d failed (UCX: %s).", rank,
                      ucs_status_string(p->fail_status));
             }
-            s->up.peer_failed(s->core, rank, MR_ERR_PEER_FAILED);
+            s->base.up.peer_failed(s->base.core, rank, MR_ERR_PEER_FAILED);
             n++;
         }
         if (p->err_peer) {
@@ -1199,26 +1179,6 @@ static int drain_failed(mr_substrate_t *s)
     return n;
 }
 
-static int drain_done(mr_substrate_t *s)
-{
-    ucx_sreq_t *r = s->done_head;
-    int n = 0;
-
-    /* Detached first: completions of sends made by these upcalls wait for the next call. */
-    s->done_head = s->done_tail = NULL;
-    while (r != NULL) {
-        ucx_sreq_t *next = r->next;
-        void *cookie = r->cookie;
-        r->next = s->free_sreqs;
-        r->cookie = NULL;
-        s->free_sreqs = r;
-        s->up.send_complete(s->core, cookie);
-        n++;
-        r = next;
-    }
-    return n;
-}
-
 static int drain_ctrlq(mr_substrate_t *s)
 {
     int n = 0;
@@ -1227,7 +1187,7 @@ static int drain_ctrlq(mr_substrate_t *s)
         size_t k = s->ctrlq_head;
         s->ctrlq_head = (s->ctrlq_head + 1) % s->ctrlq_cap;
         s->ctrlq_count--;
-        s->up.control(s->core, (int)s->ctrlq[2 * k], s->ctrlq[2 * k + 1]);
+        s->base.up.control(s->base.core, (int)s->ctrlq[2 * k], s->ctrlq[2 * k + 1]);
         n++;
     }
     return n;
@@ -1248,7 +1208,7 @@ static void check_events(mr_substrate_t *s, int timeout_ms)
         uint64_t tag = evs[i].data.u64;
         if (tag == 0) continue; /* The worker's event fd: the caller progresses. */
         int rank = (int)(tag - 1);
-        if (rank >= 0 && rank < s->size && s->peers[rank].pidfd >= 0) {
+        if (rank >= 0 && rank < s->base.size && s->peers[rank].pidfd >= 0) {
             ucx_peer_t *p = &s->peers[rank];
             epoll_ctl(s->epfd, EPOLL_CTL_DEL, p->pidfd, NULL);
             close(p->pidfd);
@@ -1263,60 +1223,22 @@ static void check_events(mr_substrate_t *s, int timeout_ms)
 /* ------------------------------------------------------------------------ */
 /* Operations.                                                               */
 
-static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out)
+/* Copies the settings and learns the host's identity; nothing is open yet. */
+static void ucx_init_state(mr_substrate_t *s, const mr_substrate_params_t *p)
 {
-    mr_substrate_t *s;
-    const mr_substrate_upcalls_t *u;
-    ucp_config_t *config = NULL;
-    ucp_params_t cparams;
-    ucp_worker_params_t wparams;
-    ucp_context_attr_t cattr;
-    ucp_am_handler_param_t hparam;
-    ucp_address_t *uaddr = NULL;
-    size_t ualen = 0, ppn = 0;
-    ucs_status_t us;
-    mr_status_t st = MR_ERR_TRANSPORT;
-
-    if (p == NULL || out == NULL) return MR_ERR_INVALID_PARAM;
-    u = p->upcalls;
-    if (!mr_substrate_params_valid(p, "UCX substrate", UINT32_MAX, true)) {
-        return MR_ERR_INVALID_PARAM;
-    }
-    if (p->recv_slots == 0) {
-        if (p->log != NULL) p->log(MR_LOG_ERROR, "UCX substrate: no receive slots.");
-        return MR_ERR_INVALID_PARAM;
-    }
-    s = calloc(1, sizeof(*s));
-    if (s == NULL) return MR_ERR_NO_MEMORY;
-    s->rank = p->rank;
-    s->size = p->size;
-    s->datagram_size = p->datagram_size;
-    s->max_sends = p->max_sends;
-    s->timeout_s = p->timeout_s;
-    s->core = p->core;
-    s->up = *u;
-    s->log = p->log;
-    s->log_threshold = p->log_threshold ? p->log_threshold : &ucx_default_threshold;
     s->efd = -1;
     s->epfd = -1;
-    if (p->config != NULL) {
-        memcpy(&s->cfg, p->config, sizeof(s->cfg));
-    } else {
-        s->cfg.error_mode = ERRMODE_AUTO;
-        s->cfg.zcopy_thresh = 16 * 1024;
-        s->cfg.spill_size = 256 * 1024;
-    }
-    if (s->cfg.error_mode > ERRMODE_PEER) s->cfg.error_mode = ERRMODE_AUTO;
+    memcpy(&s->cfg, p->config, sizeof(s->cfg));
     /* Not authentication: only keeps ranks of two jobs from taking each other for peers. */
     s->hello_token = (uint32_t)fnv1a64(fnv1a64(FNV64_INIT, p->job_key, MR_JOB_KEY_LEN),
                                        "MRUCX-HELLO", 11);
     host_identity(&s->boot_hash, &s->pidns);
-    for (int r = 0; r < s->size; r++) {
-        if (p->node_of_rank == NULL || p->node_of_rank[r] == p->node_of_rank[s->rank]) ppn++;
-    }
+}
 
-    /* Memory: nothing on the data path is allocated later (but the queues' growth). */
-    s->nctrl = 2 * (size_t)s->size;
+/* Peers and queues: nothing on the data path is allocated later (but the queues' growth). */
+static mr_status_t ucx_alloc_queues(mr_substrate_t *s, const mr_substrate_params_t *p)
+{
+    s->nctrl = 2 * (size_t)s->base.size;
     if (s->nctrl < UCX_CTRL_SLOTS_MIN) s->nctrl = UCX_CTRL_SLOTS_MIN;
     if (s->nctrl > UCX_CTRL_SLOTS_MAX) s->nctrl = UCX_CTRL_SLOTS_MAX;
     s->nrreqs = p->recv_slots < UCX_RREQS_MAX ? p->recv_slots : UCX_RREQS_MAX;
@@ -1329,31 +1251,42 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
     while (s->rxq_cap < UCX_RXQ_MAX_INIT && s->rxq_cap < p->recv_slots + UCX_RXQ_SLACK) {
         s->rxq_cap *= 2;
     }
-    s->peers = calloc((size_t)s->size, sizeof(*s->peers));
-    s->failq = calloc((size_t)s->size, sizeof(*s->failq));
+    s->peers = calloc((size_t)s->base.size, sizeof(*s->peers));
+    s->failq = calloc((size_t)s->base.size, sizeof(*s->failq));
     s->rxq = malloc(s->rxq_cap * sizeof(*s->rxq));
     s->spill_cap = (size_t)s->cfg.spill_size;
     s->spill = s->spill_cap ? malloc(s->spill_cap) : NULL;
     if (s->peers == NULL || s->failq == NULL || s->rxq == NULL ||
         (s->spill_cap && s->spill == NULL)) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %d peers.", s->size);
-        st = MR_ERR_NO_MEMORY;
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %d peers.", s->base.size);
+        return MR_ERR_NO_MEMORY;
     }
-    for (int r = 0; r < s->size; r++) {
+    for (int r = 0; r < s->base.size; r++) {
         s->peers[r].s = s;
         s->peers[r].rank = r;
         s->peers[r].pidfd = -1;
     }
+    return MR_OK;
+}
 
-    /* UCX: MAILRAIL_UCX_<NAME> over UCX_<NAME>; see the comment at the top. */
+/* The UCP context, from MAILRAIL_UCX_<NAME> over UCX_<NAME>; sets the request size. */
+static mr_status_t ucx_create_context(mr_substrate_t *s, const mr_substrate_params_t *p)
+{
+    ucp_config_t *config = NULL;
+    ucp_params_t cparams;
+    ucp_context_attr_t cattr;
+    size_t ppn = 0;
+    ucs_status_t us;
+
+    for (int r = 0; r < s->base.size; r++) {
+        if (p->node_of_rank == NULL || p->node_of_rank[r] == p->node_of_rank[s->base.rank]) ppn++;
+    }
     mark_own_settings();
     us = ucp_config_read(UCX_ENV_PREFIX, NULL, &config);
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: cannot read the UCX settings (UCX_* and "
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot read the UCX settings (UCX_* and "
              "MAILRAIL_UCX_*): %s.", ucs_status_string(us));
-        st = MR_ERR_CONFIG;
-        goto fail;
+        return MR_ERR_CONFIG;
     }
     memset(&cparams, 0, sizeof(cparams));
     cparams.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
@@ -1361,41 +1294,49 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
                          UCP_PARAM_FIELD_NAME;
     cparams.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     cparams.mt_workers_shared = 0;
-    cparams.estimated_num_eps = (size_t)s->size;
+    cparams.estimated_num_eps = (size_t)s->base.size;
     cparams.estimated_num_ppn = ppn ? ppn : 1;
     cparams.name = "mailrail";
     us = ucp_init(&cparams, config, &s->context);
     ucp_config_release(config);
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_init failed: %s (check MAILRAIL_UCX_TLS and "
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_init failed: %s (check MAILRAIL_UCX_TLS and "
              "UCX_TLS).", ucs_status_string(us));
         s->context = NULL;
-        goto fail;
+        return MR_ERR_TRANSPORT;
     }
     memset(&cattr, 0, sizeof(cattr));
     cattr.field_mask = UCP_ATTR_FIELD_REQUEST_SIZE;
     us = ucp_context_query(s->context, &cattr);
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_context_query failed: %s.",
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_context_query failed: %s.",
              ucs_status_string(us));
-        goto fail;
+        return MR_ERR_TRANSPORT;
     }
     s->ucx_req_size = cattr.request_size;
+    return MR_OK;
+}
+
+/* One single-threaded worker, and the epoll set over its wake-up fd (if any). */
+static mr_status_t ucx_create_worker(mr_substrate_t *s)
+{
+    ucp_worker_params_t wparams;
+    ucs_status_t us;
 
     memset(&wparams, 0, sizeof(wparams));
     wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
     us = ucp_worker_create(s->context, &wparams, &s->worker);
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_create failed: %s.",
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_create failed: %s.",
              ucs_status_string(us));
         s->worker = NULL;
-        goto fail;
+        return MR_ERR_TRANSPORT;
     }
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: epoll_create1 failed: %s.", strerror(errno));
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: epoll_create1 failed: %s.", strerror(errno));
+        return MR_ERR_TRANSPORT;
     }
     us = ucp_worker_get_efd(s->worker, &s->efd);
     if (us == UCS_OK) {
@@ -1405,9 +1346,17 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
         s->efd = -1;
     }
     if (s->efd < 0) {
-        ULOG(s, MR_LOG_DEBUG, "UCX substrate: no wake-up fd from UCX (%s); an idle progress "
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: no wake-up fd from UCX (%s); an idle progress "
              "call yields instead of sleeping.", ucs_status_string(us));
     }
+    return MR_OK;
+}
+
+/* The handlers of the data and the control active messages. */
+static mr_status_t ucx_set_handlers(mr_substrate_t *s)
+{
+    ucp_am_handler_param_t hparam;
+    ucs_status_t us;
 
     memset(&hparam, 0, sizeof(hparam));
     hparam.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
@@ -1423,25 +1372,32 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
         us = ucp_worker_set_am_recv_handler(s->worker, &hparam);
     }
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: cannot set the active-message handlers: %s.",
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot set the active-message handlers: %s.",
              ucs_status_string(us));
-        goto fail;
+        return MR_ERR_TRANSPORT;
     }
+    return MR_OK;
+}
 
-    us = ucp_worker_get_address(s->worker, &uaddr, &ualen);
+/* This rank's address blob: the header and the worker's address (see ucx_wire.h). */
+static mr_status_t ucx_make_address(mr_substrate_t *s)
+{
+    ucp_address_t *uaddr = NULL;
+    size_t ualen = 0;
+    ucs_status_t us = ucp_worker_get_address(s->worker, &uaddr, &ualen);
+
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_get_address failed: %s.",
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_get_address failed: %s.",
              ucs_status_string(us));
-        goto fail;
+        return MR_ERR_TRANSPORT;
     }
     if (ualen > MR_SUBSTRATE_ADDR_MAX - UCX_ADDR_HDR_LEN) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: the UCX worker address is %zu bytes, more than the "
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the UCX worker address is %zu bytes, more than the "
              "%d bytes MailRail can exchange; restrict the transports or devices it "
              "advertises, e.g. MAILRAIL_UCX_TLS=sm,self,tcp or MAILRAIL_UCX_NET_DEVICES.",
              ualen, MR_SUBSTRATE_ADDR_MAX - UCX_ADDR_HDR_LEN);
         ucp_worker_release_address(s->worker, uaddr);
-        st = MR_ERR_CONFIG;
-        goto fail;
+        return MR_ERR_CONFIG;
     }
     mr_put_le32(s->addr, UCX_ADDR_MAGIC);
     s->addr[4] = UCX_ADDR_VERSION;
@@ -1452,31 +1408,55 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
     memcpy(s->addr + UCX_ADDR_HDR_LEN, uaddr, ualen);
     s->addr_len = UCX_ADDR_HDR_LEN + ualen;
     ucp_worker_release_address(s->worker, uaddr);
+    return MR_OK;
+}
 
-    /* Send and receive state, handed to UCX as user-allocated requests. */
+/* Send and receive state, handed to UCX as user-allocated requests. */
+static mr_status_t ucx_alloc_requests(mr_substrate_t *s)
+{
     s->sreq_stride = align_up(s->ucx_req_size, 64) + align_up(sizeof(ucx_sreq_t), 64);
     s->rreq_stride = align_up(s->ucx_req_size, 64) + align_up(sizeof(ucx_rreq_t), 64);
     s->rreq_mem = aligned_alloc(64, s->rreq_stride * s->nrreqs);
-    if (sreq_block_add(s, s->max_sends, s->nctrl) != MR_OK || s->rreq_mem == NULL) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %zu sends.", s->max_sends);
-        st = MR_ERR_NO_MEMORY;
-        goto fail;
+    if (sreq_block_add(s, s->base.max_sends, s->nctrl) != MR_OK || s->rreq_mem == NULL) {
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %zu sends.", s->base.max_sends);
+        return MR_ERR_NO_MEMORY;
     }
     memset(s->rreq_mem, 0, s->rreq_stride * s->nrreqs);
     for (size_t i = s->nrreqs; i-- > 0;) {
         rreq_free(s, rreq_at(s, i));
     }
-    if (*s->log_threshold >= MR_LOG_DEBUG) {
-        ULOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d has a %zu-byte worker address, error mode "
-             "%s, %zu-byte UCX requests.", s->rank, ualen, ucx_error_modes[s->cfg.error_mode],
-             s->ucx_req_size);
+    return MR_OK;
+}
+
+static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out)
+{
+    mr_substrate_t *s = NULL;
+    mr_status_t st = mr__substrate_alloc(p, sizeof(*s), "UCX substrate", UINT32_MAX, true, &s);
+
+    if (st != MR_OK) return st;
+    if (p->recv_slots == 0) {
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: no receive slots.");
+        free(s);
+        return MR_ERR_INVALID_PARAM;
+    }
+    ucx_init_state(s, p);
+    st = ucx_alloc_queues(s, p);
+    if (st == MR_OK) st = ucx_create_context(s, p);
+    if (st == MR_OK) st = ucx_create_worker(s);
+    if (st == MR_OK) st = ucx_set_handlers(s);
+    if (st == MR_OK) st = ucx_make_address(s);
+    if (st == MR_OK) st = ucx_alloc_requests(s);
+    if (st != MR_OK) {
+        ucx_close(s);
+        return st;
+    }
+    if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d has a %zu-byte worker address, error mode "
+             "%s, %zu-byte UCX requests.", s->base.rank, s->addr_len - UCX_ADDR_HDR_LEN,
+             ucx_error_modes[s->cfg.error_mode], s->ucx_req_size);
     }
     *out = s;
     return MR_OK;
-
-fail:
-    ucx_close(s);
-    return st;
 }
 
 static mr_status_t ucx_get_address(mr_substrate_t *s, void *addr, size_t *length)
@@ -1544,7 +1524,7 @@ static const char *round_name(unsigned kind)
 /* Whether a peer takes part in a round: it has a working endpoint. */
 static bool round_peer(const mr_substrate_t *s, const ucx_peer_t *p)
 {
-    return p->rank != s->rank && p->ep != NULL && p->state == P_OK && !p->fail_queued;
+    return p->rank != s->base.rank && p->ep != NULL && p->state == P_OK && !p->fail_queued;
 }
 
 /*
@@ -1554,7 +1534,7 @@ static bool round_peer(const mr_substrate_t *s, const ucx_peer_t *p)
  */
 static mr_status_t round_start(mr_substrate_t *s, unsigned kind, bool flush)
 {
-    for (int r = 0; r < s->size; r++) {
+    for (int r = 0; r < s->base.size; r++) {
         ucx_peer_t *p = &s->peers[r];
         ucp_request_param_t param;
         ucs_status_ptr_t sp;
@@ -1566,7 +1546,7 @@ static mr_status_t round_start(mr_substrate_t *s, unsigned kind, bool flush)
         param.flags = UCP_AM_SEND_FLAG_EAGER;
         sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, p->conn_hdr, UCX_HDR_LEN, NULL, 0, &param);
         if (UCS_PTR_IS_ERR(sp)) {
-            ULOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot send %s to "
+            MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot send %s to "
                  "rank %d: %s.", round_name(kind), r, ucs_status_string(UCS_PTR_STATUS(sp)));
             if (s->closed) continue;
             return MR_ERR_TRANSPORT;
@@ -1576,7 +1556,7 @@ static mr_status_t round_start(mr_substrate_t *s, unsigned kind, bool flush)
         memset(&param, 0, sizeof(param));
         sp = ucp_ep_flush_nbx(p->ep, &param);
         if (UCS_PTR_IS_ERR(sp)) {
-            ULOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot flush the "
+            MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot flush the "
                  "endpoint to rank %d: %s.", r, ucs_status_string(UCS_PTR_STATUS(sp)));
             if (s->closed) continue;
             return MR_ERR_TRANSPORT;
@@ -1598,14 +1578,14 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
 
         while (ucp_worker_progress(s->worker) != 0) {
         }
-        for (int r = 0; r < s->size; r++) {
+        for (int r = 0; r < s->base.size; r++) {
             ucx_peer_t *p = &s->peers[r];
             ucs_status_t err = UCS_OK;
             bool sent;
 
-            if (r == s->rank || (s->closed && !round_peer(s, p))) continue;
+            if (r == s->base.rank || (s->closed && !round_peer(s, p))) continue;
             if (p->fail_queued || p->state != P_OK) {
-                ULOG(s, MR_LOG_ERROR, "UCX substrate: rank %d failed while connecting (%s).", r,
+                MR__LOG(s, MR_LOG_ERROR, "UCX substrate: rank %d failed while connecting (%s).", r,
                      p->exited ? "its process exited" : ucs_status_string(p->fail_status));
                 return MR_ERR_TRANSPORT;
             }
@@ -1613,7 +1593,7 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
             sent = req_done(&p->conn_req[1], &err) && sent;
             if (err != UCS_OK) {
                 if (s->closed) continue;
-                ULOG(s, MR_LOG_ERROR, "UCX substrate: connecting to rank %d failed: %s.", r,
+                MR__LOG(s, MR_LOG_ERROR, "UCX substrate: connecting to rank %d failed: %s.", r,
                      ucs_status_string(err));
                 return MR_ERR_TRANSPORT;
             }
@@ -1625,7 +1605,7 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
             size_t used = 0;
             int listed = 0;
             list[0] = '\0';
-            for (int r = 0; r < s->size && listed < 16; r++) {
+            for (int r = 0; r < s->base.size && listed < 16; r++) {
                 ucx_peer_t *p = &s->peers[r];
                 if (!round_peer(s, p) || (p->got[kind] && !p->conn_req[0] && !p->conn_req[1])) {
                     continue;
@@ -1638,10 +1618,10 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
                 if (used >= sizeof(list)) used = sizeof(list) - 1;
                 listed++;
             }
-            ULOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: rank %d timed out "
-                 "after %u s in the %s round, with %d of its %d peers missing: %s%s.", s->rank,
-                 s->closed ? UCX_CLOSE_FLUSH_S : s->timeout_s, round_name(kind), waiting,
-                 s->size - 1, list, waiting > listed ? ", ..." : "");
+            MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: rank %d timed out "
+                 "after %u s in the %s round, with %d of its %d peers missing: %s%s.", s->base.rank,
+                 s->closed ? UCX_CLOSE_FLUSH_S : s->base.timeout_s, round_name(kind), waiting,
+                 s->base.size - 1, list, waiting > listed ? ", ..." : "");
             return MR_ERR_TIMEOUT;
         }
         /* Nothing moved: sleep a little (or until UCX or a watched process has news). */
@@ -1661,16 +1641,16 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
 
     if (s == NULL || s->connect_started) return MR_ERR_INVALID_PARAM;
     s->connect_started = true;
-    if (s->size == 1) {
+    if (s->base.size == 1) {
         s->connected = true;
         return MR_OK;
     }
     if (addrs == NULL || addr_len < UCX_ADDR_HDR_LEN) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: the address table holds %zu-byte entries, fewer "
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the address table holds %zu-byte entries, fewer "
              "than the %d-byte header of a UCX address.", addr_len, UCX_ADDR_HDR_LEN);
         return MR_ERR_PROTOCOL;
     }
-    for (int r = 0; r < s->size; r++) {
+    for (int r = 0; r < s->base.size; r++) {
         const uint8_t *blob = (const uint8_t *)addrs + (size_t)r * addr_len, *ucx;
         ucx_peer_t *p = &s->peers[r];
         size_t ucx_len;
@@ -1679,11 +1659,11 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
         ucs_status_t us;
 
         if (!addr_parse(blob, addr_len, &ucx, &ucx_len, &p->pid, &boot_hash, &pidns)) {
-            ULOG(s, MR_LOG_ERROR, "UCX substrate: the address of rank %d is not a valid UCX "
+            MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the address of rank %d is not a valid UCX "
                  "substrate address (wrong magic, version or length).", r);
             return MR_ERR_PROTOCOL;
         }
-        if (r == s->rank) continue;
+        if (r == s->base.rank) continue;
         p->same_host = boot_hash != 0 && boot_hash == s->boot_hash;
         memset(&ep, 0, sizeof(ep));
         ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -1701,7 +1681,7 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
         us = ucp_ep_create(s->worker, &ep, &p->ep);
         if (us != UCS_OK) {
             p->ep = NULL;
-            ULOG(s, MR_LOG_ERROR, "UCX substrate: cannot create an endpoint to rank %d: %s.", r,
+            MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot create an endpoint to rank %d: %s.", r,
                  ucs_status_string(us));
             return MR_ERR_TRANSPORT;
         }
@@ -1718,21 +1698,21 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
                     close(fd);
                 }
             } else {
-                ULOG(s, MR_LOG_DEBUG, "UCX substrate: cannot watch process %u (rank %d): %s.",
+                MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: cannot watch process %u (rank %d): %s.",
                      (unsigned)p->pid, r, strerror(errno));
             }
         }
     }
-    deadline = start + (uint64_t)(s->timeout_s ? s->timeout_s : 60) * NS_PER_S;
+    deadline = start + (uint64_t)(s->base.timeout_s ? s->base.timeout_s : 60) * MR_NS_PER_S;
     st = round_start(s, CTRL_HELLO, true);
     if (st == MR_OK) st = round_wait(s, CTRL_HELLO, deadline);
     if (st == MR_OK) st = round_start(s, CTRL_READY, false);
     if (st == MR_OK) st = round_wait(s, CTRL_READY, deadline);
     if (st != MR_OK) return st;
     s->connected = true;
-    if (*s->log_threshold >= MR_LOG_DEBUG) {
-        ULOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d connected to its %d peers in %.3f s "
-             "(%zu watched through pidfds).", s->rank, s->size - 1,
+    if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d connected to its %d peers in %.3f s "
+             "(%zu watched through pidfds).", s->base.rank, s->base.size - 1,
              (double)(mr_now_ns() - start) / 1e9, s->npidfds);
     }
     return MR_OK;
@@ -1741,8 +1721,9 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
 /* The endpoint to `dest` if it can take a message, or the status saying why not. */
 static mr_status_t peer_for_send(mr_substrate_t *s, int dest, ucx_peer_t **out)
 {
-    if (s == NULL) return MR_ERR_INVALID_PARAM;
-    if (dest < 0 || dest >= s->size || dest == s->rank) return MR_ERR_INVALID_RANK;
+    mr_status_t st = mr__send_target_check(s, dest);
+
+    if (st != MR_OK) return st;
     ucx_peer_t *p = &s->peers[dest];
     if (p->state == P_FAILED || p->fail_queued) return MR_ERR_PEER_FAILED;
     if (p->state != P_OK || !s->connected || s->closed) return MR_ERR_INVALID_RANK;
@@ -1757,7 +1738,7 @@ static mr_status_t send_error(mr_substrate_t *s, int dest, ucs_status_t us)
         peer_fail(s, dest, us);
         return MR_ERR_PEER_FAILED;
     }
-    ULOG(s, MR_LOG_ERROR, "UCX substrate: sending to rank %d failed: %s.", dest,
+    MR__LOG(s, MR_LOG_ERROR, "UCX substrate: sending to rank %d failed: %s.", dest,
          ucs_status_string(us));
     return MR_ERR_TRANSPORT;
 }
@@ -1772,13 +1753,12 @@ static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     ucx_sreq_t *r;
 
     if (st != MR_OK) return st;
-    if (length > s->datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
+    if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
     if (kind > UINT8_MAX || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
-    r = s->free_sreqs;
+    r = sreq_pop(&s->free_sreqs);
     if (r == NULL) return MR_AGAIN;
-    s->free_sreqs = r->next;
-    r->next = NULL;
-    r->cookie = cookie;
+    r->link.next = NULL;
+    r->link.cookie = cookie;
     r->dest = dest;
     hdr_pack(s, r->hdr, kind, imm);
     param.op_attr_mask = UCP_OP_ATTR_FIELD_REQUEST | UCP_OP_ATTR_FIELD_CALLBACK |
@@ -1788,12 +1768,11 @@ static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     param.memory_type = UCS_MEMORY_TYPE_HOST;
     sp = ucp_am_send_nbx(p->ep, UCX_AM_DATA, r->hdr, UCX_HDR_LEN, data, length, &param);
     if (UCS_PTR_IS_ERR(sp)) {
-        r->next = s->free_sreqs;
-        s->free_sreqs = r;
+        mr__sreq_push(&s->free_sreqs, &r->link);
         return send_error(s, dest, UCS_PTR_STATUS(sp));
     }
     /* Done at once: the completion is still reported by the next progress call. */
-    if (sp == NULL) done_push(s, r);
+    if (sp == NULL) mr__done_push(&s->done, &r->link);
     else r->inflight = true;
     return MR_OK;
 }
@@ -1807,10 +1786,9 @@ static mr_status_t ucx_send_control(mr_substrate_t *s, int dest, uint32_t imm)
     ucx_sreq_t *r;
 
     if (st != MR_OK) return st;
-    r = s->free_ctrl;
+    r = sreq_pop(&s->free_ctrl);
     if (r == NULL) return MR_AGAIN;
-    s->free_ctrl = r->next;
-    r->next = NULL;
+    r->link.next = NULL;
     r->dest = dest;
     hdr_pack(s, r->hdr, CTRL_CREDIT, imm);
     param.op_attr_mask = UCP_OP_ATTR_FIELD_REQUEST | UCP_OP_ATTR_FIELD_CALLBACK |
@@ -1837,7 +1815,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
     s->upcalls_ok = true;
     s->cb_events = 0;
     events += drain_failed(s);
-    events += drain_done(s);
+    events += mr__done_drain(s, &s->done, &s->free_sreqs);
     if (s->ctrlq_count > 0) events += drain_ctrlq(s);
     if (s->rxq_count > 0) events += rx_drain(s);
 
@@ -1851,13 +1829,13 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
             if (ucp_worker_progress(s->worker) == 0) break;
         }
         if (s->npidfds > 0 && (now = mr_coarse_now_ns()) >= s->next_pidfd_check) {
-            s->next_pidfd_check = now + UCX_PIDFD_CHECK_MS * NS_PER_MS;
+            s->next_pidfd_check = now + UCX_PIDFD_CHECK_MS * MR_NS_PER_MS;
             check_events(s, 0);
         }
         events += s->cb_events;
         s->cb_events = 0;
         events += drain_failed(s);
-        events += drain_done(s);
+        events += mr__done_drain(s, &s->done, &s->free_sreqs);
         if (s->rxq_count > 0) events += rx_drain(s);
         if (events > 0 || timeout_ms == 0 || round == 1) break;
         /* Idle with time to wait: sleep until UCX or a watched process has news. */
@@ -1869,7 +1847,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
             ucs_status_t us = ucp_worker_arm(s->worker);
             if (us == UCS_OK) {
                 check_events(s, timeout_ms);
-                s->next_pidfd_check = mr_coarse_now_ns() + UCX_PIDFD_CHECK_MS * NS_PER_MS;
+                s->next_pidfd_check = mr_coarse_now_ns() + UCX_PIDFD_CHECK_MS * MR_NS_PER_MS;
             } else if (us != UCS_ERR_BUSY) {
                 sched_yield();
             }
@@ -1885,11 +1863,6 @@ static void ucx_release_recv(mr_substrate_t *s, void *handle)
 {
     if (s == NULL || handle == NULL || s->worker == NULL) return;
     ucp_am_data_release(s->worker, handle);
-}
-
-static void ucx_closing(mr_substrate_t *s)
-{
-    if (s != NULL) s->closing = true;
 }
 
 /* Whether a rendezvous receive is still under way (close() only). */
@@ -1908,8 +1881,8 @@ static void ucx_close(mr_substrate_t *s)
     s->closed = true;
     s->upcalls_ok = false;
     if (s->worker != NULL) {
-        unsigned flush_s = s->timeout_s < UCX_CLOSE_FLUSH_S ? s->timeout_s : UCX_CLOSE_FLUSH_S;
-        uint64_t deadline = mr_now_ns() + (uint64_t)(flush_s ? flush_s : 1) * NS_PER_S;
+        unsigned flush_s = s->base.timeout_s < UCX_CLOSE_FLUSH_S ? s->base.timeout_s : UCX_CLOSE_FLUSH_S;
+        uint64_t deadline = mr_now_ns() + (uint64_t)(flush_s ? flush_s : 1) * MR_NS_PER_S;
         bool bye_done = false;
 
         /* UCX buffers still held: queued arrivals nobody will receive. */
@@ -1930,13 +1903,13 @@ static void ucx_close(mr_substrate_t *s)
          * are released without a flush: a flush towards a peer that already
          * destroyed its worker fails, and UCX logs an error for it.
          */
-        if (s->closing && s->connected) {
+        if (s->base.closing && s->connected) {
             if (round_start(s, CTRL_BYE, true) == MR_OK &&
                 round_wait(s, CTRL_BYE, deadline) == MR_OK) {
                 bye_done = true;
             }
         }
-        for (int r = 0; r < s->size; r++) {
+        for (int r = 0; r < s->base.size; r++) {
             ucx_peer_t *p = &s->peers[r];
             ucp_request_param_t param;
             ucs_status_ptr_t sp;
@@ -1956,20 +1929,20 @@ static void ucx_close(mr_substrate_t *s)
             if (UCS_PTR_IS_PTR(sp)) p->close_req = sp;
         }
         /* Short: after a failure the other ranks may be anywhere, not waiting for us. */
-        deadline = mr_now_ns() + UCX_CLOSE_EP_MS * NS_PER_MS;
+        deadline = mr_now_ns() + UCX_CLOSE_EP_MS * MR_NS_PER_MS;
         for (;;) {
             int left = 0;
             while (ucp_worker_progress(s->worker) != 0) {
             }
-            for (int r = 0; r < s->size; r++) {
+            for (int r = 0; r < s->base.size; r++) {
                 if (!req_done(&s->peers[r].close_req, NULL)) left++;
             }
             if (left == 0 && !rx_any_receiving(s)) break;
             if (mr_now_ns() >= deadline) {
                 /* Destroying the worker releases them by force. */
-                ULOG(s, MR_LOG_DEBUG, "UCX substrate: %d endpoints did not close within %d ms.",
+                MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %d endpoints did not close within %d ms.",
                      left, UCX_CLOSE_EP_MS);
-                for (int r = 0; r < s->size; r++) {
+                for (int r = 0; r < s->base.size; r++) {
                     if (s->peers[r].close_req != NULL) ucp_request_free(s->peers[r].close_req);
                     s->peers[r].close_req = NULL;
                 }
@@ -1984,13 +1957,13 @@ static void ucx_close(mr_substrate_t *s)
     if (s->context != NULL) ucp_cleanup(s->context);
     s->context = NULL;
     if (s->peers != NULL) {
-        for (int r = 0; r < s->size; r++) {
+        for (int r = 0; r < s->base.size; r++) {
             if (s->peers[r].pidfd >= 0) close(s->peers[r].pidfd);
         }
     }
     if (s->epfd >= 0) close(s->epfd);
-    if (*s->log_threshold >= MR_LOG_DEBUG) {
-        ULOG(s, MR_LOG_DEBUG, "UCX substrate: %llu messages delivered in place, %llu received "
+    if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %llu messages delivered in place, %llu received "
              "by rendezvous, %llu held and %llu spilled (%llu to the heap) while waiting for a "
              "receive slot, %llu progress calls paused for want of one.",
              (unsigned long long)s->zcopy_delivered, (unsigned long long)s->rndv_received,
@@ -2009,8 +1982,7 @@ static void ucx_close(mr_substrate_t *s)
 }
 
 static const mr_substrate_ops_t ucx_ops = {
-    .abi_version = MR_SUBSTRATE_ABI_VERSION,
-    .ops_size = sizeof(mr_substrate_ops_t),
+    MR__SUBSTRATE_OPS_HEAD,
     .name = "ucx",
     .description = "UCX active messages, one UCP worker per rank; MAILRAIL_UCX_<NAME> sets "
                    "UCX's <NAME> for MailRail alone (over UCX_<NAME>)",
@@ -2024,14 +1996,11 @@ static const mr_substrate_ops_t ucx_ops = {
     .progress = ucx_progress,
     .release_recv = ucx_release_recv,
     .format_address = ucx_format_address,
-    .closing = ucx_closing,
+    .closing = mr__substrate_closing,
     .stats = NULL,
     .close = ucx_close,
     .settings_passthrough_prefix = UCX_OWN_PREFIX,
     .job_wide_settings = ucx_job_wide_settings,
 };
 
-__attribute__((visibility("default"))) const mr_substrate_ops_t *mr_substrate_get_ops(void)
-{
-    return &ucx_ops;
-}
+MR__SUBSTRATE_ENTRY(ucx_ops)
