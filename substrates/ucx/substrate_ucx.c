@@ -119,8 +119,8 @@
  * closed with a flush, bounded by UCX_CLOSE_EP_MS. Then the worker and the
  * context are destroyed, and only then the request memory is freed.
  */
-#include "mr_byteorder.h"
 #include "mr_substrate_base.h"
+#include "ucx_wire.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -144,17 +144,8 @@
 /* ------------------------------------------------------------------------ */
 /* Constants of the wire format and of the implementation.                  */
 
-#define UCX_ADDR_MAGIC 0x58554d52u /* "MRUX" little-endian. */
-#define UCX_ADDR_VERSION 1
-#define UCX_ADDR_HDR_LEN 32
-
 #define UCX_AM_DATA 0x4d31 /* AM ids; this worker is MailRail's own. */
 #define UCX_AM_CTRL 0x4d32
-
-#define UCX_HDR_LEN 10     /* u8 kind, u32 imm, i32 source, u8 failures seen. */
-
-/* Kinds of control messages (the kind byte of a UCX_AM_CTRL header). */
-enum { CTRL_CREDIT = 0, CTRL_HELLO = 1, CTRL_READY = 2, CTRL_BYE = 3 };
 
 #define UCX_ENV_PREFIX "MAILRAIL"       /* UCX reads MAILRAIL_UCX_<NAME>. */
 #define UCX_OWN_PREFIX "MAILRAIL_UCX_"  /* The plugin's own settings. */
@@ -234,7 +225,7 @@ typedef struct ucx_sreq {
     bool ctrl;
     bool inflight;              /* Handed to UCX, not completed yet. */
     bool retired;               /* Given up on (its peer died): UCX may still hold it. */
-    uint8_t hdr[UCX_HDR_LEN];   /* Stays valid until completion (no COPY_HEADER in 1.13). */
+    uint8_t hdr[UCX_WIRE_HDR_LEN];   /* Stays valid until completion (no COPY_HEADER in 1.13). */
 } ucx_sreq_t;
 
 /* A block of send states: the first at open, one more for each set retired. */
@@ -292,7 +283,7 @@ typedef struct ucx_peer {
     ucp_ep_h ep;
     void *close_req;
     void *conn_req[2];         /* HELLO, READY or BYE round: our send and the flush. */
-    uint8_t conn_hdr[UCX_HDR_LEN];
+    uint8_t conn_hdr[UCX_WIRE_HDR_LEN];
     uint32_t pid;
     int pidfd;
 } ucx_peer_t;
@@ -361,29 +352,18 @@ static void check_events(mr_substrate_t *s, int timeout_ms);
 /* ------------------------------------------------------------------------ */
 /* Small helpers.                                                            */
 
-static uint64_t fnv1a64(uint64_t h, const void *data, size_t len)
-{
-    const uint8_t *p = data;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= UINT64_C(0x100000001b3);
-    }
-    return h;
-}
-
-#define FNV64_INIT UINT64_C(0xcbf29ce484222325)
-
 static size_t align_up(size_t n, size_t a)
 {
     return (n + a - 1) / a * a;
 }
 
+/* Writes the header of a message from this rank. */
 static void hdr_pack(const mr_substrate_t *s, uint8_t *h, unsigned kind, uint32_t imm)
 {
-    h[0] = (uint8_t)kind;
-    mr_put_le32(h + 1, imm);
-    mr_put_le32(h + 5, (uint32_t)s->base.rank);
-    h[9] = s->failures_seen;
+    ucx_wire_hdr_t w = {.kind = (uint8_t)kind, .imm = imm, .source = s->base.rank,
+                        .failures_seen = s->failures_seen};
+
+    ucx_wire_hdr_encode(h, &w);
 }
 
 static bool is_peer_gone_status(ucs_status_t st)
@@ -426,7 +406,7 @@ static void host_identity(uint64_t *boot_hash, uint64_t *pidns)
     *pidns = 0;
     if (fd >= 0) {
         ssize_t n = read(fd, buf, sizeof(buf));
-        if (n > 0) *boot_hash = fnv1a64(FNV64_INIT, buf, (size_t)n);
+        if (n > 0) *boot_hash = ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, buf, (size_t)n);
         close(fd);
     }
     if (stat("/proc/self/ns/pid", &st) == 0) *pidns = ((uint64_t)st.st_dev << 32) ^ st.st_ino;
@@ -900,28 +880,28 @@ static bool rx_paused(const mr_substrate_t *s)
 static bool hdr_parse(mr_substrate_t *s, const char *what, const void *header, size_t header_len,
                       uint8_t *kind, uint32_t *imm, int *source)
 {
-    const uint8_t *h = header;
-    int32_t src;
+    ucx_wire_hdr_t h;
+    ucx_wire_error_t err;
 
-    if (header == NULL || header_len != UCX_HDR_LEN) {
-        proto_error(s, "%s header of %zu bytes instead of %d", what, header_len, UCX_HDR_LEN);
+    if (ucx_wire_hdr_decode(header, header_len, s->base.rank, s->base.size, &h, &err) != MR_OK) {
+        if (err.fault == UCX_WIRE_BAD_HDR_LEN) {
+            proto_error(s, "%s header of %zu bytes instead of %d", what, header_len,
+                        UCX_WIRE_HDR_LEN);
+        } else {
+            proto_error(s, "%s from rank %d, which is not a peer in a job of %d", what,
+                        (int)err.value, s->base.size);
+        }
         return false;
     }
-    src = (int32_t)mr_get_le32(h + 5);
-    if (src < 0 || src >= s->base.size || src == s->base.rank) {
-        proto_error(s, "%s from rank %d, which is not a peer in a job of %d", what, (int)src,
-                    s->base.size);
-        return false;
-    }
-    *kind = h[0];
-    *imm = mr_get_le32(h + 1);
-    *source = src;
+    *kind = h.kind;
+    *imm = h.imm;
+    *source = h.source;
     /*
      * The sender knows of more failed peers than we do: look at the pidfds
      * now, so that a failure is reported no later than a message sent after
      * its discovery (rate-limited for failures a pidfd cannot show).
      */
-    if (h[9] > s->failures_seen && s->npidfds > 0) {
+    if (h.failures_seen > s->failures_seen && s->npidfds > 0) {
         uint64_t now = mr_now_ns();
         if (now >= s->next_hinted_check) {
             s->next_hinted_check = now + UCX_HINTED_CHECK_US * 1000;
@@ -1062,7 +1042,7 @@ static ucs_status_t ctrl_am_cb(void *arg, const void *header, size_t header_leng
         return UCS_OK;
     }
     switch (kind) {
-    case CTRL_CREDIT:
+    case UCX_WIRE_CTRL_CREDIT:
         if (s->closed) break;
         if (s->upcalls_ok) {
             s->base.up.control(s->base.core, source, imm);
@@ -1071,9 +1051,9 @@ static ucs_status_t ctrl_am_cb(void *arg, const void *header, size_t header_leng
             ctrlq_push(s, source, imm);
         }
         break;
-    case CTRL_HELLO:
-    case CTRL_READY:
-    case CTRL_BYE:
+    case UCX_WIRE_CTRL_HELLO:
+    case UCX_WIRE_CTRL_READY:
+    case UCX_WIRE_CTRL_BYE:
         if (imm != s->hello_token) {
             proto_error(s, "connection message from rank %d of another job (token %08x)",
                         source, (unsigned)imm);
@@ -1230,8 +1210,7 @@ static void ucx_init_state(mr_substrate_t *s, const mr_substrate_params_t *p)
     s->epfd = -1;
     memcpy(&s->cfg, p->config, sizeof(s->cfg));
     /* Not authentication: only keeps ranks of two jobs from taking each other for peers. */
-    s->hello_token = (uint32_t)fnv1a64(fnv1a64(FNV64_INIT, p->job_key, MR_JOB_KEY_LEN),
-                                       "MRUCX-HELLO", 11);
+    s->hello_token = ucx_wire_hello_token(p->job_key, MR_JOB_KEY_LEN);
     host_identity(&s->boot_hash, &s->pidns);
 }
 
@@ -1391,22 +1370,17 @@ static mr_status_t ucx_make_address(mr_substrate_t *s)
              ucs_status_string(us));
         return MR_ERR_TRANSPORT;
     }
-    if (ualen > MR_SUBSTRATE_ADDR_MAX - UCX_ADDR_HDR_LEN) {
+    if (ualen > MR_SUBSTRATE_ADDR_MAX - UCX_WIRE_ADDR_HDR_LEN) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the UCX worker address is %zu bytes, more than the "
              "%d bytes MailRail can exchange; restrict the transports or devices it "
              "advertises, e.g. MAILRAIL_UCX_TLS=sm,self,tcp or MAILRAIL_UCX_NET_DEVICES.",
-             ualen, MR_SUBSTRATE_ADDR_MAX - UCX_ADDR_HDR_LEN);
+             ualen, MR_SUBSTRATE_ADDR_MAX - UCX_WIRE_ADDR_HDR_LEN);
         ucp_worker_release_address(s->worker, uaddr);
         return MR_ERR_CONFIG;
     }
-    mr_put_le32(s->addr, UCX_ADDR_MAGIC);
-    s->addr[4] = UCX_ADDR_VERSION;
-    mr_put_le32(s->addr + 8, (uint32_t)getpid());
-    mr_put_le32(s->addr + 12, (uint32_t)ualen);
-    mr_put_le64(s->addr + 16, s->boot_hash);
-    mr_put_le64(s->addr + 24, s->pidns);
-    memcpy(s->addr + UCX_ADDR_HDR_LEN, uaddr, ualen);
-    s->addr_len = UCX_ADDR_HDR_LEN + ualen;
+    ucx_wire_addr_t w = {.pid = (uint32_t)getpid(), .boot_hash = s->boot_hash,
+                         .pidns = s->pidns, .worker = (const uint8_t *)uaddr, .worker_len = ualen};
+    s->addr_len = ucx_wire_addr_encode(s->addr, &w);
     ucp_worker_release_address(s->worker, uaddr);
     return MR_OK;
 }
@@ -1452,7 +1426,7 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
     }
     if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
         MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d has a %zu-byte worker address, error mode "
-             "%s, %zu-byte UCX requests.", s->base.rank, s->addr_len - UCX_ADDR_HDR_LEN,
+             "%s, %zu-byte UCX requests.", s->base.rank, s->addr_len - UCX_WIRE_ADDR_HDR_LEN,
              ucx_error_modes[s->cfg.error_mode], s->ucx_req_size);
     }
     *out = s;
@@ -1467,39 +1441,19 @@ static mr_status_t ucx_get_address(mr_substrate_t *s, void *addr, size_t *length
     return MR_OK;
 }
 
-/* Parses an address blob: the UCX address, its length, pid and host identity. */
-static bool addr_parse(const void *blob, size_t length, const uint8_t **ucx, size_t *ucx_len,
-                       uint32_t *pid, uint64_t *boot_hash, uint64_t *pidns)
-{
-    const uint8_t *b = blob;
-    uint32_t n;
-
-    if (b == NULL || length < UCX_ADDR_HDR_LEN) return false;
-    if (mr_get_le32(b) != UCX_ADDR_MAGIC || b[4] != UCX_ADDR_VERSION) return false;
-    n = mr_get_le32(b + 12);
-    if (n == 0 || n > length - UCX_ADDR_HDR_LEN) return false;
-    *ucx = b + UCX_ADDR_HDR_LEN;
-    *ucx_len = n;
-    *pid = mr_get_le32(b + 8);
-    *boot_hash = mr_get_le64(b + 16);
-    *pidns = mr_get_le64(b + 24);
-    return true;
-}
-
 static void ucx_format_address(const void *addr, size_t length, char *buf, size_t len)
 {
-    const uint8_t *ucx;
-    size_t ucx_len;
-    uint32_t pid;
-    uint64_t boot_hash, pidns;
+    ucx_wire_addr_t w;
 
     if (buf == NULL || len == 0) return;
-    if (!addr_parse(addr, length, &ucx, &ucx_len, &pid, &boot_hash, &pidns)) {
+    if (ucx_wire_addr_decode(addr, length, &w, NULL) != MR_OK) {
         snprintf(buf, len, "ucx (not a UCX substrate address)");
         return;
     }
-    snprintf(buf, len, "ucx worker address (%zu bytes, digest %08x), pid %u", ucx_len,
-             (unsigned)(fnv1a64(FNV64_INIT, ucx, ucx_len) & 0xffffffffu), (unsigned)pid);
+    snprintf(buf, len, "ucx worker address (%zu bytes, digest %08x), pid %u", w.worker_len,
+             (unsigned)(ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, w.worker, w.worker_len) &
+                        0xffffffffu),
+             (unsigned)w.pid);
 }
 
 /* Whether a UCX request handle is done (freeing it when it is). */
@@ -1518,7 +1472,7 @@ static bool req_done(void **req, ucs_status_t *status)
 
 static const char *round_name(unsigned kind)
 {
-    return kind == CTRL_HELLO ? "HELLO" : kind == CTRL_READY ? "READY" : "BYE";
+    return kind == UCX_WIRE_CTRL_HELLO ? "HELLO" : kind == UCX_WIRE_CTRL_READY ? "READY" : "BYE";
 }
 
 /* Whether a peer takes part in a round: it has a working endpoint. */
@@ -1544,7 +1498,7 @@ static mr_status_t round_start(mr_substrate_t *s, unsigned kind, bool flush)
         memset(&param, 0, sizeof(param));
         param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         param.flags = UCP_AM_SEND_FLAG_EAGER;
-        sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, p->conn_hdr, UCX_HDR_LEN, NULL, 0, &param);
+        sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, p->conn_hdr, UCX_WIRE_HDR_LEN, NULL, 0, &param);
         if (UCS_PTR_IS_ERR(sp)) {
             MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot send %s to "
                  "rank %d: %s.", round_name(kind), r, ucs_status_string(UCS_PTR_STATUS(sp)));
@@ -1634,6 +1588,58 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
     }
 }
 
+/* Creates the endpoint to peer `p` from its address, with the error mode it calls for. */
+static mr_status_t peer_create_endpoint(mr_substrate_t *s, ucx_peer_t *p, const ucx_wire_addr_t *w)
+{
+    ucp_ep_params_t ep;
+    ucs_status_t us;
+
+    p->same_host = w->boot_hash != 0 && w->boot_hash == s->boot_hash;
+    memset(&ep, 0, sizeof(ep));
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = (const ucp_address_t *)w->worker;
+    if (s->cfg.error_mode == ERRMODE_PEER ||
+        (s->cfg.error_mode == ERRMODE_AUTO && !p->same_host)) {
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        p->err_peer = true;
+        ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.err_handler.cb = ep_err_cb;
+        ep.err_handler.arg = p;
+    } else {
+        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    }
+    us = ucp_ep_create(s->worker, &ep, &p->ep);
+    if (us != UCS_OK) {
+        p->ep = NULL;
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot create an endpoint to rank %d: %s.",
+             p->rank, ucs_status_string(us));
+        return MR_ERR_TRANSPORT;
+    }
+    p->state = P_OK;
+    return MR_OK;
+}
+
+/* A peer in this pid namespace is watched through a pidfd: its exit is its failure. */
+static void peer_watch_process(mr_substrate_t *s, ucx_peer_t *p, uint64_t pidns)
+{
+    int fd;
+
+    if (!p->same_host || pidns == 0 || pidns != s->pidns || p->pid == 0) return;
+    fd = pidfd_open_compat(p->pid);
+    if (fd >= 0) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)p->rank + 1};
+        if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) == 0) {
+            p->pidfd = fd;
+            s->npidfds++;
+        } else {
+            close(fd);
+        }
+    } else {
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: cannot watch process %u (rank %d): %s.",
+             (unsigned)p->pid, p->rank, strerror(errno));
+    }
+}
+
 static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
 {
     uint64_t start = mr_now_ns(), deadline;
@@ -1645,69 +1651,33 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
         s->connected = true;
         return MR_OK;
     }
-    if (addrs == NULL || addr_len < UCX_ADDR_HDR_LEN) {
+    if (addrs == NULL || addr_len < UCX_WIRE_ADDR_HDR_LEN) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the address table holds %zu-byte entries, fewer "
-             "than the %d-byte header of a UCX address.", addr_len, UCX_ADDR_HDR_LEN);
+             "than the %d-byte header of a UCX address.", addr_len, UCX_WIRE_ADDR_HDR_LEN);
         return MR_ERR_PROTOCOL;
     }
     for (int r = 0; r < s->base.size; r++) {
-        const uint8_t *blob = (const uint8_t *)addrs + (size_t)r * addr_len, *ucx;
         ucx_peer_t *p = &s->peers[r];
-        size_t ucx_len;
-        uint64_t boot_hash, pidns;
-        ucp_ep_params_t ep;
-        ucs_status_t us;
+        ucx_wire_addr_t w;
 
-        if (!addr_parse(blob, addr_len, &ucx, &ucx_len, &p->pid, &boot_hash, &pidns)) {
+        if (ucx_wire_addr_decode((const uint8_t *)addrs + (size_t)r * addr_len, addr_len, &w,
+                                 NULL) != MR_OK) {
             MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the address of rank %d is not a valid UCX "
                  "substrate address (wrong magic, version or length).", r);
             return MR_ERR_PROTOCOL;
         }
+        p->pid = w.pid;
         if (r == s->base.rank) continue;
-        p->same_host = boot_hash != 0 && boot_hash == s->boot_hash;
-        memset(&ep, 0, sizeof(ep));
-        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-        ep.address = (const ucp_address_t *)ucx;
-        if (s->cfg.error_mode == ERRMODE_PEER ||
-            (s->cfg.error_mode == ERRMODE_AUTO && !p->same_host)) {
-            ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-            p->err_peer = true;
-            ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
-            ep.err_handler.cb = ep_err_cb;
-            ep.err_handler.arg = p;
-        } else {
-            ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-        }
-        us = ucp_ep_create(s->worker, &ep, &p->ep);
-        if (us != UCS_OK) {
-            p->ep = NULL;
-            MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot create an endpoint to rank %d: %s.", r,
-                 ucs_status_string(us));
-            return MR_ERR_TRANSPORT;
-        }
-        p->state = P_OK;
-        /* A peer in this pid namespace is watched: its exit is its failure. */
-        if (p->same_host && pidns != 0 && pidns == s->pidns && p->pid != 0) {
-            int fd = pidfd_open_compat(p->pid);
-            if (fd >= 0) {
-                struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)r + 1};
-                if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) == 0) {
-                    p->pidfd = fd;
-                    s->npidfds++;
-                } else {
-                    close(fd);
-                }
-            } else {
-                MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: cannot watch process %u (rank %d): %s.",
-                     (unsigned)p->pid, r, strerror(errno));
-            }
-        }
+        st = peer_create_endpoint(s, p, &w);
+        if (st != MR_OK) return st;
+        peer_watch_process(s, p, w.pidns);
     }
+    /* Two rounds over UCX itself; see docs/architecture.md. */
     deadline = start + (uint64_t)(s->base.timeout_s ? s->base.timeout_s : 60) * MR_NS_PER_S;
-    st = round_start(s, CTRL_HELLO, true);
-    if (st == MR_OK) st = round_wait(s, CTRL_HELLO, deadline);
-    if (st == MR_OK) st = round_start(s, CTRL_READY, false);
-    if (st == MR_OK) st = round_wait(s, CTRL_READY, deadline);
+    st = round_start(s, UCX_WIRE_CTRL_HELLO, true);
+    if (st == MR_OK) st = round_wait(s, UCX_WIRE_CTRL_HELLO, deadline);
+    if (st == MR_OK) st = round_start(s, UCX_WIRE_CTRL_READY, false);
+    if (st == MR_OK) st = round_wait(s, UCX_WIRE_CTRL_READY, deadline);
     if (st != MR_OK) return st;
     s->connected = true;
     if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
@@ -1766,7 +1736,7 @@ static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     param.request = r;
     param.cb.send = send_cb;
     param.memory_type = UCS_MEMORY_TYPE_HOST;
-    sp = ucp_am_send_nbx(p->ep, UCX_AM_DATA, r->hdr, UCX_HDR_LEN, data, length, &param);
+    sp = ucp_am_send_nbx(p->ep, UCX_AM_DATA, r->hdr, UCX_WIRE_HDR_LEN, data, length, &param);
     if (UCS_PTR_IS_ERR(sp)) {
         mr__sreq_push(&s->free_sreqs, &r->link);
         return send_error(s, dest, UCS_PTR_STATUS(sp));
@@ -1790,13 +1760,13 @@ static mr_status_t ucx_send_control(mr_substrate_t *s, int dest, uint32_t imm)
     if (r == NULL) return MR_AGAIN;
     r->link.next = NULL;
     r->dest = dest;
-    hdr_pack(s, r->hdr, CTRL_CREDIT, imm);
+    hdr_pack(s, r->hdr, UCX_WIRE_CTRL_CREDIT, imm);
     param.op_attr_mask = UCP_OP_ATTR_FIELD_REQUEST | UCP_OP_ATTR_FIELD_CALLBACK |
                          UCP_OP_ATTR_FIELD_FLAGS;
     param.request = r;
     param.cb.send = send_cb;
     param.flags = UCP_AM_SEND_FLAG_EAGER;
-    sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, r->hdr, UCX_HDR_LEN, NULL, 0, &param);
+    sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, r->hdr, UCX_WIRE_HDR_LEN, NULL, 0, &param);
     if (UCS_PTR_IS_ERR(sp)) {
         ctrl_free(s, r);
         return send_error(s, dest, UCS_PTR_STATUS(sp));
@@ -1904,8 +1874,8 @@ static void ucx_close(mr_substrate_t *s)
          * destroyed its worker fails, and UCX logs an error for it.
          */
         if (s->base.closing && s->connected) {
-            if (round_start(s, CTRL_BYE, true) == MR_OK &&
-                round_wait(s, CTRL_BYE, deadline) == MR_OK) {
+            if (round_start(s, UCX_WIRE_CTRL_BYE, true) == MR_OK &&
+                round_wait(s, UCX_WIRE_CTRL_BYE, deadline) == MR_OK) {
                 bye_done = true;
             }
         }
