@@ -1,112 +1,9 @@
 /*
- * The MPI substrate: MailRail over MPICH point-to-point messages, as in the
- * paper's implementation (section IV-A/IV-B).
- *
- * Communicators. open() duplicates the bootstrap's communicator twice: a
- * data communicator and a control communicator for credit returns, so that
- * control messages are never matched behind data. Both return errors as codes
- * (MPI_ERRORS_RETURN). MPI addresses ranks itself: the address blob only
- * carries a magic number, a version, the datagram size and, for log
- * messages, the process id and host name. connect() checks that every rank
- * has the same datagram size (see Failures for why).
- *
- * Sends. A data message is one MPI_Isend on the data communicator whose tag
- * is the 32-bit immediate (flow control's piggybacked credits). A control
- * message is a zero-byte MPI_Isend on the control communicator whose tag is
- * the immediate. Requests come from pools allocated at open(): as many data
- * requests as the core has send slots, and a fixed number of control
- * requests; send() and send_control() return MR_AGAIN when none is free and
- * never allocate. MPI_Testsome in progress() completes them, and only there
- * does send_complete() run.
- *
- * Send window. MPI's eager protocol completes a small send as soon as the
- * data has left, whether or not the receiver has a receive posted: a sender
- * faster than its receiver fills the receiver's unexpected-message queue
- * without bound, and from then on every message is copied twice (into the
- * queue, then out of it when a receive is posted) and searched for, so the
- * receiver falls further behind and never catches up. Without flow control
- * that halved the rate of 4 KiB streams. So the substrate keeps at most
- * MAILRAIL_MPI_SEND_WINDOW data messages per destination that the receiver is
- * not known to have matched, like the bounded buffer of a TCP connection:
- * every window/4-th message is sent with MPI_Issend, whose completion means
- * that the receiver matched it and, since MPI keeps the order of one
- * sender's messages, everything sent before it; send() returns MR_AGAIN
- * while a whole window is unconfirmed. This is no credit protocol: nothing
- * is sent for it and the receiver keeps no count; it only bounds what MPI
- * buffers on the receiver's behalf. With one sender, a window no larger than
- * the receives the receiver keeps posted (MAILRAIL_MAX_RECVS) lets messages
- * land directly in posted receives; P senders may leave P windows unmatched.
- * A window below 8 makes every message an MPI_Issend.
- *
- * Tags and MPI_TAG_UB. A tag may not exceed MPI_TAG_UB (2^28 - 1 with
- * MPICH's ch4:ucx device; the standard only promises 32767), but the
- * immediate is 32 bits wide. An immediate above the bound cannot ride in the
- * tag of a data message; since the immediate is a count of credits, which
- * the receiver only adds up, it is sent instead as control messages whose
- * tags add up to it, each at most MPI_TAG_UB, and the data message leaves
- * with tag 0. send_control() splits a large immediate the same way. The
- * control request pool always has room for one whole split.
- *
- * Receives and arrival order. The substrate keeps MAILRAIL_MAX_RECVS (at most
- * MAILRAIL_RECV_SLOTS) MPI_Irecv(MPI_ANY_SOURCE, MPI_ANY_TAG) posted on the
- * data communicator, in a ring kept in the order they were posted. MPI matches an arriving message
- * to the oldest posted receive that fits, and a message that finds none waits
- * in MPI's unexpected queue until the next receive is posted, which then
- * takes the oldest waiting message; so the receives of the ring are matched
- * in ring order, and that is the arrival order (per sender it is also the
- * send order: MPI does not let messages of one sender overtake each other).
- * progress() therefore tests the posted receives from the oldest not yet
- * completed on, a few at a time (MRMPI_TEST_BATCH, so that each
- * MPI_Testsome runs MPICH's progress engine once), then delivers completed
- * ones from the head of the ring, stopping at the first that has not
- * completed, even if later ones have; new receives are only ever posted
- * after the last posted one.
- *
- * Staging buffers, zero copy. Each posted receive lands in a staging buffer
- * of the datagram size owned by the substrate, which is delivered to the core
- * as it is, with a handle (zero copy); the core charges one receive slot for
- * it and gives it back through release_recv() when the application releases
- * it. There are twice as many staging buffers as ring entries, so the ring
- * stays posted while the application holds messages; when it holds them all,
- * fewer receives are posted and later messages wait inside MPI. Receiving
- * straight into pool slots would hold one slot per empty posted receive,
- * which the core would count as in use and which a message a rank sends to
- * itself needs. When the core has no slot to charge, the completed head waits
- * (later arrivals queue behind it) and the next progress call tries again.
- * Delivering the staging buffer instead of copying it into a slot made 4 KiB
- * streams 1.6x (none) and 1.3x (rank) faster.
- *
- * Control receives. A few zero-byte receives are kept posted on the control
- * communicator; each completion is one control() upcall with the tag as its
- * immediate, and the receive is posted again. Their order does not matter:
- * credits add up.
- *
- * Failures. MPICH cannot, in general, survive a dead process: there is no
- * end-of-stream to see, a receive from MPI_ANY_SOURCE does not fail when a
- * sender dies, and MPICH's own reaction to a lost connection is often to
- * abort the whole job. Worse, MPICH 4.0 raises an error found while
- * completing a request (MPI_Test, MPI_Testsome) on MPI_COMM_WORLD's error
- * handler, not on the request's communicator, and that handler is fatal
- * unless the application changed it: a truncated receive or a failed send
- * completion then aborts the job before this code sees a return code. So
- * truncation is ruled out up front, by the datagram-size check in
- * connect(), and this substrate reports peer_failed() when an MPI call does
- * return an error for a known rank: a send (MR_ERR_PEER_FAILED), or, where
- * the MPI library returns request errors, a failed send completion, a
- * message longer than the datagram size or a control message with a payload
- * (MR_ERR_PROTOCOL, counted in connections_rejected). Later messages from a
- * failed rank are discarded. An error no rank can be blamed for makes
- * progress() return MR_ERR_TRANSPORT. A peer that dies silently is not
- * detected: the survivors run into MAILRAIL_TIMEOUT in mr_finalize(), or
- * MPICH ends the job.
- *
- * Teardown. After closing() every rank has finished sending data, and
- * credit returns are dropped instead of sent (see send_control()). close()
- * runs no upcall: it cancels the posted receives and waits (boundedly) for
- * them and for any send still in flight, receives and drops what is left
- * unmatched, then frees the communicators. Staging memory that MPI might
- * still write into, because a request could not be completed, is
- * deliberately leaked.
+ * The MPI substrate: MailRail over MPICH point-to-point messages, with
+ * credits in tags on a control communicator. Its send window, the splitting
+ * of large immediates, the receive ring and its arrival order, the zero-copy
+ * staging buffers, failures and teardown are described in
+ * docs/architecture.md, "The MPI substrate" (#the-mpi-substrate).
  */
 #include "mr_substrate_base.h"
 
@@ -984,7 +881,7 @@ static mr_status_t mpi_connect(mr_substrate_t *s, const void *addrs, size_t addr
         }
         /*
          * A larger datagram elsewhere would truncate receives here, which
-         * MPICH 4.0 turns into an abort of the job (see the top of the file).
+         * MPICH 4.0 turns into an abort of the job (see docs/architecture.md).
          */
         if (w.datagram_size != s->base.datagram_size) {
             MR__LOG(s, MR_LOG_ERROR, "MPI substrate: rank %d has MAILRAIL_DATAGRAM_SIZE=%llu, "

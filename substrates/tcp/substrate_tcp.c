@@ -1,42 +1,9 @@
 /*
- * The TCP substrate: one authenticated TCP connection per pair of ranks.
- *
- * Every rank listens on one socket. In connect(), rank i connects to every
- * rank j > i and accepts a connection from every rank j < i. All sockets are
- * non-blocking and driven by one epoll instance, level-triggered.
- *
- * Address. get_address() yields a 12-byte blob, every field in
- * network byte order: magic "MRTC", version, a reserved byte, the port and
- * the IPv4 address.
- *
- * Handshake. As soon as it accepts a connection, the acceptor writes a
- * 16-byte random nonce. The connector reads it and writes a 44-byte AUTH
- * message, little-endian:
- *
- *     u32 magic (TCP_WIRE_AUTH_MAGIC), u16 version (2), u16 reserved (0),
- *     i32 connector rank, u8 mac[32]
- *
- * where mac = HMAC-SHA-512-256 (libsodium's crypto_auth) under the 32-byte
- * job key of nonce (16) || connector rank (i32 LE) || acceptor rank (i32 LE)
- * || "MRTCP-AUTH" (10 bytes). The acceptor reads exactly those 44 bytes and
- * checks magic, version, reserved, rank range (a rank below its own that is
- * not connected yet) and the mac, in constant time. Anything else, or
- * nothing within MAILRAIL_TCP_AUTH_TIMEOUT, closes the socket and counts a
- * rejected connection. The connector treats the connection as established
- * once its AUTH is written; the acceptor once the AUTH is verified.
- *
- * Frames. After the handshake both directions carry frames with a 12-byte
- * little-endian header: u32 length, u32 imm, u8 kind, u8 channel (0 data,
- * 1 control), u16 reserved (0). Data frames carry `length` payload bytes, at
- * most the datagram size; control frames carry none. A control frame is
- * written before the next data frame, never inside a partly written one.
- *
- * Every byte read from a peer is parsed by tcp_wire.c, which also writes them.
- *
- * Failures. End of stream or a socket error on an established connection is
- * a peer failure, reported once through peer_failed() by the next progress
- * call, unless the core has called closing(): from then on it closes that
- * connection quietly.
+ * The TCP substrate: one authenticated TCP connection per pair of ranks,
+ * non-blocking sockets driven by one epoll instance. The protocol (address,
+ * handshake, frames) and how failures are reported are described in
+ * docs/architecture.md, "The TCP substrate" (#the-tcp-substrate); tcp_wire.c
+ * reads and writes every byte of it.
  */
 #include "mr_random.h"
 #include "mr_substrate_base.h"
