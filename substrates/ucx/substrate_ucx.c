@@ -275,8 +275,9 @@ static void proto_error(mr_substrate_t *s, const char *fmt, ...)
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
     s->base.log(level, "UCX substrate: dropped a malformed message (%s)%s.", what,
-           s->proto_errors == UCX_PROTO_LOG_BURST ? "; further ones are logged at debug level"
-                                                  : "");
+                s->proto_errors == UCX_PROTO_LOG_BURST
+                    ? "; further ones are logged at debug level"
+                    : "");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -525,9 +526,9 @@ static bool spill_store(mr_substrate_t *s, ucx_rx_t *e, const void *data, size_t
         if (!s->spill_warned) {
             s->spill_warned = true;
             MR__LOG(s, MR_LOG_WARN, "UCX substrate: every receive slot is taken and the %zu-byte "
-                 "spill area is full: messages are copied to the heap. Use credit flow control "
-                 "(MAILRAIL_FLOWCTL=rank or node) or raise MAILRAIL_UCX_SPILL_SIZE.",
-                 s->spill_cap);
+                    "spill area is full: messages are copied to the heap. Use credit flow control "
+                    "(MAILRAIL_FLOWCTL=rank or node) or raise MAILRAIL_UCX_SPILL_SIZE.",
+                    s->spill_cap);
         }
     }
     if (len > 0) memcpy(e->data, data, len);
@@ -633,8 +634,8 @@ static bool rx_start_rndv(mr_substrate_t *s, ucx_rx_t *e, void *desc)
         rreq_free(s, r);
         e->state = RX_FAILED;
         MR__LOG(s, MR_LOG_WARN, "UCX substrate: cannot receive a %zu-byte rendezvous message from "
-             "rank %d: %s; it is lost.", e->length, (int)e->source,
-             ucs_status_string(UCS_PTR_STATUS(sp)));
+                "rank %d: %s; it is lost.", e->length, (int)e->source,
+                ucs_status_string(UCS_PTR_STATUS(sp)));
     } else {
         e->state = RX_RECEIVING;
         e->rreq = r;
@@ -657,8 +658,8 @@ static void rx_finish_rndv(mr_substrate_t *s, ucx_rx_t *e)
         e->state = RX_FAILED;
         if (!s->base.closing && !s->closed) {
             MR__LOG(s, MR_LOG_WARN, "UCX substrate: a %zu-byte rendezvous message from rank %d "
-                 "failed: %s; it is lost.", e->length, (int)e->source,
-                 ucs_status_string(r->status));
+                    "failed: %s; it is lost.", e->length, (int)e->source,
+                    ucs_status_string(r->status));
         }
     }
     rreq_free(s, r);
@@ -694,8 +695,8 @@ static void deliver_slot(mr_substrate_t *s, int source, unsigned kind, uint32_t 
 {
     mr_status_t st = s->base.up.deliver(s->base.core, source, kind, imm, slot, length, NULL);
     if (st != MR_OK) {
-        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d (status %d).",
-             source, (int)st);
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d "
+                "(status %d).", source, (int)st);
     }
 }
 
@@ -729,11 +730,11 @@ static int rx_drain(mr_substrate_t *s)
         /* The head waits for a slot. */
         if (e->state == RX_HELD && zcopy_ok(s, e->length)) {
             mr_status_t st = s->base.up.deliver(s->base.core, e->source, e->kind, e->imm, e->data,
-                                           e->length, e->data);
+                                                e->length, e->data);
             if (st == MR_AGAIN) break;
             if (st != MR_OK) {
                 MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d "
-                     "(status %d).", (int)e->source, (int)st);
+                        "(status %d).", (int)e->source, (int)st);
                 ucp_am_data_release(s->worker, e->data);
             } else {
                 s->zcopy_delivered++;
@@ -824,7 +825,8 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
         /* Fast path: nothing queued, deliver at once. */
         if (!rndv) {
             if (holdable && zcopy_ok(s, length)) {
-                mr_status_t st = s->base.up.deliver(s->base.core, source, kind, imm, data, length, data);
+                mr_status_t st = s->base.up.deliver(s->base.core, source, kind, imm, data,
+                                                    length, data);
                 if (st == MR_OK) {
                     s->zcopy_delivered++;
                     s->cb_events++;
@@ -832,7 +834,7 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
                 }
                 if (st != MR_AGAIN) {
                     MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank "
-                         "%d (status %d).", source, (int)st);
+                            "%d (status %d).", source, (int)st);
                     return UCS_OK;
                 }
             } else if ((slot = s->base.up.recv_slot_acquire(s->base.core)) != NULL) {
@@ -848,7 +850,7 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
     e = rxq_push(s);
     if (e == NULL) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for the arrival queue; a %zu-byte "
-             "message from rank %d is lost.", length, source);
+                "message from rank %d is lost.", length, source);
         return UCS_OK;
     }
     e->kind = kind;
@@ -882,7 +884,7 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
     if (!spill_store(s, e, data, length)) {
         s->rxq_count--; /* Undo the push. */
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for a %zu-byte message from rank "
-             "%d arriving while every receive slot is taken; it is lost.", length, source);
+                "%d arriving while every receive slot is taken; it is lost.", length, source);
     }
     return UCS_OK;
 }
@@ -894,7 +896,7 @@ static void ctrlq_push(mr_substrate_t *s, int source, uint32_t imm)
         uint32_t *q = malloc(cap * 2 * sizeof(*q));
         if (q == NULL) {
             MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory; a control message from rank "
-                 "%d is lost.", source);
+                    "%d is lost.", source);
             return;
         }
         for (size_t i = 0; i < s->ctrlq_count; i++) {
@@ -1000,10 +1002,10 @@ static int peer_retire_sends(mr_substrate_t *s, int rank)
     }
     if (ndata + nctrl == 0) return 0;
     MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %zu sends and %zu credit returns to rank %d given up.",
-         ndata, nctrl, rank);
+            ndata, nctrl, rank);
     if (sreq_block_add(s, ndata, nctrl) != MR_OK) {
         MR__LOG(s, MR_LOG_WARN, "UCX substrate: no memory to replace %zu send states given up on "
-             "rank %d; fewer sends can be in flight from now on.", ndata + nctrl, rank);
+                "rank %d; fewer sends can be in flight from now on.", ndata + nctrl, rank);
     }
     return (int)ndata;
 }
@@ -1023,14 +1025,14 @@ static int drain_failed(mr_substrate_t *s)
         p->state = P_FAILED;
         if (s->base.closing) {
             MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d went away while finalizing (%s).",
-                 rank, p->exited ? "its process exited" : ucs_status_string(p->fail_status));
+                    rank, p->exited ? "its process exited" : ucs_status_string(p->fail_status));
         } else {
             if (p->exited) {
                 MR__LOG(s, MR_LOG_WARN, "UCX substrate: the process of rank %d (pid %u) exited.",
-                     rank, (unsigned)p->pid);
+                        rank, (unsigned)p->pid);
             } else {
                 MR__LOG(s, MR_LOG_WARN, "UCX substrate: rank %d failed (UCX: %s).", rank,
-                     ucs_status_string(p->fail_status));
+                        ucs_status_string(p->fail_status));
             }
             s->base.up.peer_failed(s->base.core, rank, MR_ERR_PEER_FAILED);
             n++;
@@ -1150,7 +1152,7 @@ static mr_status_t ucx_create_context(mr_substrate_t *s, const mr_substrate_para
     us = ucp_config_read(UCX_ENV_PREFIX, NULL, &config);
     if (us != UCS_OK) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot read the UCX settings (UCX_* and "
-             "MAILRAIL_UCX_*): %s.", ucs_status_string(us));
+                "MAILRAIL_UCX_*): %s.", ucs_status_string(us));
         return MR_ERR_CONFIG;
     }
     memset(&cparams, 0, sizeof(cparams));
@@ -1166,7 +1168,7 @@ static mr_status_t ucx_create_context(mr_substrate_t *s, const mr_substrate_para
     ucp_config_release(config);
     if (us != UCS_OK) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_init failed: %s (check MAILRAIL_UCX_TLS and "
-             "UCX_TLS).", ucs_status_string(us));
+                "UCX_TLS).", ucs_status_string(us));
         s->context = NULL;
         return MR_ERR_TRANSPORT;
     }
@@ -1175,7 +1177,7 @@ static mr_status_t ucx_create_context(mr_substrate_t *s, const mr_substrate_para
     us = ucp_context_query(s->context, &cattr);
     if (us != UCS_OK) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_context_query failed: %s.",
-             ucs_status_string(us));
+                ucs_status_string(us));
         return MR_ERR_TRANSPORT;
     }
     s->ucx_req_size = cattr.request_size;
@@ -1194,7 +1196,7 @@ static mr_status_t ucx_create_worker(mr_substrate_t *s)
     us = ucp_worker_create(s->context, &wparams, &s->worker);
     if (us != UCS_OK) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_create failed: %s.",
-             ucs_status_string(us));
+                ucs_status_string(us));
         s->worker = NULL;
         return MR_ERR_TRANSPORT;
     }
@@ -1212,7 +1214,7 @@ static mr_status_t ucx_create_worker(mr_substrate_t *s)
     }
     if (s->efd < 0) {
         MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: no wake-up fd from UCX (%s); an idle progress "
-             "call yields instead of sleeping.", ucs_status_string(us));
+                "call yields instead of sleeping.", ucs_status_string(us));
     }
     return MR_OK;
 }
@@ -1238,7 +1240,7 @@ static mr_status_t ucx_set_handlers(mr_substrate_t *s)
     }
     if (us != UCS_OK) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot set the active-message handlers: %s.",
-             ucs_status_string(us));
+                ucs_status_string(us));
         return MR_ERR_TRANSPORT;
     }
     return MR_OK;
@@ -1253,14 +1255,14 @@ static mr_status_t ucx_make_address(mr_substrate_t *s)
 
     if (us != UCS_OK) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_get_address failed: %s.",
-             ucs_status_string(us));
+                ucs_status_string(us));
         return MR_ERR_TRANSPORT;
     }
     if (ualen > MR_SUBSTRATE_ADDR_MAX - UCX_WIRE_ADDR_HDR_LEN) {
-        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the UCX worker address is %zu bytes, more than the "
-             "%d bytes MailRail can exchange; restrict the transports or devices it "
-             "advertises, e.g. MAILRAIL_UCX_TLS=sm,self,tcp or MAILRAIL_UCX_NET_DEVICES.",
-             ualen, MR_SUBSTRATE_ADDR_MAX - UCX_WIRE_ADDR_HDR_LEN);
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the UCX worker address is %zu bytes, more than "
+                "the %d bytes MailRail can exchange; restrict the transports or devices it "
+                "advertises, e.g. MAILRAIL_UCX_TLS=sm,self,tcp or MAILRAIL_UCX_NET_DEVICES.",
+                ualen, MR_SUBSTRATE_ADDR_MAX - UCX_WIRE_ADDR_HDR_LEN);
         ucp_worker_release_address(s->worker, uaddr);
         return MR_ERR_CONFIG;
     }
@@ -1312,8 +1314,8 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
     }
     if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
         MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d has a %zu-byte worker address, error mode "
-             "%s, %zu-byte UCX requests.", s->base.rank, s->addr_len - UCX_WIRE_ADDR_HDR_LEN,
-             ucx_error_modes[s->cfg.error_mode], s->ucx_req_size);
+                "%s, %zu-byte UCX requests.", s->base.rank, s->addr_len - UCX_WIRE_ADDR_HDR_LEN,
+                ucx_error_modes[s->cfg.error_mode], s->ucx_req_size);
     }
     *out = s;
     return MR_OK;
@@ -1387,7 +1389,7 @@ static mr_status_t round_start(mr_substrate_t *s, unsigned kind, bool flush)
         sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, p->conn_hdr, UCX_WIRE_HDR_LEN, NULL, 0, &param);
         if (UCS_PTR_IS_ERR(sp)) {
             MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot send %s to "
-                 "rank %d: %s.", round_name(kind), r, ucs_status_string(UCS_PTR_STATUS(sp)));
+                    "rank %d: %s.", round_name(kind), r, ucs_status_string(UCS_PTR_STATUS(sp)));
             if (s->closed) continue;
             return MR_ERR_TRANSPORT;
         }
@@ -1397,7 +1399,7 @@ static mr_status_t round_start(mr_substrate_t *s, unsigned kind, bool flush)
         sp = ucp_ep_flush_nbx(p->ep, &param);
         if (UCS_PTR_IS_ERR(sp)) {
             MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot flush the "
-                 "endpoint to rank %d: %s.", r, ucs_status_string(UCS_PTR_STATUS(sp)));
+                    "endpoint to rank %d: %s.", r, ucs_status_string(UCS_PTR_STATUS(sp)));
             if (s->closed) continue;
             return MR_ERR_TRANSPORT;
         }
@@ -1426,7 +1428,7 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
             if (r == s->base.rank || (s->closed && !round_peer(s, p))) continue;
             if (p->fail_queued || p->state != P_OK) {
                 MR__LOG(s, MR_LOG_ERROR, "UCX substrate: rank %d failed while connecting (%s).", r,
-                     p->exited ? "its process exited" : ucs_status_string(p->fail_status));
+                        p->exited ? "its process exited" : ucs_status_string(p->fail_status));
                 return MR_ERR_TRANSPORT;
             }
             sent = req_done(&p->conn_req[0], &err);
@@ -1434,7 +1436,7 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
             if (err != UCS_OK) {
                 if (s->closed) continue;
                 MR__LOG(s, MR_LOG_ERROR, "UCX substrate: connecting to rank %d failed: %s.", r,
-                     ucs_status_string(err));
+                        ucs_status_string(err));
                 return MR_ERR_TRANSPORT;
             }
             if (!sent || !p->got[kind]) waiting++;
@@ -1459,9 +1461,10 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
                 listed++;
             }
             MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: rank %d timed out "
-                 "after %u s in the %s round, with %d of its %d peers missing: %s%s.", s->base.rank,
-                 s->closed ? UCX_CLOSE_FLUSH_S : s->base.timeout_s, round_name(kind), waiting,
-                 s->base.size - 1, list, waiting > listed ? ", ..." : "");
+                    "after %u s in the %s round, with %d of its %d peers missing: %s%s.",
+                    s->base.rank, s->closed ? UCX_CLOSE_FLUSH_S : s->base.timeout_s,
+                    round_name(kind), waiting, s->base.size - 1, list,
+                    waiting > listed ? ", ..." : "");
             return MR_ERR_TIMEOUT;
         }
         /* Nothing moved: sleep a little (or until UCX or a watched process has news). */
@@ -1498,7 +1501,7 @@ static mr_status_t peer_create_endpoint(mr_substrate_t *s, ucx_peer_t *p, const 
     if (us != UCS_OK) {
         p->ep = NULL;
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot create an endpoint to rank %d: %s.",
-             p->rank, ucs_status_string(us));
+                p->rank, ucs_status_string(us));
         return MR_ERR_TRANSPORT;
     }
     p->state = P_OK;
@@ -1522,7 +1525,7 @@ static void peer_watch_process(mr_substrate_t *s, ucx_peer_t *p, uint64_t pidns)
         }
     } else {
         MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: cannot watch process %u (rank %d): %s.",
-             (unsigned)p->pid, p->rank, strerror(errno));
+                (unsigned)p->pid, p->rank, strerror(errno));
     }
 }
 
@@ -1539,7 +1542,7 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
     }
     if (addrs == NULL || addr_len < UCX_WIRE_ADDR_HDR_LEN) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the address table holds %zu-byte entries, fewer "
-             "than the %d-byte header of a UCX address.", addr_len, UCX_WIRE_ADDR_HDR_LEN);
+                "than the %d-byte header of a UCX address.", addr_len, UCX_WIRE_ADDR_HDR_LEN);
         return MR_ERR_PROTOCOL;
     }
     for (int r = 0; r < s->base.size; r++) {
@@ -1549,7 +1552,7 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
         if (ucx_wire_addr_decode((const uint8_t *)addrs + (size_t)r * addr_len, addr_len, &w,
                                  NULL) != MR_OK) {
             MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the address of rank %d is not a valid UCX "
-                 "substrate address (wrong magic, version or length).", r);
+                    "substrate address (wrong magic, version or length).", r);
             return MR_ERR_PROTOCOL;
         }
         p->pid = w.pid;
@@ -1568,8 +1571,8 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
     s->connected = true;
     if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
         MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d connected to its %d peers in %.3f s "
-             "(%zu watched through pidfds).", s->base.rank, s->base.size - 1,
-             (double)(mr_now_ns() - start) / 1e9, s->npidfds);
+                "(%zu watched through pidfds).", s->base.rank, s->base.size - 1,
+                (double)(mr_now_ns() - start) / 1e9, s->npidfds);
     }
     return MR_OK;
 }
@@ -1595,7 +1598,7 @@ static mr_status_t send_error(mr_substrate_t *s, int dest, ucs_status_t us)
         return MR_ERR_PEER_FAILED;
     }
     MR__LOG(s, MR_LOG_ERROR, "UCX substrate: sending to rank %d failed: %s.", dest,
-         ucs_status_string(us));
+            ucs_status_string(us));
     return MR_ERR_TRANSPORT;
 }
 
@@ -1737,7 +1740,8 @@ static void ucx_close(mr_substrate_t *s)
     s->closed = true;
     s->upcalls_ok = false;
     if (s->worker != NULL) {
-        unsigned flush_s = s->base.timeout_s < UCX_CLOSE_FLUSH_S ? s->base.timeout_s : UCX_CLOSE_FLUSH_S;
+        unsigned flush_s = s->base.timeout_s < UCX_CLOSE_FLUSH_S ? s->base.timeout_s
+                                                                 : UCX_CLOSE_FLUSH_S;
         uint64_t deadline = mr_now_ns() + (uint64_t)(flush_s ? flush_s : 1) * MR_NS_PER_S;
         bool bye_done = false;
 
@@ -1797,7 +1801,7 @@ static void ucx_close(mr_substrate_t *s)
             if (mr_now_ns() >= deadline) {
                 /* Destroying the worker releases them by force. */
                 MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %d endpoints did not close within %d ms.",
-                     left, UCX_CLOSE_EP_MS);
+                        left, UCX_CLOSE_EP_MS);
                 for (int r = 0; r < s->base.size; r++) {
                     if (s->peers[r].close_req != NULL) ucp_request_free(s->peers[r].close_req);
                     s->peers[r].close_req = NULL;
@@ -1820,11 +1824,11 @@ static void ucx_close(mr_substrate_t *s)
     if (s->epfd >= 0) close(s->epfd);
     if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
         MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %llu messages delivered in place, %llu received "
-             "by rendezvous, %llu held and %llu spilled (%llu to the heap) while waiting for a "
-             "receive slot, %llu progress calls paused for want of one.",
-             (unsigned long long)s->zcopy_delivered, (unsigned long long)s->rndv_received,
-             (unsigned long long)s->held, (unsigned long long)s->spilled,
-             (unsigned long long)s->spilled_heap, (unsigned long long)s->paused_calls);
+                "by rendezvous, %llu held and %llu spilled (%llu to the heap) while waiting for a "
+                "receive slot, %llu progress calls paused for want of one.",
+                (unsigned long long)s->zcopy_delivered, (unsigned long long)s->rndv_received,
+                (unsigned long long)s->held, (unsigned long long)s->spilled,
+                (unsigned long long)s->spilled_heap, (unsigned long long)s->paused_calls);
     }
     for (size_t b = 0; b < s->nsreq_blocks; b++) free(s->sreq_blocks[b].mem);
     free(s->sreq_blocks);
