@@ -16,6 +16,7 @@
 #define MR_TCP_WIRE_H
 
 #include "mailrail.h"
+#include "mr_wire.h"
 
 #include <netinet/in.h>
 #include <stddef.h>
@@ -53,12 +54,8 @@ typedef enum tcp_wire_fault {
     TCP_WIRE_TOO_LONG            /* A data frame longer than the datagram size. */
 } tcp_wire_fault_t;
 
-/* Why a decoder refused its input: a reason for the log and the offending value. */
-typedef struct tcp_wire_error {
-    tcp_wire_fault_t fault;
-    const char *what;            /* A phrase such as "unknown channel"; never NULL. */
-    long long value;             /* The offending field as read from the wire. */
-} tcp_wire_error_t;
+/* Why a decoder refused its input; `fault` is a tcp_wire_fault_t. */
+typedef mr__wire_error_t tcp_wire_error_t;
 
 /* A decoded frame header, and how much of its payload has been received. */
 typedef struct tcp_wire_frame {

@@ -8,18 +8,6 @@
 
 #include <string.h>
 
-/* Fills in *err (when given) and returns MR_ERR_PROTOCOL. */
-static mr_status_t ucx_wire_fail(ucx_wire_error_t *err, ucx_wire_fault_t fault, const char *what,
-                                 long long value)
-{
-    if (err != NULL) {
-        err->fault = fault;
-        err->what = what;
-        err->value = value;
-    }
-    return MR_ERR_PROTOCOL;
-}
-
 uint64_t ucx_wire_fnv1a64(uint64_t h, const void *data, size_t len)
 {
     const uint8_t *p = data;
@@ -62,19 +50,22 @@ mr_status_t ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_addr_
     uint32_t magic, n;
 
     if (b == NULL || length < UCX_WIRE_ADDR_HDR_LEN) {
-        return ucx_wire_fail(err, UCX_WIRE_TRUNCATED, "address blob shorter than 32 bytes",
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_TRUNCATED,
+                             "address blob shorter than 32 bytes",
                              b == NULL ? 0 : (long long)length);
     }
     magic = mr_get_le32(b);
     if (magic != UCX_WIRE_ADDR_MAGIC) {
-        return ucx_wire_fail(err, UCX_WIRE_BAD_MAGIC, "address magic", magic);
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_MAGIC, "address magic", magic);
     }
     if (b[4] != UCX_WIRE_ADDR_VERSION) {
-        return ucx_wire_fail(err, UCX_WIRE_BAD_VERSION, "address version", b[4]);
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_VERSION, "address version",
+                             b[4]);
     }
     n = mr_get_le32(b + 12);
     if (n == 0 || n > length - UCX_WIRE_ADDR_HDR_LEN) {
-        return ucx_wire_fail(err, UCX_WIRE_BAD_LENGTH, "worker address length", n);
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_LENGTH,
+                             "worker address length", n);
     }
     out->pid = mr_get_le32(b + 8);
     out->boot_hash = mr_get_le64(b + 16);
@@ -102,11 +93,12 @@ mr_status_t ucx_wire_hdr_decode(const void *header, size_t length, int32_t rank,
     int32_t source;
 
     if (h == NULL || length != UCX_WIRE_HDR_LEN) {
-        return ucx_wire_fail(err, UCX_WIRE_BAD_HDR_LEN, "header length", (long long)length);
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_HDR_LEN, "header length",
+                             (long long)length);
     }
     source = (int32_t)mr_get_le32(h + 5);
     if (source < 0 || source >= size || source == rank) {
-        return ucx_wire_fail(err, UCX_WIRE_BAD_SOURCE, "source rank", source);
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_SOURCE, "source rank", source);
     }
     out->kind = h[0];
     out->imm = mr_get_le32(h + 1);

@@ -16,6 +16,7 @@
 #define MR_UCX_WIRE_H
 
 #include "mailrail.h"
+#include "mr_wire.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -57,12 +58,8 @@ typedef enum ucx_wire_fault {
     UCX_WIRE_BAD_SOURCE      /* A source rank that is not a peer of this rank. */
 } ucx_wire_fault_t;
 
-/* Why a decoder refused its input: a reason for the log and the offending value. */
-typedef struct ucx_wire_error {
-    ucx_wire_fault_t fault;
-    const char *what;        /* A phrase such as "address magic"; never NULL. */
-    long long value;         /* The offending field as read from the wire. */
-} ucx_wire_error_t;
+/* Why a decoder refused its input; `fault` is a ucx_wire_fault_t. */
+typedef mr__wire_error_t ucx_wire_error_t;
 
 /* A decoded address blob. */
 typedef struct ucx_wire_addr {
