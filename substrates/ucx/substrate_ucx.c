@@ -249,7 +249,7 @@ static void hdr_pack(const mr_substrate_t *s, uint8_t *h, unsigned kind, uint32_
     ucx_wire_hdr_t w = {.kind = (uint8_t)kind, .imm = imm, .source = s->base.rank,
                         .failures_seen = s->failures_seen};
 
-    ucx_wire_hdr_encode(h, &w);
+    mr__ucx_wire_hdr_encode(h, &w);
 }
 
 static bool is_peer_gone_status(ucs_status_t st)
@@ -293,7 +293,7 @@ static void host_identity(uint64_t *boot_hash, uint64_t *pidns)
     *pidns = 0;
     if (fd >= 0) {
         ssize_t n = read(fd, buf, sizeof(buf));
-        if (n > 0) *boot_hash = ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, buf, (size_t)n);
+        if (n > 0) *boot_hash = mr__ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, buf, (size_t)n);
         close(fd);
     }
     if (stat("/proc/self/ns/pid", &st) == 0) *pidns = ((uint64_t)st.st_dev << 32) ^ st.st_ino;
@@ -770,7 +770,8 @@ static bool hdr_parse(mr_substrate_t *s, const char *what, const void *header, s
     ucx_wire_hdr_t h;
     ucx_wire_error_t err;
 
-    if (ucx_wire_hdr_decode(header, header_len, s->base.rank, s->base.size, &h, &err) != MR_OK) {
+    if (mr__ucx_wire_hdr_decode(header, header_len, s->base.rank, s->base.size, &h, &err) !=
+        MR_OK) {
         if (err.fault == UCX_WIRE_BAD_HDR_LEN) {
             proto_error(s, "%s header of %zu bytes instead of %d", what, header_len,
                         UCX_WIRE_HDR_LEN);
@@ -1098,7 +1099,7 @@ static void ucx_init_state(mr_substrate_t *s, const mr_substrate_params_t *p)
     s->epfd = -1;
     memcpy(&s->cfg, p->config, sizeof(s->cfg));
     /* Not authentication: only keeps ranks of two jobs from taking each other for peers. */
-    s->hello_token = ucx_wire_hello_token(p->job_key, MR_JOB_KEY_LEN);
+    s->hello_token = mr__ucx_wire_hello_token(p->job_key, MR_JOB_KEY_LEN);
     host_identity(&s->boot_hash, &s->pidns);
 }
 
@@ -1268,7 +1269,7 @@ static mr_status_t ucx_make_address(mr_substrate_t *s)
     }
     ucx_wire_addr_t w = {.pid = (uint32_t)getpid(), .boot_hash = s->boot_hash,
                          .pidns = s->pidns, .worker = (const uint8_t *)uaddr, .worker_len = ualen};
-    s->addr_len = ucx_wire_addr_encode(s->addr, &w);
+    s->addr_len = mr__ucx_wire_addr_encode(s->addr, &w);
     ucp_worker_release_address(s->worker, uaddr);
     return MR_OK;
 }
@@ -1334,12 +1335,12 @@ static void ucx_format_address(const void *addr, size_t length, char *buf, size_
     ucx_wire_addr_t w;
 
     if (buf == NULL || len == 0) return;
-    if (ucx_wire_addr_decode(addr, length, &w, NULL) != MR_OK) {
+    if (mr__ucx_wire_addr_decode(addr, length, &w, NULL) != MR_OK) {
         snprintf(buf, len, "ucx (not a UCX substrate address)");
         return;
     }
     snprintf(buf, len, "ucx worker address (%zu bytes, digest %08x), pid %u", w.worker_len,
-             (unsigned)(ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, w.worker, w.worker_len) &
+             (unsigned)(mr__ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, w.worker, w.worker_len) &
                         0xffffffffu),
              (unsigned)w.pid);
 }
@@ -1546,11 +1547,11 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
         return MR_ERR_PROTOCOL;
     }
     for (int r = 0; r < s->base.size; r++) {
+        const uint8_t *blob = (const uint8_t *)addrs + (size_t)r * addr_len;
         ucx_peer_t *p = &s->peers[r];
         ucx_wire_addr_t w;
 
-        if (ucx_wire_addr_decode((const uint8_t *)addrs + (size_t)r * addr_len, addr_len, &w,
-                                 NULL) != MR_OK) {
+        if (mr__ucx_wire_addr_decode(blob, addr_len, &w, NULL) != MR_OK) {
             MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the address of rank %d is not a valid UCX "
                     "substrate address (wrong magic, version or length).", r);
             return MR_ERR_PROTOCOL;

@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-uint64_t ucx_wire_fnv1a64(uint64_t h, const void *data, size_t len)
+uint64_t mr__ucx_wire_fnv1a64(uint64_t h, const void *data, size_t len)
 {
     const uint8_t *p = data;
 
@@ -19,18 +19,19 @@ uint64_t ucx_wire_fnv1a64(uint64_t h, const void *data, size_t len)
     return h;
 }
 
-uint32_t ucx_wire_hello_token(const uint8_t *job_key, size_t key_len)
+uint32_t mr__ucx_wire_hello_token(const uint8_t *job_key, size_t key_len)
 {
     static const char domain[] = "MRUCX-HELLO";
 
-    return (uint32_t)ucx_wire_fnv1a64(ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, job_key, key_len),
-                                      domain, sizeof(domain) - 1);
+    uint64_t h = mr__ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, job_key, key_len);
+
+    return (uint32_t)mr__ucx_wire_fnv1a64(h, domain, sizeof(domain) - 1);
 }
 
 /* ------------------------------------------------------------------------ */
 /* The address blob.                                                         */
 
-size_t ucx_wire_addr_encode(uint8_t *out, const ucx_wire_addr_t *a)
+size_t mr__ucx_wire_addr_encode(uint8_t *out, const ucx_wire_addr_t *a)
 {
     mr_put_le32(out, UCX_WIRE_ADDR_MAGIC);
     out[4] = UCX_WIRE_ADDR_VERSION;
@@ -43,8 +44,8 @@ size_t ucx_wire_addr_encode(uint8_t *out, const ucx_wire_addr_t *a)
     return UCX_WIRE_ADDR_HDR_LEN + a->worker_len;
 }
 
-mr_status_t ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_addr_t *out,
-                                 ucx_wire_error_t *err)
+mr_status_t mr__ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_addr_t *out,
+                                     ucx_wire_error_t *err)
 {
     const uint8_t *b = blob;
     uint32_t magic, n;
@@ -78,7 +79,7 @@ mr_status_t ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_addr_
 /* ------------------------------------------------------------------------ */
 /* The message header.                                                       */
 
-void ucx_wire_hdr_encode(uint8_t out[UCX_WIRE_HDR_LEN], const ucx_wire_hdr_t *h)
+void mr__ucx_wire_hdr_encode(uint8_t out[UCX_WIRE_HDR_LEN], const ucx_wire_hdr_t *h)
 {
     out[0] = h->kind;
     mr_put_le32(out + 1, h->imm);
@@ -86,8 +87,8 @@ void ucx_wire_hdr_encode(uint8_t out[UCX_WIRE_HDR_LEN], const ucx_wire_hdr_t *h)
     out[9] = h->failures_seen;
 }
 
-mr_status_t ucx_wire_hdr_decode(const void *header, size_t length, int32_t rank, int32_t size,
-                                ucx_wire_hdr_t *out, ucx_wire_error_t *err)
+mr_status_t mr__ucx_wire_hdr_decode(const void *header, size_t length, int32_t rank,
+                                    int32_t size, ucx_wire_hdr_t *out, ucx_wire_error_t *err)
 {
     const uint8_t *h = header;
     int32_t source;

@@ -79,17 +79,17 @@ typedef struct ucx_wire_hdr {
 } ucx_wire_hdr_t;
 
 /* Continues an FNV-1a 64-bit hash `h` over `len` bytes. */
-uint64_t ucx_wire_fnv1a64(uint64_t h, const void *data, size_t len);
+uint64_t mr__ucx_wire_fnv1a64(uint64_t h, const void *data, size_t len);
 
 /* The imm of HELLO, READY and BYE: a hash of the job key, the same on every rank. */
-uint32_t ucx_wire_hello_token(const uint8_t *job_key, size_t key_len);
+uint32_t mr__ucx_wire_hello_token(const uint8_t *job_key, size_t key_len);
 
 /*
  * Writes the address blob of `a` (its worker address included) to `out`,
  * which has room for UCX_WIRE_ADDR_HDR_LEN + a->worker_len bytes. Returns
  * the blob's length.
  */
-size_t ucx_wire_addr_encode(uint8_t *out, const ucx_wire_addr_t *a);
+size_t mr__ucx_wire_addr_encode(uint8_t *out, const ucx_wire_addr_t *a);
 
 /*
  * Parses an address blob of `length` bytes (zero padding after the worker
@@ -97,11 +97,11 @@ size_t ucx_wire_addr_encode(uint8_t *out, const ucx_wire_addr_t *a);
  * magic or version, or a worker address length of 0 or beyond the blob;
  * MR_OK with *out set otherwise (out->worker points into `blob`).
  */
-mr_status_t ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_addr_t *out,
-                                 ucx_wire_error_t *err);
+mr_status_t mr__ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_addr_t *out,
+                                     ucx_wire_error_t *err);
 
 /* Writes a message header. */
-void ucx_wire_hdr_encode(uint8_t out[UCX_WIRE_HDR_LEN], const ucx_wire_hdr_t *h);
+void mr__ucx_wire_hdr_encode(uint8_t out[UCX_WIRE_HDR_LEN], const ucx_wire_hdr_t *h);
 
 /*
  * Decodes the `length` bytes at `header` as the header of a message received
@@ -109,7 +109,7 @@ void ucx_wire_hdr_encode(uint8_t out[UCX_WIRE_HDR_LEN], const ucx_wire_hdr_t *h)
  * header of another length than UCX_WIRE_HDR_LEN, or a source outside
  * [0, size) or equal to `rank`; MR_OK with *out set otherwise.
  */
-mr_status_t ucx_wire_hdr_decode(const void *header, size_t length, int32_t rank, int32_t size,
-                                ucx_wire_hdr_t *out, ucx_wire_error_t *err);
+mr_status_t mr__ucx_wire_hdr_decode(const void *header, size_t length, int32_t rank,
+                                    int32_t size, ucx_wire_hdr_t *out, ucx_wire_error_t *err);
 
 #endif /* MR_UCX_WIRE_H */

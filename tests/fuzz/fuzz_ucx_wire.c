@@ -31,14 +31,14 @@ static void fuzz_addr(const uint8_t *data, size_t size)
     memcpy(blob, data, size);
     memset(&a, 0xa5, sizeof(a));
     untouched = a;
-    mr_status_t st = ucx_wire_addr_decode(size ? blob : NULL, size, &a, &err);
+    mr_status_t st = mr__ucx_wire_addr_decode(size ? blob : NULL, size, &a, &err);
     if (st == MR_OK) {
         if (size < UCX_WIRE_ADDR_HDR_LEN || a.worker != blob + UCX_WIRE_ADDR_HDR_LEN ||
             a.worker_len == 0 || a.worker_len > size - UCX_WIRE_ADDR_HDR_LEN) {
             abort();
         }
         uint8_t *again = malloc(UCX_WIRE_ADDR_HDR_LEN + a.worker_len);
-        size_t n = ucx_wire_addr_encode(again, &a);
+        size_t n = mr__ucx_wire_addr_encode(again, &a);
         if (n != UCX_WIRE_ADDR_HDR_LEN + a.worker_len || memcmp(again, blob, 5) != 0 ||
             again[5] != 0 || again[6] != 0 || again[7] != 0 ||
             memcmp(again + 8, blob + 8, n - 8) != 0) {
@@ -61,13 +61,13 @@ static void fuzz_header(const uint8_t *bytes, size_t len, int32_t rank, int32_t 
     memcpy(exact, bytes, len);
     memset(&h, 0xa5, sizeof(h));
     untouched = h;
-    mr_status_t st = ucx_wire_hdr_decode(exact, len, rank, size, &h, &err);
+    mr_status_t st = mr__ucx_wire_hdr_decode(exact, len, rank, size, &h, &err);
     if (st == MR_OK) {
         uint8_t again[UCX_WIRE_HDR_LEN];
         if (len != UCX_WIRE_HDR_LEN || h.source < 0 || h.source >= size || h.source == rank) {
             abort();
         }
-        ucx_wire_hdr_encode(again, &h);
+        mr__ucx_wire_hdr_encode(again, &h);
         if (memcmp(again, exact, UCX_WIRE_HDR_LEN) != 0) abort();
     } else {
         fuzz_check_error(st, &err);
@@ -83,11 +83,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* FNV-1a in two pieces is FNV-1a of the whole. */
     size_t cut = size ? data[0] % (size + 1) : 0;
-    if (ucx_wire_fnv1a64(ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, data, cut), data + cut,
-                         size - cut) != ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, data, size)) {
+    uint64_t head = mr__ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, data, cut);
+    if (mr__ucx_wire_fnv1a64(head, data + cut, size - cut) !=
+        mr__ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, data, size)) {
         abort();
     }
-    (void)ucx_wire_hello_token(data, size);
+    (void)mr__ucx_wire_hello_token(data, size);
 
     if (size < FUZZ_UCX_RECORDS_AT) return 0;
     int32_t rank = data[FUZZ_UCX_RANK_AT], job = (int32_t)data[FUZZ_UCX_SIZE_AT] + 1;

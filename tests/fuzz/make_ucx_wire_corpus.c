@@ -23,7 +23,7 @@ static void corpus_addr(corpus_input_t *in, size_t worker_len)
                          .worker_len = worker_len};
 
     for (size_t i = 0; i < worker_len; i++) worker[i] = (uint8_t)(i * 13 + 1);
-    in->len = ucx_wire_addr_encode(in->bytes, &a);
+    in->len = mr__ucx_wire_addr_encode(in->bytes, &a);
 }
 
 /* Starts a header stream received by `rank` of `size`. */
@@ -42,7 +42,7 @@ static void corpus_hdr(corpus_input_t *in, uint8_t kind, uint32_t imm, int32_t s
     uint8_t h[UCX_WIRE_HDR_LEN + 8] = {0};
     ucx_wire_hdr_t w = {.kind = kind, .imm = imm, .source = source, .failures_seen = seen};
 
-    ucx_wire_hdr_encode(h, &w);
+    mr__ucx_wire_hdr_encode(h, &w);
     corpus_put(in, &len, 1);
     corpus_put(in, h, len);
 }
