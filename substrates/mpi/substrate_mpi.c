@@ -1,115 +1,11 @@
 /*
- * The MPI substrate: MailRail over MPICH point-to-point messages, as in the
- * paper's implementation (section IV-A/IV-B).
- *
- * Communicators. open() duplicates the bootstrap's communicator twice: a
- * data communicator and a control communicator for credit returns, so that
- * control messages are never matched behind data. Both return errors as codes
- * (MPI_ERRORS_RETURN). MPI addresses ranks itself: the address blob only
- * carries a magic number, a version, the datagram size and, for log
- * messages, the process id and host name. connect() checks that every rank
- * has the same datagram size (see Failures for why).
- *
- * Sends. A data message is one MPI_Isend on the data communicator whose tag
- * is the 32-bit immediate (flow control's piggybacked credits). A control
- * message is a zero-byte MPI_Isend on the control communicator whose tag is
- * the immediate. Requests come from pools allocated at open(): as many data
- * requests as the core has send slots, and a fixed number of control
- * requests; send() and send_control() return MR_AGAIN when none is free and
- * never allocate. MPI_Testsome in progress() completes them, and only there
- * does send_complete() run.
- *
- * Send window. MPI's eager protocol completes a small send as soon as the
- * data has left, whether or not the receiver has a receive posted: a sender
- * faster than its receiver fills the receiver's unexpected-message queue
- * without bound, and from then on every message is copied twice (into the
- * queue, then out of it when a receive is posted) and searched for, so the
- * receiver falls further behind and never catches up. Without flow control
- * that halved the rate of 4 KiB streams. So the substrate keeps at most
- * MAILRAIL_MPI_SEND_WINDOW data messages per destination that the receiver is
- * not known to have matched, like the bounded buffer of a TCP connection:
- * every window/4-th message is sent with MPI_Issend, whose completion means
- * that the receiver matched it and, since MPI keeps the order of one
- * sender's messages, everything sent before it; send() returns MR_AGAIN
- * while a whole window is unconfirmed. This is no credit protocol: nothing
- * is sent for it and the receiver keeps no count; it only bounds what MPI
- * buffers on the receiver's behalf. With one sender, a window no larger than
- * the receives the receiver keeps posted (MAILRAIL_MAX_RECVS) lets messages
- * land directly in posted receives; P senders may leave P windows unmatched.
- * A window below 8 makes every message an MPI_Issend.
- *
- * Tags and MPI_TAG_UB. A tag may not exceed MPI_TAG_UB (2^28 - 1 with
- * MPICH's ch4:ucx device; the standard only promises 32767), but the
- * immediate is 32 bits wide. An immediate above the bound cannot ride in the
- * tag of a data message; since the immediate is a count of credits, which
- * the receiver only adds up, it is sent instead as control messages whose
- * tags add up to it, each at most MPI_TAG_UB, and the data message leaves
- * with tag 0. send_control() splits a large immediate the same way. The
- * control request pool always has room for one whole split.
- *
- * Receives and arrival order. The substrate keeps MAILRAIL_MAX_RECVS (at most
- * MAILRAIL_RECV_SLOTS) MPI_Irecv(MPI_ANY_SOURCE, MPI_ANY_TAG) posted on the
- * data communicator, in a ring kept in the order they were posted. MPI matches an arriving message
- * to the oldest posted receive that fits, and a message that finds none waits
- * in MPI's unexpected queue until the next receive is posted, which then
- * takes the oldest waiting message; so the receives of the ring are matched
- * in ring order, and that is the arrival order (per sender it is also the
- * send order: MPI does not let messages of one sender overtake each other).
- * progress() therefore tests the posted receives from the oldest not yet
- * completed on, a few at a time (MRMPI_TEST_BATCH, so that each
- * MPI_Testsome runs MPICH's progress engine once), then delivers completed
- * ones from the head of the ring, stopping at the first that has not
- * completed, even if later ones have; new receives are only ever posted
- * after the last posted one.
- *
- * Staging buffers, zero copy. Each posted receive lands in a staging buffer
- * of the datagram size owned by the substrate, which is delivered to the core
- * as it is, with a handle (zero copy); the core charges one receive slot for
- * it and gives it back through release_recv() when the application releases
- * it. There are twice as many staging buffers as ring entries, so the ring
- * stays posted while the application holds messages; when it holds them all,
- * fewer receives are posted and later messages wait inside MPI. Receiving
- * straight into pool slots would hold one slot per empty posted receive,
- * which the core would count as in use and which a message a rank sends to
- * itself needs. When the core has no slot to charge, the completed head waits
- * (later arrivals queue behind it) and the next progress call tries again.
- * Delivering the staging buffer instead of copying it into a slot made 4 KiB
- * streams 1.6x (none) and 1.3x (rank) faster.
- *
- * Control receives. A few zero-byte receives are kept posted on the control
- * communicator; each completion is one control() upcall with the tag as its
- * immediate, and the receive is posted again. Their order does not matter:
- * credits add up.
- *
- * Failures. MPICH cannot, in general, survive a dead process: there is no
- * end-of-stream to see, a receive from MPI_ANY_SOURCE does not fail when a
- * sender dies, and MPICH's own reaction to a lost connection is often to
- * abort the whole job. Worse, MPICH 4.0 raises an error found while
- * completing a request (MPI_Test, MPI_Testsome) on MPI_COMM_WORLD's error
- * handler, not on the request's communicator, and that handler is fatal
- * unless the application changed it: a truncated receive or a failed send
- * completion then aborts the job before this code sees a return code. So
- * truncation is ruled out up front, by the datagram-size check in
- * connect(), and this substrate reports peer_failed() when an MPI call does
- * return an error for a known rank: a send (MR_ERR_PEER_FAILED), or, where
- * the MPI library returns request errors, a failed send completion, a
- * message longer than the datagram size or a control message with a payload
- * (MR_ERR_PROTOCOL, counted in connections_rejected). Later messages from a
- * failed rank are discarded. An error no rank can be blamed for makes
- * progress() return MR_ERR_TRANSPORT. A peer that dies silently is not
- * detected: the survivors run into MAILRAIL_TIMEOUT in mr_finalize(), or
- * MPICH ends the job.
- *
- * Teardown. After closing() every rank has finished sending data, and
- * credit returns are dropped instead of sent (see send_control()). close()
- * runs no upcall: it cancels the posted receives and waits (boundedly) for
- * them and for any send still in flight, receives and drops what is left
- * unmatched, then frees the communicators. Staging memory that MPI might
- * still write into, because a request could not be completed, is
- * deliberately leaked.
+ * The MPI substrate: MailRail over MPICH point-to-point messages, with
+ * credits in tags on a control communicator. Its send window, the splitting
+ * of large immediates, the receive ring and its arrival order, the zero-copy
+ * staging buffers, failures and teardown are described in
+ * docs/architecture.md, "The MPI substrate" (#the-mpi-substrate).
  */
-#include "mr_substrate.h"
-#include "mr_time.h"
+#include "mr_substrate_base.h"
 
 #include <mpi.h>
 #include <sched.h>
@@ -142,9 +38,6 @@
  * passes, however few of them completed.
  */
 #define MRMPI_TEST_BATCH 7
-
-#define NS_PER_MS MR_NS_PER_MS
-#define NS_PER_S MR_NS_PER_S
 
 /* ------------------------------------------------------------------------ */
 /* Settings.                                                                 */
@@ -208,20 +101,13 @@ typedef struct mpi_recv {
 enum { PEER_OK = 0, PEER_FAIL_PENDING = 1, PEER_FAILED = 2 };
 
 struct mr_substrate {
-    int rank, size;
-    size_t datagram_size;
-    unsigned timeout_s;
-    void *core;
-    mr_substrate_upcalls_t up;
-    void (*log)(mr_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-    const mr_log_level_t *log_threshold;
+    mr__substrate_base_t base; /* base.rejected: ranks failed for a protocol error. */
     mpi_config_t cfg;
 
     MPI_Comm data_comm, ctrl_comm;
     bool have_data_comm, have_ctrl_comm;
     int tag_ub;                /* MPI_TAG_UB of the data and control communicators. */
     bool connected;
-    bool closing;
     bool broken;               /* A local MPI failure: progress() only returns an error. */
 
     /*
@@ -250,7 +136,6 @@ struct mr_substrate {
     char ctrl_dummy;
 
     /* Data sends in flight, dense in [0, nsend): request, cookie, destination. */
-    size_t max_sends;
     size_t nsend;
     MPI_Request *send_req;
     void **send_cookie;
@@ -285,15 +170,11 @@ struct mr_substrate {
     mr_status_t *peer_why;     /* Why, while PEER_FAIL_PENDING. */
     unsigned fail_pending;
 
-    uint64_t rejected;         /* Ranks failed for a protocol error. */
     uint64_t discarded;        /* Messages from failed ranks, thrown away. */
     uint64_t split_imm;        /* Immediates too large for a tag, sent as control messages. */
     uint64_t dropped_ctrl;     /* Control messages not sent because closing() was called. */
 };
-
-static const mr_log_level_t mpi_default_threshold = MR_LOG_WARN;
-
-#define MLOG(s, level, ...) MR_SUBSTRATE_LOG((s)->log, (s)->log_threshold, level, __VA_ARGS__)
+MR__BASE_CHECK();
 
 /* ------------------------------------------------------------------------ */
 /* Helpers.                                                                  */
@@ -330,8 +211,8 @@ static mr_status_t mpi_fatal(mr_substrate_t *s, int rc, const char *what)
 {
     char text[MPI_MAX_ERROR_STRING];
 
-    MLOG(s, MR_LOG_ERROR, "MPI substrate: %s failed: %s.", what,
-         mpi_errstr(rc, text, (int)sizeof(text)));
+    MR__LOG(s, MR_LOG_ERROR, "MPI substrate: %s failed: %s.", what,
+            mpi_errstr(rc, text, (int)sizeof(text)));
     s->broken = true;
     return MR_ERR_TRANSPORT;
 }
@@ -342,11 +223,11 @@ static mr_status_t mpi_fatal(mr_substrate_t *s, int rc, const char *what)
  */
 static void peer_mark_failed(mr_substrate_t *s, int rank, mr_status_t why)
 {
-    if (rank < 0 || rank >= s->size || s->peer[rank] != PEER_OK) return;
+    if (rank < 0 || rank >= s->base.size || s->peer[rank] != PEER_OK) return;
     s->peer[rank] = PEER_FAIL_PENDING;
     s->peer_why[rank] = why;
     s->fail_pending++;
-    if (why == MR_ERR_PROTOCOL) s->rejected++;
+    if (why == MR_ERR_PROTOCOL) s->base.rejected++;
 }
 
 /* A send to or a message from `rank` failed with MPI error `rc`. */
@@ -354,13 +235,13 @@ static void peer_mpi_error(mr_substrate_t *s, int rank, int rc, const char *what
 {
     char text[MPI_MAX_ERROR_STRING];
 
-    if (rank < 0 || rank >= s->size || s->peer[rank] != PEER_OK) return;
-    if (s->closing) {
-        MLOG(s, MR_LOG_DEBUG, "MPI substrate: %s rank %d failed while closing: %s.", what,
-             rank, mpi_errstr(rc, text, (int)sizeof(text)));
+    if (rank < 0 || rank >= s->base.size || s->peer[rank] != PEER_OK) return;
+    if (s->base.closing) {
+        MR__LOG(s, MR_LOG_DEBUG, "MPI substrate: %s rank %d failed while closing: %s.", what,
+                rank, mpi_errstr(rc, text, (int)sizeof(text)));
     } else {
-        MLOG(s, MR_LOG_WARN, "MPI substrate: %s rank %d failed: %s.", what, rank,
-             mpi_errstr(rc, text, (int)sizeof(text)));
+        MR__LOG(s, MR_LOG_WARN, "MPI substrate: %s rank %d failed: %s.", what, rank,
+                mpi_errstr(rc, text, (int)sizeof(text)));
     }
     peer_mark_failed(s, rank, MR_ERR_PEER_FAILED);
 }
@@ -371,11 +252,11 @@ static int drain_failures(mr_substrate_t *s)
     int n = 0;
 
     if (s->fail_pending == 0) return 0;
-    for (int r = 0; r < s->size && s->fail_pending > 0; r++) {
+    for (int r = 0; r < s->base.size && s->fail_pending > 0; r++) {
         if (s->peer[r] != PEER_FAIL_PENDING) continue;
         s->peer[r] = PEER_FAILED;
         s->fail_pending--;
-        s->up.peer_failed(s->core, r, s->peer_why[r]);
+        s->base.up.peer_failed(s->base.core, r, s->peer_why[r]);
         n++;
     }
     return n;
@@ -409,7 +290,7 @@ static mr_status_t data_post_next(mr_substrate_t *s)
 
     if (s->nposted == s->nrecv || s->nstage_free == 0) return MR_AGAIN;
     e->buf = s->stage_free[--s->nstage_free];
-    rc = MPI_Irecv(s->staging + (size_t)e->buf * s->datagram_size, (int)s->datagram_size,
+    rc = MPI_Irecv(s->staging + (size_t)e->buf * s->base.datagram_size, (int)s->base.datagram_size,
                    MPI_BYTE, MPI_ANY_SOURCE, MPI_ANY_TAG, s->data_comm, &s->recv_req[i]);
     if (rc != MPI_SUCCESS) {
         s->stage_free[s->nstage_free++] = e->buf;
@@ -527,7 +408,7 @@ static int progress_sends(mr_substrate_t *s)
             peer_mpi_error(s, s->done_dest[k], s->done_err[k], "a data send to");
             events += drain_failures(s);
         }
-        s->up.send_complete(s->core, s->done_cookie[k]);
+        s->base.up.send_complete(s->base.core, s->done_cookie[k]);
         events++;
     }
     return events;
@@ -563,25 +444,25 @@ static mr_status_t recv_error(mr_substrate_t *s, const MPI_Status *st, int rc, b
     char text[MPI_MAX_ERROR_STRING];
     int src = st->MPI_SOURCE;
 
-    if (src < 0 || src >= s->size) {
+    if (src < 0 || src >= s->base.size) {
         return mpi_fatal(s, rc, control ? "a control receive" : "a data receive");
     }
     if (mpi_errclass(rc) == MPI_ERR_TRUNCATE) {
         if (s->peer[src] == PEER_OK) {
             if (control) {
-                MLOG(s, MR_LOG_ERROR, "MPI substrate: rank %d sent a control message with a "
-                     "payload; its messages are discarded from now on.", src);
+                MR__LOG(s, MR_LOG_ERROR, "MPI substrate: rank %d sent a control message with a "
+                        "payload; its messages are discarded from now on.", src);
             } else {
-                MLOG(s, MR_LOG_ERROR, "MPI substrate: rank %d sent a message longer than the "
-                     "datagram size, %zu bytes (is its MAILRAIL_DATAGRAM_SIZE larger?); its "
-                     "messages are discarded from now on.", src, s->datagram_size);
+                MR__LOG(s, MR_LOG_ERROR, "MPI substrate: rank %d sent a message longer than the "
+                        "datagram size, %zu bytes (is its MAILRAIL_DATAGRAM_SIZE larger?); its "
+                        "messages are discarded from now on.", src, s->base.datagram_size);
             }
         }
         peer_mark_failed(s, src, MR_ERR_PROTOCOL);
         return MR_OK;
     }
-    MLOG(s, MR_LOG_WARN, "MPI substrate: a %s receive from rank %d failed: %s.",
-         control ? "control" : "data", src, mpi_errstr(rc, text, (int)sizeof(text)));
+    MR__LOG(s, MR_LOG_WARN, "MPI substrate: a %s receive from rank %d failed: %s.",
+            control ? "control" : "data", src, mpi_errstr(rc, text, (int)sizeof(text)));
     peer_mark_failed(s, src, MR_ERR_PEER_FAILED);
     return MR_OK;
 }
@@ -604,7 +485,7 @@ static int progress_ctrl_recvs(mr_substrate_t *s)
         int err = testsome_err(rc, st);
         if (err != MPI_SUCCESS) {
             if (recv_error(s, st, err, true) != MR_OK) return MR_ERR_TRANSPORT;
-        } else if (st->MPI_SOURCE >= 0 && st->MPI_SOURCE < s->size) {
+        } else if (st->MPI_SOURCE >= 0 && st->MPI_SOURCE < s->base.size) {
             src[n] = st->MPI_SOURCE;
             tag[n] = st->MPI_TAG;
             n++;
@@ -619,7 +500,7 @@ static int progress_ctrl_recvs(mr_substrate_t *s)
             s->discarded++;
             continue;
         }
-        s->up.control(s->core, src[k], (uint32_t)tag[k]);
+        s->base.up.control(s->base.core, src[k], (uint32_t)tag[k]);
         events++;
     }
     return events;
@@ -682,9 +563,9 @@ static int progress_data_recvs(mr_substrate_t *s)
             /* Nothing to deliver. */
             if (recv_error(s, &e->status, e->rc, false) != MR_OK) return MR_ERR_TRANSPORT;
             events++;
-        } else if (src < 0 || src >= s->size) {
-            MLOG(s, MR_LOG_ERROR, "MPI substrate: a data receive completed from rank %d, "
-                 "which is not in the job.", src);
+        } else if (src < 0 || src >= s->base.size) {
+            MR__LOG(s, MR_LOG_ERROR, "MPI substrate: a data receive completed from rank %d, "
+                    "which is not in the job.", src);
             s->broken = true;
             return MR_ERR_TRANSPORT;
         } else if (!peer_usable(s, src)) {
@@ -692,17 +573,17 @@ static int progress_data_recvs(mr_substrate_t *s)
             events++;
         } else {
             if (MPI_Get_count(&e->status, MPI_BYTE, &count) != MPI_SUCCESS || count < 0 ||
-                (size_t)count > s->datagram_size) {
-                MLOG(s, MR_LOG_ERROR, "MPI substrate: cannot tell the length of a message "
-                     "from rank %d.", src);
+                (size_t)count > s->base.datagram_size) {
+                MR__LOG(s, MR_LOG_ERROR, "MPI substrate: cannot tell the length of a message "
+                        "from rank %d.", src);
                 s->broken = true;
                 return MR_ERR_TRANSPORT;
             }
             /* Zero copy: the staging buffer itself, until release_recv(). */
-            mr_status_t st = s->up.deliver(s->core, src, MR_KIND_DATA,
-                                           (uint32_t)e->status.MPI_TAG,
-                                           s->staging + (size_t)e->buf * s->datagram_size,
-                                           (size_t)count, (void *)(uintptr_t)(e->buf + 1));
+            uint8_t *buf = s->staging + (size_t)e->buf * s->base.datagram_size;
+            mr_status_t st = s->base.up.deliver(s->base.core, src, MR_KIND_DATA,
+                                                (uint32_t)e->status.MPI_TAG, buf, (size_t)count,
+                                                (void *)(uintptr_t)(e->buf + 1));
             /* No receive slot to account for it: the head waits, and everything after. */
             if (st == MR_AGAIN) break;
             if (st != MR_OK) return MR_ERR_TRANSPORT;
@@ -748,23 +629,11 @@ static int progress_once(mr_substrate_t *s)
 
 static void mpi_close(mr_substrate_t *s);
 
-static mr_status_t mpi_open(const mr_substrate_params_t *p, mr_substrate_t **out)
+/* The MPI substrate needs the MPI bootstrap's communicator, and MPI running. */
+static mr_status_t mpi_check_bootstrap(const mr_substrate_params_t *p)
 {
-    const mr_substrate_upcalls_t *u;
-    mr_substrate_t *s;
-    MPI_Comm base;
-    int rc, flag = 0, crank = -1, csize = -1, initialized = 0;
-    int *ub = NULL;
-    size_t scratch;
-    mr_status_t st;
+    int initialized = 0;
 
-    if (p == NULL || out == NULL) return MR_ERR_INVALID_PARAM;
-    u = p->upcalls;
-    /*
-     * MPI_Comm_dup is collective: every check that could fail on some ranks
-     * only comes after it, so that no rank is left waiting in it. The core
-     * then agrees on the outcome and closes the substrate everywhere.
-     */
     if (p->bootstrap_comm == NULL) {
         if (p->log != NULL) {
             p->log(MR_LOG_ERROR, "MPI substrate: no MPI communicator from the bootstrap; the "
@@ -777,117 +646,130 @@ static mr_status_t mpi_open(const mr_substrate_params_t *p, mr_substrate_t **out
         if (p->log != NULL) p->log(MR_LOG_ERROR, "MPI substrate: MPI is not initialized.");
         return MR_ERR_TRANSPORT;
     }
-    s = calloc(1, sizeof(*s));
-    if (s == NULL) {
-        if (p->log != NULL) p->log(MR_LOG_ERROR, "MPI substrate: out of memory.");
-        /* Still take part in the collective duplications, so that the others do not hang. */
-        MPI_Comm a, b;
-        memcpy(&base, p->bootstrap_comm, sizeof(base));
-        if (MPI_Comm_dup(base, &a) == MPI_SUCCESS) MPI_Comm_free(&a);
-        if (MPI_Comm_dup(base, &b) == MPI_SUCCESS) MPI_Comm_free(&b);
-        return MR_ERR_NO_MEMORY;
-    }
-    s->log = p->log;
-    s->log_threshold = p->log_threshold ? p->log_threshold : &mpi_default_threshold;
-    s->data_comm = s->ctrl_comm = MPI_COMM_NULL;
-    s->rank = p->rank;
-    s->size = p->size;
-    s->datagram_size = p->datagram_size;
-    s->timeout_s = p->timeout_s;
-    s->core = p->core;
-    if (u != NULL) s->up = *u;
-    memcpy(&base, p->bootstrap_comm, sizeof(base));
+    return MR_OK;
+}
 
+/* No memory for the state: still takes part in both duplications, so that no rank hangs. */
+static mr_status_t mpi_open_out_of_memory(const mr_substrate_params_t *p)
+{
+    MPI_Comm base, a, b;
+
+    if (p->log != NULL) p->log(MR_LOG_ERROR, "MPI substrate: out of memory.");
+    memcpy(&base, p->bootstrap_comm, sizeof(base));
+    if (MPI_Comm_dup(base, &a) == MPI_SUCCESS) MPI_Comm_free(&a);
+    if (MPI_Comm_dup(base, &b) == MPI_SUCCESS) MPI_Comm_free(&b);
+    return MR_ERR_NO_MEMORY;
+}
+
+/*
+ * Duplicates the bootstrap's communicator for data and for control, both
+ * returning errors as codes. Collective: every rank makes both calls.
+ */
+static mr_status_t mpi_dup_comms(mr_substrate_t *s, const mr_substrate_params_t *p)
+{
+    MPI_Comm base;
+    int rc;
+
+    memcpy(&base, p->bootstrap_comm, sizeof(base));
     rc = MPI_Comm_dup(base, &s->data_comm);
     if (rc != MPI_SUCCESS) {
         s->data_comm = MPI_COMM_NULL;
-        st = mpi_fatal(s, rc, "duplicating the communicator for data (MPI_Comm_dup)");
+        mr_status_t st = mpi_fatal(s, rc, "duplicating the communicator for data (MPI_Comm_dup)");
         /* The second duplication still takes place, as on the other ranks. */
         MPI_Comm b;
         if (MPI_Comm_dup(base, &b) == MPI_SUCCESS) MPI_Comm_free(&b);
-        goto fail;
+        return st;
     }
     s->have_data_comm = true;
     rc = MPI_Comm_dup(base, &s->ctrl_comm);
     if (rc != MPI_SUCCESS) {
         s->ctrl_comm = MPI_COMM_NULL;
-        st = mpi_fatal(s, rc, "duplicating the communicator for control (MPI_Comm_dup)");
-        goto fail;
+        return mpi_fatal(s, rc, "duplicating the communicator for control (MPI_Comm_dup)");
     }
     s->have_ctrl_comm = true;
     MPI_Comm_set_errhandler(s->data_comm, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(s->ctrl_comm, MPI_ERRORS_RETURN);
+    return MR_OK;
+}
 
-    /* Local checks, now that the collectives are done. */
+/* The local checks, after the collectives: parameters, and rank and size as MPI sees them. */
+static mr_status_t mpi_check_params(mr_substrate_t *s, const mr_substrate_params_t *p)
+{
+    int crank = -1, csize = -1;
+
     if (!mr_substrate_params_valid(p, "MPI substrate", INT32_MAX, false)) {
-        st = MR_ERR_INVALID_PARAM;
-        goto fail;
+        return MR_ERR_INVALID_PARAM;
     }
     MPI_Comm_rank(s->data_comm, &crank);
     MPI_Comm_size(s->data_comm, &csize);
     if (crank != p->rank || csize != p->size) {
-        MLOG(s, MR_LOG_ERROR, "MPI substrate: the bootstrap communicator has this process as "
-             "rank %d of %d, the core says rank %d of %d.", crank, csize, p->rank, p->size);
-        st = MR_ERR_INVALID_PARAM;
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "MPI substrate: the bootstrap communicator has this process as "
+                "rank %d of %d, the core says rank %d of %d.", crank, csize, p->rank, p->size);
+        return MR_ERR_INVALID_PARAM;
     }
-    rc = MPI_Comm_get_attr(s->data_comm, MPI_TAG_UB, &ub, &flag);
+    return MR_OK;
+}
+
+static mr_status_t mpi_read_tag_ub(mr_substrate_t *s)
+{
+    int *ub = NULL, flag = 0;
+    int rc = MPI_Comm_get_attr(s->data_comm, MPI_TAG_UB, &ub, &flag);
+
     if (rc != MPI_SUCCESS || !flag || ub == NULL || *ub < 32767) {
-        MLOG(s, MR_LOG_ERROR, "MPI substrate: cannot read MPI_TAG_UB.");
-        st = MR_ERR_TRANSPORT;
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "MPI substrate: cannot read MPI_TAG_UB.");
+        return MR_ERR_TRANSPORT;
     }
     s->tag_ub = *ub;
+    return MR_OK;
+}
 
-    if (p->config != NULL) {
-        memcpy(&s->cfg, p->config, sizeof(s->cfg));
-    } else {
-        s->cfg.max_recvs = 64;
-        s->cfg.send_window = 64;
-    }
-    if (s->cfg.max_recvs < 1) s->cfg.max_recvs = 1;
-    if (s->cfg.max_recvs > 65536) s->cfg.max_recvs = 65536;
+/* The receive ring's length and the send window, from the settings. */
+static void mpi_apply_settings(mr_substrate_t *s, const mr_substrate_params_t *p)
+{
+    memcpy(&s->cfg, p->config, sizeof(s->cfg));
     s->nrecv = (unsigned)s->cfg.max_recvs;
     s->send_window = s->cfg.send_window;
     s->mark_every = s->send_window / MRMPI_MARKS_PER_WINDOW;
     if (s->mark_every == 0) s->mark_every = 1;
     /* Staged messages beyond the receive pool could not be delivered anyway. */
     if (p->recv_slots > 0 && s->nrecv > p->recv_slots) s->nrecv = (unsigned)p->recv_slots;
-
-    /* Everything the data path needs, allocated once. */
-    s->max_sends = p->max_sends;
     /* Room for one whole split immediate besides the ordinary control sends. */
     s->max_ctrl = MRMPI_CTRL_SENDS + split_count(s, UINT32_MAX);
-    scratch = s->max_sends;
+}
+
+/* Everything the data path needs, allocated once. */
+static mr_status_t mpi_alloc_buffers(mr_substrate_t *s)
+{
+    size_t max_sends = s->base.max_sends, scratch = max_sends;
+
     if (s->max_ctrl > scratch) scratch = s->max_ctrl;
     if (scratch < MRMPI_CTRL_RECVS) scratch = MRMPI_CTRL_RECVS;
     if (scratch < s->nrecv) scratch = s->nrecv;
-    if (s->max_sends > INT32_MAX || (size_t)s->nrecv > SIZE_MAX / 2 / s->datagram_size) {
-        MLOG(s, MR_LOG_ERROR, "MPI substrate: %zu send slots or %u staging buffers of %zu "
-             "bytes are too many.", s->max_sends, s->nrecv, s->datagram_size);
-        st = MR_ERR_INVALID_PARAM;
-        goto fail;
+    if (max_sends > INT32_MAX || (size_t)s->nrecv > SIZE_MAX / 2 / s->base.datagram_size) {
+        MR__LOG(s, MR_LOG_ERROR, "MPI substrate: %zu send slots or %u staging buffers of %zu "
+                "bytes are too many.", max_sends, s->nrecv, s->base.datagram_size);
+        return MR_ERR_INVALID_PARAM;
     }
     s->recvs = calloc(s->nrecv, sizeof(*s->recvs));
     s->recv_req = malloc(s->nrecv * sizeof(*s->recv_req));
     s->nstage = 2 * s->nrecv;
-    s->staging = malloc((size_t)s->nstage * s->datagram_size);
+    s->staging = malloc((size_t)s->nstage * s->base.datagram_size);
     s->stage_free = malloc(s->nstage * sizeof(*s->stage_free));
-    s->send_req = malloc(s->max_sends * sizeof(*s->send_req));
-    s->send_cookie = malloc(s->max_sends * sizeof(*s->send_cookie));
-    s->send_dest = malloc(s->max_sends * sizeof(*s->send_dest));
-    s->send_mark = malloc(s->max_sends * sizeof(*s->send_mark));
+    s->send_req = malloc(max_sends * sizeof(*s->send_req));
+    s->send_cookie = malloc(max_sends * sizeof(*s->send_cookie));
+    s->send_dest = malloc(max_sends * sizeof(*s->send_dest));
+    s->send_mark = malloc(max_sends * sizeof(*s->send_mark));
     s->ctrl_req = malloc(s->max_ctrl * sizeof(*s->ctrl_req));
     s->ctrl_dest = malloc(s->max_ctrl * sizeof(*s->ctrl_dest));
     s->indices = malloc(scratch * sizeof(*s->indices));
     s->statuses = malloc(scratch * sizeof(*s->statuses));
-    s->done_cookie = malloc(s->max_sends * sizeof(*s->done_cookie));
-    s->done_dest = malloc(s->max_sends * sizeof(*s->done_dest));
-    s->done_err = malloc(s->max_sends * sizeof(*s->done_err));
-    s->peer = calloc((size_t)s->size, sizeof(*s->peer));
-    s->peer_why = calloc((size_t)s->size, sizeof(*s->peer_why));
-    s->peer_sent = calloc((size_t)s->size, sizeof(*s->peer_sent));
-    s->peer_matched = calloc((size_t)s->size, sizeof(*s->peer_matched));
+    s->done_cookie = malloc(max_sends * sizeof(*s->done_cookie));
+    s->done_dest = malloc(max_sends * sizeof(*s->done_dest));
+    s->done_err = malloc(max_sends * sizeof(*s->done_err));
+    s->peer = calloc((size_t)s->base.size, sizeof(*s->peer));
+    s->peer_why = calloc((size_t)s->base.size, sizeof(*s->peer_why));
+    s->peer_sent = calloc((size_t)s->base.size, sizeof(*s->peer_sent));
+    s->peer_matched = calloc((size_t)s->base.size, sizeof(*s->peer_matched));
     if (s->recvs == NULL || s->recv_req == NULL || s->staging == NULL ||
         s->stage_free == NULL || s->send_req == NULL ||
         s->send_cookie == NULL || s->send_dest == NULL || s->send_mark == NULL ||
@@ -895,25 +777,52 @@ static mr_status_t mpi_open(const mr_substrate_params_t *p, mr_substrate_t **out
         s->ctrl_dest == NULL || s->indices == NULL || s->statuses == NULL ||
         s->done_cookie == NULL || s->done_dest == NULL || s->done_err == NULL ||
         s->peer == NULL || s->peer_why == NULL) {
-        MLOG(s, MR_LOG_ERROR, "MPI substrate: out of memory for %u staging buffers of %zu "
-             "bytes (MAILRAIL_MAX_RECVS) and %zu sends.", s->nrecv, s->datagram_size,
-             s->max_sends);
-        st = MR_ERR_NO_MEMORY;
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "MPI substrate: out of memory for %u staging buffers of %zu "
+                "bytes (MAILRAIL_MAX_RECVS) and %zu sends.", s->nrecv, s->base.datagram_size,
+                max_sends);
+        return MR_ERR_NO_MEMORY;
     }
     for (unsigned i = 0; i < s->nrecv; i++) s->recv_req[i] = MPI_REQUEST_NULL;
     for (unsigned b = 0; b < s->nstage; b++) s->stage_free[b] = s->nstage - 1 - b;
     s->nstage_free = s->nstage;
     for (unsigned i = 0; i < MRMPI_CTRL_RECVS; i++) s->ctrl_recv[i] = MPI_REQUEST_NULL;
-    MLOG(s, MR_LOG_DEBUG, "MPI substrate: rank %d of %d, MPI_TAG_UB %d, %u receives posted "
-         "into %zu bytes of staging, %zu data and %zu control send requests.", s->rank, s->size,
-         s->tag_ub, s->nrecv, (size_t)s->nrecv * s->datagram_size, s->max_sends, s->max_ctrl);
+    return MR_OK;
+}
+
+static mr_status_t mpi_open(const mr_substrate_params_t *p, mr_substrate_t **out)
+{
+    mr_substrate_t *s;
+    mr_status_t st;
+
+    if (p == NULL || out == NULL) return MR_ERR_INVALID_PARAM;
+    st = mpi_check_bootstrap(p);
+    if (st != MR_OK) return st;
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) return mpi_open_out_of_memory(p);
+    mr__base_init(&s->base, p);
+    s->data_comm = s->ctrl_comm = MPI_COMM_NULL;
+    /*
+     * MPI_Comm_dup is collective: every check that could fail on some ranks
+     * only comes after it, so that no rank is left waiting in it. The core
+     * then agrees on the outcome and closes the substrate everywhere.
+     */
+    st = mpi_dup_comms(s, p);
+    if (st == MR_OK) st = mpi_check_params(s, p);
+    if (st == MR_OK) st = mpi_read_tag_ub(s);
+    if (st == MR_OK) {
+        mpi_apply_settings(s, p);
+        st = mpi_alloc_buffers(s);
+    }
+    if (st != MR_OK) {
+        mpi_close(s);
+        return st;
+    }
+    MR__LOG(s, MR_LOG_DEBUG, "MPI substrate: rank %d of %d, MPI_TAG_UB %d, %u receives posted "
+            "into %zu bytes of staging, %zu data and %zu control send requests.", s->base.rank,
+            s->base.size, s->tag_ub, s->nrecv, (size_t)s->nrecv * s->base.datagram_size,
+            s->base.max_sends, s->max_ctrl);
     *out = s;
     return MR_OK;
-
-fail:
-    mpi_close(s);
-    return st;
 }
 
 static mr_status_t mpi_get_address(mr_substrate_t *s, void *addr, size_t *length)
@@ -924,7 +833,7 @@ static mr_status_t mpi_get_address(mr_substrate_t *s, void *addr, size_t *length
     memset(&w, 0, sizeof(w));
     w.magic = MRMPI_ADDR_MAGIC;
     w.version = MRMPI_ADDR_VERSION;
-    w.datagram_size = s->datagram_size;
+    w.datagram_size = s->base.datagram_size;
     w.pid = (int32_t)getpid();
     if (gethostname(w.host, sizeof(w.host)) != 0) w.host[0] = '\0';
     w.host[sizeof(w.host) - 1] = '\0';
@@ -962,26 +871,26 @@ static void mpi_format_address(const void *addr, size_t length, char *buf, size_
 static mr_status_t mpi_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
 {
     if (s == NULL || s->connected) return MR_ERR_INVALID_PARAM;
-    for (int r = 0; r < s->size; r++) {
+    for (int r = 0; r < s->base.size; r++) {
         mpi_wire_addr_t w;
         if (addrs == NULL ||
             !wire_addr_parse((const uint8_t *)addrs + (size_t)r * addr_len, addr_len, &w)) {
-            MLOG(s, MR_LOG_ERROR, "MPI substrate: the address of rank %d is not an MPI "
-                 "substrate address (does every rank use MAILRAIL_SUBSTRATE=mpi?).", r);
+            MR__LOG(s, MR_LOG_ERROR, "MPI substrate: the address of rank %d is not an MPI "
+                    "substrate address (does every rank use MAILRAIL_SUBSTRATE=mpi?).", r);
             return MR_ERR_PROTOCOL;
         }
         /*
          * A larger datagram elsewhere would truncate receives here, which
-         * MPICH 4.0 turns into an abort of the job (see the top of the file).
+         * MPICH 4.0 turns into an abort of the job (see docs/architecture.md).
          */
-        if (w.datagram_size != s->datagram_size) {
-            MLOG(s, MR_LOG_ERROR, "MPI substrate: rank %d has MAILRAIL_DATAGRAM_SIZE=%llu, "
-                 "rank %d has %zu; every rank must use the same datagram size.", r,
-                 (unsigned long long)w.datagram_size, s->rank, s->datagram_size);
+        if (w.datagram_size != s->base.datagram_size) {
+            MR__LOG(s, MR_LOG_ERROR, "MPI substrate: rank %d has MAILRAIL_DATAGRAM_SIZE=%llu, "
+                    "rank %d has %zu; every rank must use the same datagram size.", r,
+                    (unsigned long long)w.datagram_size, s->base.rank, s->base.datagram_size);
             return MR_ERR_CONFIG;
         }
     }
-    if (s->size > 1) {
+    if (s->base.size > 1) {
         s->head = 0;
         s->nposted = 0;
         if (data_post_all(s) != MR_OK) return MR_ERR_TRANSPORT;
@@ -998,8 +907,9 @@ static mr_status_t mpi_connect(mr_substrate_t *s, const void *addrs, size_t addr
 /* Checks what every send needs; MR_OK when `dest` may be sent to. */
 static mr_status_t send_check(mr_substrate_t *s, int dest)
 {
-    if (s == NULL) return MR_ERR_INVALID_PARAM;
-    if (dest < 0 || dest >= s->size || dest == s->rank) return MR_ERR_INVALID_RANK;
+    mr_status_t st = mr__send_target_check(s, dest);
+
+    if (st != MR_OK) return st;
     if (!s->connected) return MR_ERR_INVALID_RANK;
     if (s->broken) return MR_ERR_TRANSPORT;
     if (!peer_usable(s, dest)) return MR_ERR_PEER_FAILED;
@@ -1044,8 +954,8 @@ static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
 
     if (st != MR_OK) return st;
     if (kind != MR_KIND_DATA || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
-    if (length > s->datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
-    if (s->nsend == s->max_sends) return MR_AGAIN;
+    if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
+    if (s->nsend == s->base.max_sends) return MR_AGAIN;
     /* The receiver is a whole window behind: wait for a marker to complete. */
     seq = s->peer_sent[dest] + 1;
     if (s->send_window > 0 && seq - s->peer_matched[dest] > s->send_window) return MR_AGAIN;
@@ -1096,7 +1006,7 @@ static mr_status_t mpi_send_control(mr_substrate_t *s, int dest, uint32_t imm)
      * MPI, and could be matched by a communicator of a later mr_init() that
      * reuses the freed one's context id.
      */
-    if (s->closing) {
+    if (s->base.closing) {
         s->dropped_ctrl++;
         return MR_OK;
     }
@@ -1127,7 +1037,7 @@ static int mpi_progress(mr_substrate_t *s, int timeout_ms)
      * MPI has no wait with a timeout that covers all of this, so poll; but
      * let other processes run between polls, since ranks may outnumber cores.
      */
-    deadline = timeout_ms < 0 ? UINT64_MAX : mr_now_ns() + (uint64_t)timeout_ms * NS_PER_MS;
+    deadline = timeout_ms < 0 ? UINT64_MAX : mr_now_ns() + (uint64_t)timeout_ms * MR_NS_PER_MS;
     for (;;) {
         uint64_t now;
         if (rounds < MRMPI_SPIN_YIELDS) {
@@ -1141,20 +1051,6 @@ static int mpi_progress(mr_substrate_t *s, int timeout_ms)
         events = progress_once(s);
         if (events != 0) return events;
         if (mr_now_ns() >= deadline) return 0;
-    }
-}
-
-static void mpi_closing(mr_substrate_t *s)
-{
-    /* Nothing to flush: the core has waited for every data send. */
-    if (s != NULL) s->closing = true;
-}
-
-static void mpi_stats(mr_substrate_t *s, mr_stats_t *stats)
-{
-    if (s == NULL || stats == NULL) return;
-    if (stats->size >= offsetof(mr_stats_t, connections_rejected) + sizeof(uint64_t)) {
-        stats->connections_rejected += s->rejected;
     }
 }
 
@@ -1206,7 +1102,7 @@ static unsigned drain_unexpected(mr_substrate_t *s, MPI_Comm comm, uint64_t dead
             break;
         }
         MPI_Get_count(&st, MPI_BYTE, &count);
-        if (count > 0 && s->staging != NULL && (size_t)count <= s->datagram_size) {
+        if (count > 0 && s->staging != NULL && (size_t)count <= s->base.datagram_size) {
             rc = MPI_Imrecv(s->staging, count, MPI_BYTE, &msg, &req);
         } else {
             /* Zero bytes, or a longer message cut short: MPI reports truncation, fine here. */
@@ -1267,16 +1163,16 @@ static void mpi_close(mr_substrate_t *s)
     }
     if (s->have_ctrl_comm) dropped += drain_unexpected(s, s->ctrl_comm, deadline, &leak_staging);
     if (stuck > 0) {
-        MLOG(s, s->closing ? MR_LOG_WARN : MR_LOG_DEBUG,
-             "MPI substrate: %u requests did not complete at close and were left to MPI.",
-             stuck);
+        MR__LOG(s, s->base.closing ? MR_LOG_WARN : MR_LOG_DEBUG,
+                "MPI substrate: %u requests did not complete at close and were left to MPI.",
+                stuck);
     }
     if (dropped > 0 || s->discarded > 0 || s->dropped_ctrl > 0 || s->split_imm > 0) {
-        MLOG(s, MR_LOG_DEBUG, "MPI substrate: %u unmatched messages dropped at close, %llu "
-             "messages from failed ranks discarded, %llu credit returns not sent while "
-             "closing, %llu immediates split into control messages.", dropped,
-             (unsigned long long)s->discarded, (unsigned long long)s->dropped_ctrl,
-             (unsigned long long)s->split_imm);
+        MR__LOG(s, MR_LOG_DEBUG, "MPI substrate: %u unmatched messages dropped at close, %llu "
+                "messages from failed ranks discarded, %llu credit returns not sent while "
+                "closing, %llu immediates split into control messages.", dropped,
+                (unsigned long long)s->discarded, (unsigned long long)s->dropped_ctrl,
+                (unsigned long long)s->split_imm);
     }
     if (s->have_data_comm) MPI_Comm_free(&s->data_comm);
     if (s->have_ctrl_comm) MPI_Comm_free(&s->ctrl_comm);
@@ -1303,8 +1199,7 @@ static void mpi_close(mr_substrate_t *s)
 }
 
 static const mr_substrate_ops_t mpi_ops = {
-    .abi_version = MR_SUBSTRATE_ABI_VERSION,
-    .ops_size = sizeof(mr_substrate_ops_t),
+    MR__SUBSTRATE_OPS_HEAD,
     .name = "mpi",
     .description = "MPI (MPICH) point-to-point: MPI_Isend/MPI_Irecv, credits in tags on a "
                    "control communicator",
@@ -1318,12 +1213,9 @@ static const mr_substrate_ops_t mpi_ops = {
     .progress = mpi_progress,
     .release_recv = mpi_release_recv,
     .format_address = mpi_format_address,
-    .closing = mpi_closing,
-    .stats = mpi_stats,
+    .closing = mr__substrate_closing, /* Nothing to flush: the core waited for every data send. */
+    .stats = mr__substrate_stats,
     .close = mpi_close,
 };
 
-__attribute__((visibility("default"))) const mr_substrate_ops_t *mr_substrate_get_ops(void)
-{
-    return &mpi_ops;
-}
+MR__SUBSTRATE_ENTRY(mpi_ops)

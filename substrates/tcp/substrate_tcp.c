@@ -1,45 +1,12 @@
 /*
- * The TCP substrate: one authenticated TCP connection per pair of ranks.
- *
- * Every rank listens on one socket. In connect(), rank i connects to every
- * rank j > i and accepts a connection from every rank j < i. All sockets are
- * non-blocking and driven by one epoll instance, level-triggered.
- *
- * Address. get_address() yields a 12-byte blob, every field in
- * network byte order: magic "MRTC", version, a reserved byte, the port and
- * the IPv4 address.
- *
- * Handshake. As soon as it accepts a connection, the acceptor writes a
- * 16-byte random nonce. The connector reads it and writes a 44-byte AUTH
- * message, little-endian:
- *
- *     u32 magic (TCP_WIRE_AUTH_MAGIC), u16 version (2), u16 reserved (0),
- *     i32 connector rank, u8 mac[32]
- *
- * where mac = HMAC-SHA-512-256 (libsodium's crypto_auth) under the 32-byte
- * job key of nonce (16) || connector rank (i32 LE) || acceptor rank (i32 LE)
- * || "MRTCP-AUTH" (10 bytes). The acceptor reads exactly those 44 bytes and
- * checks magic, version, reserved, rank range (a rank below its own that is
- * not connected yet) and the mac, in constant time. Anything else, or
- * nothing within MAILRAIL_TCP_AUTH_TIMEOUT, closes the socket and counts a
- * rejected connection. The connector treats the connection as established
- * once its AUTH is written; the acceptor once the AUTH is verified.
- *
- * Frames. After the handshake both directions carry frames with a 12-byte
- * little-endian header: u32 length, u32 imm, u8 kind, u8 channel (0 data,
- * 1 control), u16 reserved (0). Data frames carry `length` payload bytes, at
- * most the datagram size; control frames carry none. A control frame is
- * written before the next data frame, never inside a partly written one.
- *
- * Every byte read from a peer is parsed by tcp_wire.c, which also writes them.
- *
- * Failures. End of stream or a socket error on an established connection is
- * a peer failure, reported once through peer_failed() by the next progress
- * call, unless the core has called closing(): from then on it closes that
- * connection quietly.
+ * The TCP substrate: one authenticated TCP connection per pair of ranks,
+ * non-blocking sockets driven by one epoll instance. The protocol (address,
+ * handshake, frames) and how failures are reported are described in
+ * docs/architecture.md, "The TCP substrate" (#the-tcp-substrate); tcp_wire.c
+ * reads and writes every byte of it.
  */
-#include "mr_substrate.h"
-#include "mr_time.h"
+#include "mr_random.h"
+#include "mr_substrate_base.h"
 #include "tcp_wire.h"
 
 #include <arpa/inet.h>
@@ -55,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -81,9 +47,6 @@
 #define TCP_RETRY_MS 100          /* Base back-off between connection attempts. */
 #define TCP_LISTEN_PAUSE_MS 100   /* Listener rest after running out of descriptors. */
 #define TCP_DROP_LOG_BURST 10     /* Dropped-connection warnings per second. */
-
-#define NS_PER_MS MR_NS_PER_MS
-#define NS_PER_S MR_NS_PER_S
 
 /* epoll tags: type in bits 56-63, generation in bits 32-55, index in bits 0-31. */
 enum { TAG_LISTEN = 1, TAG_PEER = 2, TAG_PENDING = 3 };
@@ -135,10 +98,10 @@ _Static_assert(TCP_WIRE_ADDR_LEN <= MR_SUBSTRATE_ADDR_MAX, "address too long");
 
 /* One data send: a frame header and a payload owned by the core. */
 typedef struct tcp_req {
-    struct tcp_req *next;
+    mr__sreq_t link;           /* Free list, done queue, and send()'s cookie. */
+    struct tcp_req *sq_next;   /* The connection's send queue. */
     const void *data;
     size_t length;
-    void *cookie;
     uint8_t hdr[TCP_HDR_LEN];
 } tcp_req_t;
 
@@ -214,14 +177,8 @@ typedef struct tcp_pending {
 } tcp_pending_t;
 
 struct mr_substrate {
-    int rank, size;
-    size_t datagram_size;
-    unsigned timeout_s;
+    mr__substrate_base_t base; /* base.rejected: strangers dropped, peers cut for bad frames. */
     uint8_t key[TCP_WIRE_KEY_LEN];
-    void *core;
-    mr_substrate_upcalls_t up;
-    void (*log)(mr_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-    const mr_log_level_t *log_threshold;
     tcp_config_t cfg;
     uint64_t auth_timeout_ns;
 
@@ -231,27 +188,23 @@ struct mr_substrate {
     uint64_t listen_resume_at;  /* Nonzero: the listener rests until then. */
 
     bool connect_started, connected;
-    bool closing;               /* closing() was called: end of stream is expected. */
     int nestablished;
 
     tcp_conn_t *conns;          /* size entries, indexed by rank. */
     uint8_t *bufs;              /* Backing store of every rxbuf and ctrl ring. */
-    tcp_req_t *reqs, *free_reqs;
-    tcp_req_t *done_head, *done_tail;
+    tcp_req_t *reqs;
+    mr__sreq_t *free_reqs;
+    mr__done_queue_t done;
     tcp_conn_t *rx_head, *rx_tail;
     tcp_conn_t *fail_head, *fail_tail;
     tcp_pending_t pending[TCP_MAX_PENDING];
     unsigned npending;
 
-    uint64_t rejected;          /* Strangers dropped and peers cut for protocol errors. */
     uint64_t drop_log_window;   /* Start of the current second of drop warnings. */
     unsigned drop_log_count;
     uint64_t drop_log_suppressed;
 };
-
-static const mr_log_level_t tcp_default_threshold = MR_LOG_WARN;
-
-#define TLOG(s, level, ...) MR_SUBSTRATE_LOG((s)->log, (s)->log_threshold, level, __VA_ARGS__)
+MR__BASE_CHECK();
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers.                                                            */
@@ -265,21 +218,6 @@ static const char *sin_str(const struct sockaddr_in *sin, char *buf, size_t len)
     if (inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip)) == NULL) snprintf(ip, sizeof(ip), "?");
     snprintf(buf, len, "%s:%u", ip, (unsigned)ntohs(sin->sin_port));
     return buf;
-}
-
-static bool fill_random(uint8_t *buf, size_t len)
-{
-    size_t got = 0;
-
-    while (got < len) {
-        ssize_t n = getrandom(buf + got, len - got, 0);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return false;
-        }
-        got += (size_t)n;
-    }
-    return true;
 }
 
 static int set_interest(mr_substrate_t *s, int fd, uint64_t tag, bool *registered,
@@ -331,8 +269,8 @@ static void conn_update_interest(mr_substrate_t *s, tcp_conn_t *c)
     }
     err = conn_set_interest(s, c, want);
     if (err != 0) {
-        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot watch the connection to rank %d: %s.",
-             c->rank, strerror(-err));
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: cannot watch the connection to rank %d: %s.",
+                c->rank, strerror(-err));
         conn_fail(s, c, MR_ERR_PEER_FAILED);
     }
 }
@@ -351,25 +289,13 @@ static void close_fd(mr_substrate_t *s, int *fd, bool *registered)
 
 static tcp_req_t *req_alloc(mr_substrate_t *s)
 {
-    tcp_req_t *r = s->free_reqs;
-    if (r != NULL) s->free_reqs = r->next;
-    return r;
+    return (tcp_req_t *)(void *)mr__sreq_pop(&s->free_reqs);
 }
 
 static void req_free(mr_substrate_t *s, tcp_req_t *r)
 {
-    r->next = s->free_reqs;
     r->data = NULL;
-    r->cookie = NULL;
-    s->free_reqs = r;
-}
-
-static void done_push(mr_substrate_t *s, tcp_req_t *r)
-{
-    r->next = NULL;
-    if (s->done_tail != NULL) s->done_tail->next = r;
-    else s->done_head = r;
-    s->done_tail = r;
+    mr__sreq_push(&s->free_reqs, &r->link);
 }
 
 static void rx_list_push(mr_substrate_t *s, tcp_conn_t *c)
@@ -393,7 +319,7 @@ static void conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why)
     c->state = C_FAILED;
     c->interest = 0;
     c->fail_why = why;
-    if (why == MR_ERR_PROTOCOL) s->rejected++;
+    if (why == MR_ERR_PROTOCOL) s->base.rejected++;
     if (!c->on_fail_list) {
         c->on_fail_list = true;
         c->fail_next = NULL;
@@ -408,26 +334,27 @@ static void conn_fail_errno(mr_substrate_t *s, tcp_conn_t *c, int err, const cha
     char a[40];
 
     if (c->state != C_ESTABLISHED) return;
-    if (s->closing && !conn_has_output(c) && c->rx_phase == RX_HEADER &&
+    if (s->base.closing && !conn_has_output(c) && c->rx_phase == RX_HEADER &&
         c->rx_end == c->rx_start) {
         /* Every rank is finalizing: an orderly close, between frames, with nothing owed. */
-        TLOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d (%s) closed its connection while "
-             "finalizing (%s).", c->rank, sin_str(&c->addr, a, sizeof(a)),
-             err ? strerror(err) : "end of stream");
+        MR__LOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d (%s) closed its connection while "
+                "finalizing (%s).", c->rank, sin_str(&c->addr, a, sizeof(a)),
+                err ? strerror(err) : "end of stream");
         close_fd(s, &c->fd, &c->registered);
         c->interest = 0;
         c->state = C_CLOSED;
         return;
     }
     if (err == 0) {
-        TLOG(s, MR_LOG_WARN,
-             "TCP substrate: rank %d (%s) closed its connection (end of stream%s).",
-             c->rank, sin_str(&c->addr, a, sizeof(a)),
-             c->rx_phase != RX_HEADER || c->rx_end > c->rx_start ? " in the middle of a frame"
+        MR__LOG(s, MR_LOG_WARN,
+                "TCP substrate: rank %d (%s) closed its connection (end of stream%s).",
+                c->rank, sin_str(&c->addr, a, sizeof(a)),
+                c->rx_phase != RX_HEADER || c->rx_end > c->rx_start ? " in the middle of a frame"
                                                                  : "");
     } else {
-        TLOG(s, MR_LOG_WARN, "TCP substrate: the connection to rank %d (%s) failed while %s: %s.",
-             c->rank, sin_str(&c->addr, a, sizeof(a)), what, strerror(err));
+        MR__LOG(s, MR_LOG_WARN,
+                "TCP substrate: the connection to rank %d (%s) failed while %s: %s.", c->rank,
+                sin_str(&c->addr, a, sizeof(a)), what, strerror(err));
     }
     conn_fail(s, c, MR_ERR_PEER_FAILED);
 }
@@ -459,10 +386,10 @@ static void sq_complete_head(mr_substrate_t *s, tcp_conn_t *c)
 {
     tcp_req_t *r = c->sq_head;
 
-    c->sq_head = r->next;
+    c->sq_head = r->sq_next;
     if (c->sq_head == NULL) c->sq_tail = NULL;
     c->sq_off = 0;
-    done_push(s, r);
+    mr__done_push(&s->done, &r->link);
 }
 
 /* Accounts for `left` bytes written from the iovecs conn_flush gathered. */
@@ -520,7 +447,7 @@ static void conn_flush(mr_substrate_t *s, tcp_conn_t *c)
 
         if (r != NULL && c->sq_off > 0) {
             n = req_iov(r, c->sq_off, iov, n);
-            r = r->next;
+            r = r->sq_next;
         }
         if (c->ctrl_count > 0) {
             unsigned first = c->ctrl_head;
@@ -537,7 +464,7 @@ static void conn_flush(mr_substrate_t *s, tcp_conn_t *c)
         }
         while (r != NULL && n + 2 <= TCP_MAX_IOV) {
             n = req_iov(r, 0, iov, n);
-            r = r->next;
+            r = r->sq_next;
         }
         for (int i = 0; i < n; i++) total += iov[i].iov_len;
 
@@ -564,10 +491,10 @@ static void conn_protocol_error(mr_substrate_t *s, tcp_conn_t *c, const tcp_wire
 {
     char a[40];
 
-    TLOG(s, MR_LOG_ERROR,
-         "TCP substrate: rank %d (%s) broke the frame protocol (%s: %lld); closing its "
-         "connection.",
-         c->rank, sin_str(&c->addr, a, sizeof(a)), err->what, err->value);
+    MR__LOG(s, MR_LOG_ERROR,
+            "TCP substrate: rank %d (%s) broke the frame protocol (%s: %lld); closing its "
+            "connection.",
+            c->rank, sin_str(&c->addr, a, sizeof(a)), err->what, err->value);
     conn_fail(s, c, MR_ERR_PROTOCOL);
 }
 
@@ -603,12 +530,12 @@ static int conn_read(mr_substrate_t *s, tcp_conn_t *c)
             tcp_wire_frame_t f;
             tcp_wire_error_t err;
             mr_status_t st = tcp_wire_frame_decode(c->rxbuf + c->rx_start, avail,
-                                                   s->datagram_size, &f, &err);
+                                                   s->base.datagram_size, &f, &err);
             if (st == MR_OK) {
                 c->rx_start += TCP_HDR_LEN;
                 if (f.channel == TCP_WIRE_CH_CONTROL) {
                     frames++;
-                    s->up.control(s->core, c->rank, f.imm);
+                    s->base.up.control(s->base.core, c->rank, f.imm);
                     continue;
                 }
                 c->rx_frame = f;
@@ -632,7 +559,7 @@ static int conn_read(mr_substrate_t *s, tcp_conn_t *c)
             }
             if (!conn_read_error(s, c, n)) break;
         } else if (c->rx_phase == RX_SLOT) {
-            void *slot = s->up.recv_slot_acquire(s->core);
+            void *slot = s->base.up.recv_slot_acquire(s->base.core);
             if (slot == NULL) {
                 if (!c->rx_paused) {
                     c->rx_paused = true;
@@ -664,11 +591,11 @@ static int conn_read(mr_substrate_t *s, tcp_conn_t *c)
                 c->rx_phase = RX_HEADER;
                 if (c->rx_start == c->rx_end) c->rx_start = c->rx_end = 0;
                 frames++;
-                st = s->up.deliver(s->core, c->rank, c->rx_frame.kind, c->rx_frame.imm, slot,
-                                   c->rx_frame.length, NULL);
+                st = s->base.up.deliver(s->base.core, c->rank, c->rx_frame.kind,
+                                        c->rx_frame.imm, slot, c->rx_frame.length, NULL);
                 if (st != MR_OK) {
-                    TLOG(s, MR_LOG_DEBUG, "TCP substrate: the core refused a message from "
-                         "rank %d (status %d).", c->rank, (int)st);
+                    MR__LOG(s, MR_LOG_DEBUG, "TCP substrate: the core refused a message from "
+                            "rank %d (status %d).", c->rank, (int)st);
                 }
                 continue;
             }
@@ -713,12 +640,12 @@ static bool drop_log_allowed(mr_substrate_t *s)
 {
     uint64_t now = mr_now_ns();
 
-    if (now - s->drop_log_window >= NS_PER_S) {
+    if (now - s->drop_log_window >= MR_NS_PER_S) {
         if (s->drop_log_suppressed > 0) {
-            TLOG(s, MR_LOG_WARN,
-                 "TCP substrate: %llu more incoming connections were dropped without a log "
-                 "line of their own.",
-                 (unsigned long long)s->drop_log_suppressed);
+            MR__LOG(s, MR_LOG_WARN,
+                    "TCP substrate: %llu more incoming connections were dropped without a log "
+                    "line of their own.",
+                    (unsigned long long)s->drop_log_suppressed);
         }
         s->drop_log_window = now;
         s->drop_log_count = 0;
@@ -741,14 +668,14 @@ static void pending_drop(mr_substrate_t *s, tcp_pending_t *p, const char *fmt, .
     char a[40], why[160];
     va_list ap;
 
-    if (MR_LOG_WARN <= *s->log_threshold && drop_log_allowed(s)) {
+    if (mr__log_enabled(&s->base, MR_LOG_WARN) && drop_log_allowed(s)) {
         va_start(ap, fmt);
         vsnprintf(why, sizeof(why), fmt, ap);
         va_end(ap);
-        TLOG(s, MR_LOG_WARN, "TCP substrate: dropped an incoming connection from %s: %s.",
-             sin_str(&p->peer, a, sizeof(a)), why);
+        MR__LOG(s, MR_LOG_WARN, "TCP substrate: dropped an incoming connection from %s: %s.",
+                sin_str(&p->peer, a, sizeof(a)), why);
     }
-    s->rejected++;
+    s->base.rejected++;
     close_fd(s, &p->fd, &p->registered);
     p->interest = 0;
     s->npending--;
@@ -780,14 +707,14 @@ static void pending_verify(mr_substrate_t *s, tcp_pending_t *p)
     int32_t rank = -1;
     tcp_wire_error_t err;
     tcp_conn_t *c;
-    mr_status_t st = tcp_wire_auth_verify(p->auth, p->auth_got, s->key, p->nonce, s->rank,
+    mr_status_t st = tcp_wire_auth_verify(p->auth, p->auth_got, s->key, p->nonce, s->base.rank,
                                           &rank, &err);
 
     if (st != MR_OK) {
         switch (st == MR_AGAIN ? TCP_WIRE_TRUNCATED : err.fault) {
         case TCP_WIRE_BAD_RANK:
             pending_drop(s, p, "it claims rank %lld, which does not connect to rank %d",
-                         err.value, s->rank);
+                         err.value, s->base.rank);
             break;
         case TCP_WIRE_BAD_MAC:
             pending_drop(s, p, "it claims rank %lld but its proof of the job key is wrong",
@@ -820,10 +747,10 @@ static void pending_verify(mr_substrate_t *s, tcp_pending_t *p)
         c->addr = p->peer;
     }
     conn_established(s, c);
-    if (*s->log_threshold >= MR_LOG_DEBUG) {
+    if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
         char a[40];
-        TLOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d connected from %s and authenticated.",
-             c->rank, sin_str(&p->peer, a, sizeof(a)));
+        MR__LOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d connected from %s and authenticated.",
+                c->rank, sin_str(&p->peer, a, sizeof(a)));
     }
 }
 
@@ -873,7 +800,7 @@ static void listener_pause(mr_substrate_t *s, uint64_t now)
 
     set_interest(s, s->lfd, TAG(TAG_LISTEN, 0, 0), &reg, &interest, 0);
     s->listen_registered = reg;
-    s->listen_resume_at = now + TCP_LISTEN_PAUSE_MS * NS_PER_MS;
+    s->listen_resume_at = now + TCP_LISTEN_PAUSE_MS * MR_NS_PER_MS;
 }
 
 static void listener_maybe_resume(mr_substrate_t *s, uint64_t now)
@@ -884,7 +811,7 @@ static void listener_maybe_resume(mr_substrate_t *s, uint64_t now)
     if (set_interest(s, s->lfd, TAG(TAG_LISTEN, 0, 0), &reg, &interest, EPOLLIN) == 0) {
         s->listen_resume_at = 0;
     } else {
-        s->listen_resume_at = now + TCP_LISTEN_PAUSE_MS * NS_PER_MS;
+        s->listen_resume_at = now + TCP_LISTEN_PAUSE_MS * MR_NS_PER_MS;
     }
     s->listen_registered = reg;
 }
@@ -904,14 +831,14 @@ static void listener_event(mr_substrate_t *s)
             if (errno == EAGAIN || errno == EWOULDBLOCK) return;
             if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                TLOG(s, MR_LOG_WARN,
-                     "TCP substrate: cannot accept connections (%s); the listener pauses "
-                     "for %d ms.",
-                     strerror(errno), TCP_LISTEN_PAUSE_MS);
+                MR__LOG(s, MR_LOG_WARN,
+                        "TCP substrate: cannot accept connections (%s); the listener pauses "
+                        "for %d ms.",
+                        strerror(errno), TCP_LISTEN_PAUSE_MS);
                 listener_pause(s, mr_now_ns());
                 return;
             }
-            TLOG(s, MR_LOG_WARN, "TCP substrate: accept failed: %s.", strerror(errno));
+            MR__LOG(s, MR_LOG_WARN, "TCP substrate: accept failed: %s.", strerror(errno));
             return;
         }
         now = mr_now_ns();
@@ -923,13 +850,13 @@ static void listener_event(mr_substrate_t *s)
         }
         if (p == NULL) {
             char a[40];
-            if (MR_LOG_WARN <= *s->log_threshold && drop_log_allowed(s)) {
-                TLOG(s, MR_LOG_WARN,
-                     "TCP substrate: dropped an incoming connection from %s: %d connections "
-                     "are already authenticating.",
-                     sin_str(&sa, a, sizeof(a)), TCP_MAX_PENDING);
+            if (mr__log_enabled(&s->base, MR_LOG_WARN) && drop_log_allowed(s)) {
+                MR__LOG(s, MR_LOG_WARN,
+                        "TCP substrate: dropped an incoming connection from %s: %d connections "
+                        "are already authenticating.",
+                        sin_str(&sa, a, sizeof(a)), TCP_MAX_PENDING);
             }
-            s->rejected++;
+            s->base.rejected++;
             close(fd);
             continue;
         }
@@ -943,7 +870,7 @@ static void listener_event(mr_substrate_t *s)
         p->deadline = now + s->auth_timeout_ns;
         s->npending++;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        if (!fill_random(p->nonce, sizeof(p->nonce))) {
+        if (!mr__random_bytes(p->nonce, sizeof(p->nonce))) {
             pending_drop(s, p, "no random challenge could be drawn (%s)", strerror(errno));
             continue;
         }
@@ -990,10 +917,10 @@ static void connector_retry(mr_substrate_t *s, tcp_conn_t *c, int err, const cha
     c->interest = 0;
     c->state = C_RETRY;
     c->last_err = err;
-    c->retry_at = mr_now_ns() + backoff * NS_PER_MS;
-    TLOG(s, MR_LOG_DEBUG, "TCP substrate: attempt %u to connect to rank %d (%s) failed while %s: "
-         "%s; retrying.", c->attempts, c->rank, sin_str(&c->addr, a, sizeof(a)), what,
-         err ? strerror(err) : "connection closed by the peer");
+    c->retry_at = mr_now_ns() + backoff * MR_NS_PER_MS;
+    MR__LOG(s, MR_LOG_DEBUG, "TCP substrate: attempt %u to connect to rank %d (%s) failed while "
+            "%s: %s; retrying.", c->attempts, c->rank, sin_str(&c->addr, a, sizeof(a)), what,
+            err ? strerror(err) : "connection closed by the peer");
 }
 
 /* Writes the connector's AUTH; on success the connection is established. */
@@ -1016,10 +943,10 @@ static void connector_send_auth(mr_substrate_t *s, tcp_conn_t *c)
         c->hs_off += (size_t)n;
     }
     conn_established(s, c);
-    if (*s->log_threshold >= MR_LOG_DEBUG) {
+    if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
         char a[40];
-        TLOG(s, MR_LOG_DEBUG, "TCP substrate: connected to rank %d at %s.", c->rank,
-             sin_str(&c->addr, a, sizeof(a)));
+        MR__LOG(s, MR_LOG_DEBUG, "TCP substrate: connected to rank %d at %s.", c->rank,
+                sin_str(&c->addr, a, sizeof(a)));
     }
 }
 
@@ -1041,7 +968,7 @@ static void connector_read_nonce(mr_substrate_t *s, tcp_conn_t *c)
     }
     uint8_t nonce[TCP_NONCE_LEN];
     memcpy(nonce, c->hs, TCP_NONCE_LEN);
-    tcp_wire_auth_encode(c->hs, s->key, nonce, s->rank, c->rank);
+    tcp_wire_auth_encode(c->hs, s->key, nonce, s->base.rank, c->rank);
     c->hs_off = 0;
     c->state = C_AUTH;
     connector_send_auth(s, c);
@@ -1079,8 +1006,8 @@ static bool connector_start(mr_substrate_t *s, tcp_conn_t *c)
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 
     if (fd < 0) {
-        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot create a socket to reach rank %d: %s.",
-             c->rank, strerror(errno));
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: cannot create a socket to reach rank %d: %s.",
+                c->rank, strerror(errno));
         return false;
     }
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -1125,7 +1052,7 @@ static int dispatch(mr_substrate_t *s, const struct epoll_event *e)
         }
         return 0;
     case TAG_PEER:
-        if (idx < (uint32_t)s->size) {
+        if (idx < (uint32_t)s->base.size) {
             tcp_conn_t *c = &s->conns[idx];
             if (c->fd < 0 || (c->gen & 0xffffffu) != gen) return 0;
             if (c->state == C_ESTABLISHED) return s->connected ? conn_event(s, c, e->events) : 0;
@@ -1153,43 +1080,25 @@ static int drain_failed(mr_substrate_t *s)
         if (c->rx_slot != NULL) {
             void *slot = c->rx_slot;
             c->rx_slot = NULL;
-            s->up.recv_slot_abandon(s->core, slot);
+            s->base.up.recv_slot_abandon(s->base.core, slot);
         }
         c->rx_phase = RX_HEADER;
         c->rx_start = c->rx_end = 0;
         c->ctrl_count = 0;
         c->ctrl_off = 0;
-        s->up.peer_failed(s->core, c->rank, c->fail_why);
+        s->base.up.peer_failed(s->base.core, c->rank, c->fail_why);
         n++;
         /* Every queued send completes, so that the core gets its buffers back. */
         tcp_req_t *r;
         while ((r = c->sq_head) != NULL) {
-            void *cookie = r->cookie;
-            c->sq_head = r->next;
+            void *cookie = r->link.cookie;
+            c->sq_head = r->sq_next;
             if (c->sq_head == NULL) c->sq_tail = NULL;
             c->sq_off = 0;
             req_free(s, r);
-            s->up.send_complete(s->core, cookie);
+            s->base.up.send_complete(s->base.core, cookie);
             n++;
         }
-    }
-    return n;
-}
-
-static int drain_done(mr_substrate_t *s)
-{
-    tcp_req_t *r = s->done_head;
-    int n = 0;
-
-    /* Detached first: completions of sends made by these upcalls wait for the next call. */
-    s->done_head = s->done_tail = NULL;
-    while (r != NULL) {
-        tcp_req_t *next = r->next;
-        void *cookie = r->cookie;
-        req_free(s, r);
-        s->up.send_complete(s->core, cookie);
-        n++;
-        r = next;
     }
     return n;
 }
@@ -1229,17 +1138,17 @@ static mr_status_t tcp_resolve(mr_substrate_t *s, const char *text, struct in_ad
 
     if (inet_pton(AF_INET, text, out) == 1) {
         if (out->s_addr == htonl(INADDR_ANY)) {
-            TLOG(s, MR_LOG_ERROR,
-                 "TCP substrate: MAILRAIL_TCP_ADDR=%s is the wildcard address, which peers "
-                 "cannot connect to; name a specific IPv4 address or a network interface.",
-                 text);
+            MR__LOG(s, MR_LOG_ERROR,
+                    "TCP substrate: MAILRAIL_TCP_ADDR=%s is the wildcard address, which peers "
+                    "cannot connect to; name a specific IPv4 address or a network interface.",
+                    text);
             return MR_ERR_CONFIG;
         }
         return MR_OK;
     }
     if (getifaddrs(&ifs) != 0) {
-        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot list the network interfaces: %s.",
-             strerror(errno));
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: cannot list the network interfaces: %s.",
+                strerror(errno));
         return MR_ERR_TRANSPORT;
     }
     for (ifa = ifs; ifa != NULL; ifa = ifa->ifa_next) {
@@ -1254,10 +1163,10 @@ static mr_status_t tcp_resolve(mr_substrate_t *s, const char *text, struct in_ad
     }
     freeifaddrs(ifs);
     if (!found) {
-        TLOG(s, MR_LOG_ERROR,
-             "TCP substrate: MAILRAIL_TCP_ADDR=%s is neither an IPv4 address nor the name of a "
-             "network interface that has an IPv4 address.",
-             text);
+        MR__LOG(s, MR_LOG_ERROR,
+                "TCP substrate: MAILRAIL_TCP_ADDR=%s is neither an IPv4 address nor the name of a "
+                "network interface that has an IPv4 address.",
+                text);
         return MR_ERR_CONFIG;
     }
     return MR_OK;
@@ -1275,104 +1184,81 @@ static void tcp_close(mr_substrate_t *s);
  */
 static mr_status_t tcp_reserve_descriptors(mr_substrate_t *s)
 {
-    rlim_t need = (rlim_t)s->size + TCP_MAX_PENDING + TCP_SPARE_FDS;
+    rlim_t need = (rlim_t)s->base.size + TCP_MAX_PENDING + TCP_SPARE_FDS;
     struct rlimit rl;
 
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
         return MR_OK;
     }
     if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
-        TLOG(s, MR_LOG_ERROR,
-             "TCP substrate: %d ranks need about %llu file descriptors per process, but the hard "
-             "limit is %llu (ulimit -Hn): raise it, or use a substrate that does not keep a "
-             "socket per peer (MAILRAIL_SUBSTRATE=ucx).",
-             s->size, (unsigned long long)need, (unsigned long long)rl.rlim_max);
+        MR__LOG(s, MR_LOG_ERROR,
+                "TCP substrate: %d ranks need about %llu file descriptors per process, but the "
+                "hard limit is %llu (ulimit -Hn): raise it, or use a substrate that does not keep "
+                "a socket per peer (MAILRAIL_SUBSTRATE=ucx).",
+                s->base.size, (unsigned long long)need, (unsigned long long)rl.rlim_max);
         return MR_ERR_TRANSPORT;
     }
     rlim_t was = rl.rlim_cur;
     rl.rlim_cur = need;
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
-        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot raise the descriptor limit from %llu to %llu "
-             "for %d ranks: %s.", (unsigned long long)was, (unsigned long long)need, s->size,
-             strerror(errno));
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: cannot raise the descriptor limit from %llu to "
+                "%llu for %d ranks: %s.", (unsigned long long)was, (unsigned long long)need,
+                s->base.size, strerror(errno));
         return MR_ERR_TRANSPORT;
     }
-    TLOG(s, MR_LOG_INFO, "TCP substrate: raised the soft descriptor limit from %llu to %llu for "
-         "%d ranks.", (unsigned long long)was, (unsigned long long)need, s->size);
+    MR__LOG(s, MR_LOG_INFO, "TCP substrate: raised the soft descriptor limit from %llu to %llu for "
+            "%d ranks.", (unsigned long long)was, (unsigned long long)need, s->base.size);
     return MR_OK;
 }
 
-static mr_status_t tcp_open(const mr_substrate_params_t *p, mr_substrate_t **out)
+/* Copies the job key and the settings; nothing is open yet. */
+static void tcp_init_state(mr_substrate_t *s, const mr_substrate_params_t *p)
 {
-    mr_substrate_t *s;
-    const mr_substrate_upcalls_t *u;
-    struct sockaddr_in sa;
-    socklen_t salen = sizeof(sa);
-    mr_status_t st;
-    int one = 1;
-
-    if (p == NULL || out == NULL) return MR_ERR_INVALID_PARAM;
-    u = p->upcalls;
-    if (!mr_substrate_params_valid(p, "TCP substrate", UINT32_MAX, true)) {
-        return MR_ERR_INVALID_PARAM;
-    }
     _Static_assert(MR_JOB_KEY_LEN == TCP_WIRE_KEY_LEN, "the handshake's key is the job key");
-    if (tcp_wire_init() != MR_OK) {
-        MR_SUBSTRATE_LOG(p->log, p->log_threshold ? p->log_threshold : &tcp_default_threshold,
-                         MR_LOG_ERROR, "TCP substrate: libsodium cannot be initialized.");
-        return MR_ERR_TRANSPORT;
-    }
-    s = calloc(1, sizeof(*s));
-    if (s == NULL) return MR_ERR_NO_MEMORY;
-    s->rank = p->rank;
-    s->size = p->size;
-    s->datagram_size = p->datagram_size;
-    s->timeout_s = p->timeout_s;
     memcpy(s->key, p->job_key, TCP_WIRE_KEY_LEN);
-    s->core = p->core;
-    s->up = *u;
-    s->log = p->log;
-    s->log_threshold = p->log_threshold ? p->log_threshold : &tcp_default_threshold;
+    memcpy(&s->cfg, p->config, sizeof(s->cfg));
+    s->cfg.addr[sizeof(s->cfg.addr) - 1] = '\0';
+    s->auth_timeout_ns = s->cfg.auth_timeout_s * MR_NS_PER_S;
     s->epfd = -1;
     s->lfd = -1;
     for (unsigned k = 0; k < TCP_MAX_PENDING; k++) s->pending[k].fd = -1;
+}
 
-    if (p->config != NULL) {
-        memcpy(&s->cfg, p->config, sizeof(s->cfg));
-        s->cfg.addr[sizeof(s->cfg.addr) - 1] = '\0';
-    } else {
-        snprintf(s->cfg.addr, sizeof(s->cfg.addr), "127.0.0.1");
-        s->cfg.port = 0;
-        s->cfg.auth_timeout_s = 5;
-    }
-    if (s->cfg.auth_timeout_s < 1) s->cfg.auth_timeout_s = 1;
-    if (s->cfg.auth_timeout_s > 3600) s->cfg.auth_timeout_s = 3600;
-    s->auth_timeout_ns = s->cfg.auth_timeout_s * NS_PER_S;
-    if (s->cfg.port > 65535 || (s->cfg.port != 0 && s->cfg.port + (uint64_t)s->rank > 65535)) {
-        TLOG(s, MR_LOG_ERROR,
-             "TCP substrate: MAILRAIL_TCP_PORT=%llu plus rank %d exceeds the largest port, "
-             "65535.",
-             (unsigned long long)s->cfg.port, s->rank);
-        st = MR_ERR_CONFIG;
-        goto fail;
-    }
-    st = tcp_reserve_descriptors(s);
-    if (st != MR_OK) goto fail;
+static mr_status_t tcp_init_mac(mr_substrate_t *s)
+{
+    if (tcp_wire_init() == MR_OK) return MR_OK;
+    MR__LOG(s, MR_LOG_ERROR, "TCP substrate: libsodium cannot be initialized.");
+    return MR_ERR_TRANSPORT;
+}
 
-    /* Per-peer state, and the request pool: nothing is allocated on the data path. */
-    s->conns = calloc((size_t)s->size, sizeof(*s->conns));
-    s->reqs = calloc(p->max_sends, sizeof(*s->reqs));
-    s->bufs = malloc((size_t)s->size * (TCP_RXBUF_LEN + TCP_CTRL_RING * TCP_HDR_LEN));
+/* Rank r listens on MAILRAIL_TCP_PORT + r, which must be a port. */
+static mr_status_t tcp_check_port(mr_substrate_t *s)
+{
+    if (s->cfg.port > 65535 || (s->cfg.port != 0 && s->cfg.port + (uint64_t)s->base.rank > 65535)) {
+        MR__LOG(s, MR_LOG_ERROR,
+                "TCP substrate: MAILRAIL_TCP_PORT=%llu plus rank %d exceeds the largest port, "
+                "65535.",
+                (unsigned long long)s->cfg.port, s->base.rank);
+        return MR_ERR_CONFIG;
+    }
+    return MR_OK;
+}
+
+/* Per-peer state and the request pool: nothing is allocated on the data path. */
+static mr_status_t tcp_alloc_peers(mr_substrate_t *s)
+{
+    s->conns = calloc((size_t)s->base.size, sizeof(*s->conns));
+    s->reqs = calloc(s->base.max_sends, sizeof(*s->reqs));
+    s->bufs = malloc((size_t)s->base.size * (TCP_RXBUF_LEN + TCP_CTRL_RING * TCP_HDR_LEN));
     if (s->conns != NULL) {
-        for (int r = 0; r < s->size; r++) s->conns[r].fd = -1;
+        for (int r = 0; r < s->base.size; r++) s->conns[r].fd = -1;
     }
     if (s->conns == NULL || s->reqs == NULL || s->bufs == NULL) {
-        TLOG(s, MR_LOG_ERROR, "TCP substrate: out of memory for %d connections and %zu sends.",
-             s->size, p->max_sends);
-        st = MR_ERR_NO_MEMORY;
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: out of memory for %d connections and %zu sends.",
+                s->base.size, s->base.max_sends);
+        return MR_ERR_NO_MEMORY;
     }
-    for (int r = 0; r < s->size; r++) {
+    for (int r = 0; r < s->base.size; r++) {
         tcp_conn_t *c = &s->conns[r];
         uint8_t *b = s->bufs + (size_t)r * (TCP_RXBUF_LEN + TCP_CTRL_RING * TCP_HDR_LEN);
         c->rank = r;
@@ -1380,66 +1266,95 @@ static mr_status_t tcp_open(const mr_substrate_params_t *p, mr_substrate_t **out
         c->rxbuf = b;
         c->ctrl = b + TCP_RXBUF_LEN;
     }
-    for (size_t i = p->max_sends; i-- > 0;) req_free(s, &s->reqs[i]);
+    for (size_t i = s->base.max_sends; i-- > 0;) req_free(s, &s->reqs[i]);
+    return MR_OK;
+}
 
-    /* The listening socket. */
+/* The epoll instance that drives every socket. */
+static mr_status_t tcp_create_epoll(mr_substrate_t *s)
+{
+    s->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (s->epfd >= 0) return MR_OK;
+    MR__LOG(s, MR_LOG_ERROR, "TCP substrate: epoll_create1 failed: %s.", strerror(errno));
+    return MR_ERR_TRANSPORT;
+}
+
+/* Binds the listening socket to MAILRAIL_TCP_ADDR and the port; sets s->laddr. */
+static mr_status_t tcp_bind_listener(mr_substrate_t *s)
+{
+    struct sockaddr_in sa;
+    socklen_t salen = sizeof(s->laddr);
+    mr_status_t st;
+    int one = 1;
+
     memset(&sa, 0, sizeof(sa));
     sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)(s->cfg.port ? s->cfg.port + (uint64_t)s->rank : 0));
+    sa.sin_port = htons((uint16_t)(s->cfg.port ? s->cfg.port + (uint64_t)s->base.rank : 0));
     st = tcp_resolve(s, s->cfg.addr, &sa.sin_addr);
-    if (st != MR_OK) goto fail;
-
-    s->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (s->epfd < 0) {
-        TLOG(s, MR_LOG_ERROR, "TCP substrate: epoll_create1 failed: %s.", strerror(errno));
-        st = MR_ERR_TRANSPORT;
-        goto fail;
-    }
+    if (st != MR_OK) return st;
     s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s->lfd < 0) {
-        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot create the listening socket: %s.",
-             strerror(errno));
-        st = MR_ERR_TRANSPORT;
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: cannot create the listening socket: %s.",
+                strerror(errno));
+        return MR_ERR_TRANSPORT;
     }
     setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(s->lfd, (const struct sockaddr *)&sa, sizeof(sa)) < 0) {
         char a[40];
-        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot listen on %s (MAILRAIL_TCP_ADDR=%s, "
-             "MAILRAIL_TCP_PORT=%llu): %s.", sin_str(&sa, a, sizeof(a)), s->cfg.addr,
-             (unsigned long long)s->cfg.port, strerror(errno));
-        st = MR_ERR_TRANSPORT;
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: cannot listen on %s (MAILRAIL_TCP_ADDR=%s, "
+                "MAILRAIL_TCP_PORT=%llu): %s.", sin_str(&sa, a, sizeof(a)), s->cfg.addr,
+                (unsigned long long)s->cfg.port, strerror(errno));
+        return MR_ERR_TRANSPORT;
     }
     if (listen(s->lfd, SOMAXCONN) < 0 ||
         getsockname(s->lfd, (struct sockaddr *)&s->laddr, &salen) < 0) {
-        TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot listen: %s.", strerror(errno));
-        st = MR_ERR_TRANSPORT;
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: cannot listen: %s.", strerror(errno));
+        return MR_ERR_TRANSPORT;
     }
-    {
-        bool reg = false;
-        uint32_t interest = 0;
-        int err = set_interest(s, s->lfd, TAG(TAG_LISTEN, 0, 0), &reg, &interest, EPOLLIN);
-        s->listen_registered = reg;
-        if (err != 0) {
-            TLOG(s, MR_LOG_ERROR, "TCP substrate: cannot watch the listening socket: %s.",
-                 strerror(-err));
-            st = MR_ERR_TRANSPORT;
-            goto fail;
-        }
+    return MR_OK;
+}
+
+/* Adds the listening socket to the epoll set. */
+static mr_status_t tcp_watch_listener(mr_substrate_t *s)
+{
+    bool reg = false;
+    uint32_t interest = 0;
+    int err = set_interest(s, s->lfd, TAG(TAG_LISTEN, 0, 0), &reg, &interest, EPOLLIN);
+
+    s->listen_registered = reg;
+    if (err != 0) {
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: cannot watch the listening socket: %s.",
+                strerror(-err));
+        return MR_ERR_TRANSPORT;
     }
-    if (*s->log_threshold >= MR_LOG_DEBUG) {
+    if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
         char a[40];
-        TLOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d listens on %s.", s->rank,
-             sin_str(&s->laddr, a, sizeof(a)));
+        MR__LOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d listens on %s.", s->base.rank,
+                sin_str(&s->laddr, a, sizeof(a)));
+    }
+    return MR_OK;
+}
+
+static mr_status_t tcp_open(const mr_substrate_params_t *p, mr_substrate_t **out)
+{
+    mr_substrate_t *s = NULL;
+    mr_status_t st = mr__substrate_alloc(p, sizeof(*s), "TCP substrate", UINT32_MAX, true, &s);
+
+    if (st != MR_OK) return st;
+    tcp_init_state(s, p);
+    st = tcp_init_mac(s);
+    if (st == MR_OK) st = tcp_check_port(s);
+    if (st == MR_OK) st = tcp_reserve_descriptors(s);
+    if (st == MR_OK) st = tcp_alloc_peers(s);
+    if (st == MR_OK) st = tcp_create_epoll(s);
+    if (st == MR_OK) st = tcp_bind_listener(s);
+    if (st == MR_OK) st = tcp_watch_listener(s);
+    if (st != MR_OK) {
+        tcp_close(s);
+        return st;
     }
     *out = s;
     return MR_OK;
-
-fail:
-    tcp_close(s);
-    return st;
 }
 
 static mr_status_t tcp_get_address(mr_substrate_t *s, void *addr, size_t *length)
@@ -1474,12 +1389,12 @@ static void log_missing(mr_substrate_t *s)
     int missing = 0, listed = 0;
 
     list[0] = '\0';
-    for (int r = 0; r < s->size; r++) {
+    for (int r = 0; r < s->base.size; r++) {
         tcp_conn_t *c = &s->conns[r];
         char a[40], what[160];
         int n;
 
-        if (r == s->rank || c->state == C_ESTABLISHED) continue;
+        if (r == s->base.rank || c->state == C_ESTABLISHED) continue;
         missing++;
         if (listed == 8) continue;
         listed++;
@@ -1505,10 +1420,11 @@ static void log_missing(mr_substrate_t *s)
         if (n > 0) used += (size_t)n;
         if (used >= sizeof(list)) used = sizeof(list) - 1;
     }
-    TLOG(s, MR_LOG_ERROR,
-         "TCP substrate: rank %d timed out after %u s with %d of its %d peers not connected: "
-         "%s%s.",
-         s->rank, s->timeout_s, missing, s->size - 1, list, missing > listed ? "; ..." : "");
+    MR__LOG(s, MR_LOG_ERROR,
+            "TCP substrate: rank %d timed out after %u s with %d of its %d peers not connected: "
+            "%s%s.",
+            s->base.rank, s->base.timeout_s, missing, s->base.size - 1, list,
+            missing > listed ? "; ..." : "");
 }
 
 static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
@@ -1518,29 +1434,29 @@ static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr
 
     if (s == NULL || s->connect_started) return MR_ERR_INVALID_PARAM;
     s->connect_started = true;
-    if (s->size > 1 && (addrs == NULL || addr_len < TCP_WIRE_ADDR_LEN)) {
-        TLOG(s, MR_LOG_ERROR, "TCP substrate: the address table holds %zu-byte entries, fewer "
-             "than the %d bytes of a TCP address.", addr_len, TCP_WIRE_ADDR_LEN);
+    if (s->base.size > 1 && (addrs == NULL || addr_len < TCP_WIRE_ADDR_LEN)) {
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: the address table holds %zu-byte entries, fewer "
+                "than the %d bytes of a TCP address.", addr_len, TCP_WIRE_ADDR_LEN);
         return MR_ERR_PROTOCOL;
     }
-    for (int r = 0; r < s->size && s->size > 1; r++) {
+    for (int r = 0; r < s->base.size && s->base.size > 1; r++) {
         const uint8_t *blob = (const uint8_t *)addrs + (size_t)r * addr_len;
         tcp_conn_t *c = &s->conns[r];
         if (tcp_wire_addr_parse(blob, addr_len, &c->addr, NULL) != MR_OK ||
             c->addr.sin_port == 0 ||
             c->addr.sin_addr.s_addr == htonl(INADDR_ANY)) {
-            TLOG(s, MR_LOG_ERROR, "TCP substrate: the address of rank %d is not a valid TCP "
-                 "substrate address (wrong magic, version, port or IP address).", r);
+            MR__LOG(s, MR_LOG_ERROR, "TCP substrate: the address of rank %d is not a valid TCP "
+                    "substrate address (wrong magic, version, port or IP address).", r);
             return MR_ERR_PROTOCOL;
         }
-        if (r > s->rank) {
+        if (r > s->base.rank) {
             c->state = C_RETRY;
             c->retry_at = 0;
         }
     }
-    deadline = s->timeout_s ? start + (uint64_t)s->timeout_s * NS_PER_S : UINT64_MAX;
+    deadline = s->base.timeout_s ? start + (uint64_t)s->base.timeout_s * MR_NS_PER_S : UINT64_MAX;
 
-    while (s->nestablished < s->size - 1) {
+    while (s->nestablished < s->base.size - 1) {
         uint64_t now = mr_now_ns();
         int n;
 
@@ -1548,7 +1464,7 @@ static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr
             log_missing(s);
             return MR_ERR_TIMEOUT;
         }
-        for (int r = s->rank + 1; r < s->size; r++) {
+        for (int r = s->base.rank + 1; r < s->base.size; r++) {
             tcp_conn_t *c = &s->conns[r];
             /*
              * An attempt in progress is not timed out on its own: the acceptor
@@ -1563,18 +1479,18 @@ static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr
         n = epoll_wait(s->epfd, evs, TCP_MAX_EVENTS, TCP_CONNECT_POLL_MS);
         if (n < 0) {
             if (errno == EINTR) continue;
-            TLOG(s, MR_LOG_ERROR, "TCP substrate: epoll_wait failed: %s.", strerror(errno));
+            MR__LOG(s, MR_LOG_ERROR, "TCP substrate: epoll_wait failed: %s.", strerror(errno));
             return MR_ERR_TRANSPORT;
         }
         for (int i = 0; i < n; i++) dispatch(s, &evs[i]);
     }
     s->connected = true;
-    for (int r = 0; r < s->size; r++) {
+    for (int r = 0; r < s->base.size; r++) {
         if (s->conns[r].state == C_ESTABLISHED) conn_update_interest(s, &s->conns[r]);
     }
-    if (*s->log_threshold >= MR_LOG_DEBUG) {
-        TLOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d connected to its %d peers in %.3f s.",
-             s->rank, s->size - 1, (double)(mr_now_ns() - start) / 1e9);
+    if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
+        MR__LOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d connected to its %d peers in %.3f s.",
+                s->base.rank, s->base.size - 1, (double)(mr_now_ns() - start) / 1e9);
     }
     return MR_OK;
 }
@@ -1582,8 +1498,9 @@ static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr
 /* The connection to `dest` if it can take output, or the status saying why not. */
 static mr_status_t conn_for_send(mr_substrate_t *s, int dest, tcp_conn_t **out)
 {
-    if (s == NULL) return MR_ERR_INVALID_PARAM;
-    if (dest < 0 || dest >= s->size || dest == s->rank) return MR_ERR_INVALID_RANK;
+    mr_status_t st = mr__send_target_check(s, dest);
+
+    if (st != MR_OK) return st;
     tcp_conn_t *c = &s->conns[dest];
     if (c->state == C_FAILED || c->state == C_CLOSED) return MR_ERR_PEER_FAILED;
     if (c->state != C_ESTABLISHED || !s->connected) return MR_ERR_INVALID_RANK;
@@ -1600,17 +1517,17 @@ static mr_status_t tcp_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     bool idle;
 
     if (st != MR_OK) return st;
-    if (length > s->datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
+    if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
     if (kind > UINT8_MAX || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
     r = req_alloc(s);
     if (r == NULL) return MR_AGAIN;
     tcp_wire_frame_encode(r->hdr, TCP_WIRE_CH_DATA, (uint8_t)kind, imm, (uint32_t)length);
     r->data = data;
     r->length = length;
-    r->cookie = cookie;
-    r->next = NULL;
+    r->link.cookie = cookie;
+    r->sq_next = NULL;
     idle = !conn_has_output(c);
-    if (c->sq_tail != NULL) c->sq_tail->next = r;
+    if (c->sq_tail != NULL) c->sq_tail->sq_next = r;
     else c->sq_head = r;
     c->sq_tail = r;
     /* Completions and failures found here are reported by the next progress call. */
@@ -1643,7 +1560,7 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
 
     if (s == NULL) return MR_ERR_INVALID_PARAM;
     events += drain_failed(s);
-    events += drain_done(s);
+    events += mr__done_drain(s, &s->done, &s->free_reqs);
     events += retry_rx(s);
 
     now = mr_now_ns();
@@ -1652,15 +1569,17 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
     if (s->listen_resume_at != 0 && s->listen_resume_at < next) next = s->listen_resume_at;
 
     wait = timeout_ms;
-    if (events > 0 || s->done_head != NULL || s->fail_head != NULL || rx_list_busy(s)) wait = 0;
+    if (events > 0 || !mr__done_empty(&s->done) || s->fail_head != NULL || rx_list_busy(s)) {
+        wait = 0;
+    }
     if (wait != 0 && next != UINT64_MAX) {
-        uint64_t until = next > now ? (next - now + NS_PER_MS - 1) / NS_PER_MS : 0;
+        uint64_t until = next > now ? (next - now + MR_NS_PER_MS - 1) / MR_NS_PER_MS : 0;
         if (wait < 0 || until < (uint64_t)wait) wait = (int)(until < INT32_MAX ? until : INT32_MAX);
     }
     n = epoll_wait(s->epfd, evs, TCP_MAX_EVENTS, wait);
     if (n < 0) {
         if (errno != EINTR) {
-            TLOG(s, MR_LOG_ERROR, "TCP substrate: epoll_wait failed: %s.", strerror(errno));
+            MR__LOG(s, MR_LOG_ERROR, "TCP substrate: epoll_wait failed: %s.", strerror(errno));
             return MR_ERR_TRANSPORT;
         }
         n = 0;
@@ -1669,21 +1588,8 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
     if (n > 0) pending_expire(s, mr_now_ns());
 
     events += drain_failed(s);
-    events += drain_done(s);
+    events += mr__done_drain(s, &s->done, &s->free_reqs);
     return events;
-}
-
-static void tcp_closing(mr_substrate_t *s)
-{
-    if (s != NULL) s->closing = true;
-}
-
-static void tcp_stats(mr_substrate_t *s, mr_stats_t *stats)
-{
-    if (s == NULL || stats == NULL) return;
-    if (stats->size >= offsetof(mr_stats_t, connections_rejected) + sizeof(uint64_t)) {
-        stats->connections_rejected += s->rejected;
-    }
 }
 
 static void tcp_close(mr_substrate_t *s)
@@ -1691,7 +1597,7 @@ static void tcp_close(mr_substrate_t *s)
     if (s == NULL) return;
     /* No upcalls here: queued sends and held slots go away with the core's pools. */
     if (s->conns != NULL) {
-        for (int r = 0; r < s->size; r++) {
+        for (int r = 0; r < s->base.size; r++) {
             if (s->conns[r].fd >= 0) close(s->conns[r].fd);
         }
     }
@@ -1707,8 +1613,7 @@ static void tcp_close(mr_substrate_t *s)
 }
 
 static const mr_substrate_ops_t tcp_ops = {
-    .abi_version = MR_SUBSTRATE_ABI_VERSION,
-    .ops_size = sizeof(mr_substrate_ops_t),
+    MR__SUBSTRATE_OPS_HEAD,
     .name = "tcp",
     .description = "TCP sockets: one authenticated connection per pair of ranks, epoll-driven",
     .config_table = tcp_config_table,
@@ -1721,12 +1626,9 @@ static const mr_substrate_ops_t tcp_ops = {
     .progress = tcp_progress,
     .release_recv = NULL,
     .format_address = tcp_format_address,
-    .closing = tcp_closing,
-    .stats = tcp_stats,
+    .closing = mr__substrate_closing,
+    .stats = mr__substrate_stats,
     .close = tcp_close,
 };
 
-__attribute__((visibility("default"))) const mr_substrate_ops_t *mr_substrate_get_ops(void)
-{
-    return &tcp_ops;
-}
+MR__SUBSTRATE_ENTRY(tcp_ops)

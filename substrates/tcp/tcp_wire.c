@@ -19,18 +19,6 @@ mr_status_t tcp_wire_init(void)
     return sodium_init() < 0 ? MR_ERR_TRANSPORT : MR_OK;
 }
 
-/* Fills in *err (when given) and returns `status`. */
-static mr_status_t tcp_wire_fail(tcp_wire_error_t *err, mr_status_t status,
-                                 tcp_wire_fault_t fault, const char *what, long long value)
-{
-    if (err != NULL) {
-        err->fault = fault;
-        err->what = what;
-        err->value = value;
-    }
-    return status;
-}
-
 /* ------------------------------------------------------------------------ */
 /* The address blob: every field in network byte order.                     */
 
@@ -52,16 +40,16 @@ mr_status_t tcp_wire_addr_parse(const void *blob, size_t length, struct sockaddr
     uint32_t magic;
 
     if (b == NULL || length < TCP_WIRE_ADDR_LEN) {
-        return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_TRUNCATED,
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_TRUNCATED,
                              "address blob shorter than 12 bytes", b == NULL ? 0 : (long long)length);
     }
     memcpy(&magic, b, 4);
     if (ntohl(magic) != TCP_WIRE_ADDR_MAGIC) {
-        return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAGIC, "address magic",
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAGIC, "address magic",
                              ntohl(magic));
     }
     if (b[4] != TCP_WIRE_ADDR_VERSION) {
-        return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_VERSION, "address version",
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_VERSION, "address version",
                              b[4]);
     }
     memset(out, 0, sizeof(*out));
@@ -115,23 +103,23 @@ mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
     int32_t rank = (int32_t)mr_get_le32(msg + 8);
 
     if (magic != TCP_WIRE_AUTH_MAGIC) {
-        return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAGIC, "AUTH magic", magic);
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAGIC, "AUTH magic", magic);
     }
     if (version != TCP_WIRE_AUTH_VERSION) {
-        return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_VERSION, "AUTH version",
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_VERSION, "AUTH version",
                              version);
     }
     if (reserved != 0) {
-        return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_RESERVED,
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_RESERVED,
                              "nonzero reserved AUTH field", reserved);
     }
     if (rank < 0 || rank >= acceptor) {
-        return tcp_wire_fail(err, MR_ERR_INVALID_RANK, TCP_WIRE_BAD_RANK,
+        return mr__wire_fail(err, MR_ERR_INVALID_RANK, TCP_WIRE_BAD_RANK,
                              "rank that does not connect to this one", rank);
     }
     tcp_wire_auth_input(input, nonce, rank, acceptor);
     if (crypto_auth_verify(msg + 12, input, sizeof(input), key) != 0) {
-        return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAC,
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAC,
                              "wrong proof of the job key for rank", rank);
     }
     *connector = rank;
@@ -160,19 +148,19 @@ mr_status_t tcp_wire_frame_decode(const uint8_t *buf, size_t avail, size_t max_l
     uint16_t reserved = mr_get_le16(buf + 10);
 
     if (reserved != 0) {
-        return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_RESERVED,
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_RESERVED,
                              "nonzero reserved header field", reserved);
     }
     if (channel == TCP_WIRE_CH_CONTROL) {
         if (length != 0) {
-            return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_CONTROL_PAYLOAD,
+            return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_CONTROL_PAYLOAD,
                                  "control frame with a payload of bytes", length);
         }
     } else if (channel != TCP_WIRE_CH_DATA) {
-        return tcp_wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_CHANNEL, "unknown channel",
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_CHANNEL, "unknown channel",
                              channel);
     } else if (length > max_length) {
-        return tcp_wire_fail(err, MR_ERR_MESSAGE_TOO_LONG, TCP_WIRE_TOO_LONG,
+        return mr__wire_fail(err, MR_ERR_MESSAGE_TOO_LONG, TCP_WIRE_TOO_LONG,
                              "data frame longer than the datagram size, bytes", length);
     }
     out->length = length;

@@ -3,8 +3,9 @@
  * AUTH message of the connection handshake and the frame header. Everything
  * here is pure: no sockets, no allocation, no global state, so that the unit
  * tests and the libFuzzer target (tests/fuzz/fuzz_tcp_wire.c) run exactly the
- * code that reads bytes from the network. substrate_tcp.c describes the
- * protocol; this module is its only parser. Internal to the plugin.
+ * code that reads bytes from the network. docs/architecture.md ("The TCP
+ * substrate") describes the protocol; this module is its only parser.
+ * Internal to the plugin.
  *
  * Decoders return MR_OK, MR_AGAIN when the input is too short to decide
  * (more bytes are needed), or a negative status with a tcp_wire_error_t that
@@ -15,6 +16,7 @@
 #define MR_TCP_WIRE_H
 
 #include "mailrail.h"
+#include "mr_wire.h"
 
 #include <netinet/in.h>
 #include <stddef.h>
@@ -52,12 +54,8 @@ typedef enum tcp_wire_fault {
     TCP_WIRE_TOO_LONG            /* A data frame longer than the datagram size. */
 } tcp_wire_fault_t;
 
-/* Why a decoder refused its input: a reason for the log and the offending value. */
-typedef struct tcp_wire_error {
-    tcp_wire_fault_t fault;
-    const char *what;            /* A phrase such as "unknown channel"; never NULL. */
-    long long value;             /* The offending field as read from the wire. */
-} tcp_wire_error_t;
+/* Why a decoder refused its input; `fault` is a tcp_wire_fault_t. */
+typedef mr__wire_error_t tcp_wire_error_t;
 
 /* A decoded frame header, and how much of its payload has been received. */
 typedef struct tcp_wire_frame {

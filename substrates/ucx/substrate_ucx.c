@@ -1,127 +1,12 @@
 /*
- * The UCX substrate: UCP active messages over one worker per rank.
- *
- * Setup. open() creates a UCP context with active messages (and wake-up
- * events, so that an idle progress() can sleep), one worker in single-thread
- * mode and its two AM handlers. The UCX settings are read with
- * ucp_config_read("MAILRAIL", ...): UCX then looks up every UCX variable
- * under two names, first UCX_<NAME> and then MAILRAIL_UCX_<NAME>, which wins
- * (checked with UCX 1.13.1: UCX_TLS=tcp MAILRAIL_UCX_TLS=sm,self gives
- * sm,self). So MAILRAIL_UCX_TLS, MAILRAIL_UCX_NET_DEVICES,
- * MAILRAIL_UCX_RNDV_THRESH, ... tune MailRail's UCX without touching MPICH's,
- * while a plain UCX_<NAME> still applies to both unless a MAILRAIL_UCX_<NAME>
- * overrides it. The plugin's own settings (MAILRAIL_UCX_ERROR_MODE, ...) share
- * that prefix; they are declared to the UCX parser as known names so that UCX
- * does not warn about them as unused UCX variables (a misspelt
- * MAILRAIL_UCX_TSL still gets that warning).
- *
- * Address. get_address() yields a 32-byte header followed by the worker
- * address from ucp_worker_get_address(), all little-endian:
- *
- *     u32 magic "MRUX", u8 version (1), u8[3] reserved (0), u32 pid,
- *     u32 UCX address length, u64 boot id hash, u64 pid-namespace inode
- *
- * The boot id says which ranks share a kernel (and can share memory); the pid
- * and pid namespace let a rank watch a peer on the same host with a pidfd.
- *
- * Connection. connect() creates one endpoint per peer from its worker
- * address, then runs two rounds over UCX itself. HELLO: every rank sends
- * HELLO to every peer, flushes the endpoint (which completes its wire-up,
- * and may need the peer to progress) and waits for every peer's HELLO.
- * READY: the same without the flush. A rank leaves connect() once it has
- * every READY, so every peer has finished its HELLO round and no longer
- * needs this rank to progress; the core does not progress the substrate in
- * the agreement that follows. (A flush in the READY round hung with TCP
- * endpoints: it can need the peer that has already left.) Both rounds
- * together are bounded by params->timeout_s.
- *
- * Messages. Two AM ids: UCX_AM_DATA carries the payload, UCX_AM_CTRL carries
- * zero-payload control messages (credit returns; HELLO, READY and BYE).
- * Each carries a 10-byte user header, little-endian and packed:
- *
- *     u8 kind, u32 imm, i32 source rank, u8 failures seen
- *
- * The last byte counts the peer failures the sender has found (saturating at
- * 255). A receiver that has found fewer checks its pidfds before going on,
- * so that a message a peer sent after learning of a failure never reaches
- * the core before that failure does (see Failures).
- *
- * A header of another length, a source outside [0, size) or equal to this
- * rank, a data payload longer than the datagram size or a control message
- * with a payload is a protocol error: logged (rate-limited) and dropped.
- * UCX 1.13 has no UCP_AM_SEND_FLAG_COPY_HEADER (it came with 1.14), so the
- * header must stay valid until the send completes: it lives in the send's
- * own request state. Send state is preallocated at open() for max_sends data
- * sends and 2 control sends per peer (64 to 4096; send_control() returns
- * MR_AGAIN when all are in flight), and handed to UCX as user-allocated
- * requests (UCP_OP_ATTR_FIELD_REQUEST): the send path allocates nothing.
- * UCX picks eager or rendezvous by size (MAILRAIL_UCX_RNDV_THRESH tunes it).
- *
- * Receive path (AM callbacks run inside ucp_worker_progress(), that is inside
- * progress(), where upcalls are allowed):
- *   - Fast path, nothing queued: eager data that UCX cannot let us keep (no
- *     UCP_AM_RECV_ATTR_FLAG_DATA, e.g. short messages in shared memory) is
- *     copied into a slot from recv_slot_acquire() and delivered; data that
- *     can be kept and is at least MAILRAIL_UCX_ZCOPY_THRESH long is delivered
- *     in place with a handle (the callback returns UCS_INPROGRESS; the core's
- *     release_recv() gives it back with ucp_am_data_release()); a rendezvous
- *     is received with ucp_am_recv_data_nbx() straight into a slot and
- *     delivered when it completes.
- *   - Otherwise the message joins a FIFO queue, which keeps arrival order
- *     (and so per-source order) across all three kinds: entries that own a
- *     slot (complete, or a rendezvous under way) come first; from the first
- *     entry that still needs a slot on, every later one waits too, so that
- *     slots are taken in arrival order and no later message can hold the
- *     slot an earlier one needs. A waiting entry holds the UCX buffer
- *     (UCS_INPROGRESS) when UCX allows it, holds the rendezvous descriptor,
- *     or, for data UCX will reuse after the callback, a copy in the spill
- *     area (MAILRAIL_UCX_SPILL_SIZE, preallocated; a heap copy beyond it).
- *     Every progress() call delivers from the head and hands slots to
- *     waiting entries in order.
- *   - No slot under MAILRAIL_FLOWCTL=none. Under the credit policies a
- *     message never finds the pool empty (one credit is one slot). Under
- *     none it can, and a copy must be made or the bytes are lost. So while
- *     entries wait for slots and no rendezvous is in flight, progress() stops
- *     calling ucp_worker_progress(): this rank stops taking messages, UCX's
- *     queues and the senders' send completions stall, and their send pools
- *     fill: the same backpressure as the TCP substrate, which stops reading
- *     the socket. Only the messages UCX hands over in the progress call that
- *     emptied the pool end up in the spill area. Nothing is ever dropped.
- *
- * Failures. MAILRAIL_UCX_ERROR_MODE picks the UCX error handling mode of the
- * endpoints. UCP_ERR_HANDLING_MODE_PEER makes UCX 1.13 drop the shared-memory
- * transports between ranks of one host and run them over TCP loopback, at a
- * fraction of the message rate; NONE keeps shared memory but UCX then never
- * reports a dead peer. The default, auto, uses NONE towards ranks on the same
- * kernel and PEER towards other hosts. In every mode a peer on the same host
- * (same kernel and pid namespace) is also watched through a pidfd, so its
- * death is reported within UCX_PIDFD_CHECK_MS even without UCX's help (and
- * at once to a rank that gets a message from a peer that already knows). Peer
- * failures found in callbacks are queued and reported by progress(). A PEER
- * endpoint is then closed with UCP_EP_CLOSE_FLAG_FORCE, which completes its
- * outstanding sends (reported as completions, so that the core gets its
- * buffers back). UCX 1.13 refuses to close a NONE endpoint by force and never
- * completes its sends to a dead peer, so the substrate gives those up itself
- * (peer_retire_sends()). After closing(), failures are expected and not
- * reported.
- *
- * Closing. closing() only records that every rank finished sending: a peer
- * may still be waiting in the core's first barrier, and closing an endpoint
- * now could make it see a failure before it has called closing() itself.
- * close() releases every UCX buffer still held. After a normal finalize
- * (closing() was called, so every rank is past it) it runs a BYE round:
- * BYE to every peer behind everything else, a flush, and every peer's BYE,
- * within UCX_CLOSE_FLUSH_S. Nothing is then in flight either way and the
- * endpoints are released with UCP_EP_CLOSE_FLAG_FORCE: closing them with a
- * flush instead fails towards a peer that has already destroyed its worker,
- * and UCX logs an error for each (seen with TCP endpoints). Without
- * closing() (a failure, or init giving up) the endpoints of live peers are
- * closed with a flush, bounded by UCX_CLOSE_EP_MS. Then the worker and the
- * context are destroyed, and only then the request memory is freed.
+ * The UCX substrate: UCP active messages over one worker per rank. Its
+ * settings, connection rounds, receive path (fast path, arrival queue, spill
+ * area, backpressure), failure detection and closing are described in
+ * docs/architecture.md, "The UCX substrate" (#the-ucx-substrate); ucx_wire.c
+ * reads and writes its address blob and message headers.
  */
-#include "mr_byteorder.h"
-#include "mr_substrate.h"
-#include "mr_time.h"
+#include "mr_substrate_base.h"
+#include "ucx_wire.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -145,17 +30,8 @@
 /* ------------------------------------------------------------------------ */
 /* Constants of the wire format and of the implementation.                  */
 
-#define UCX_ADDR_MAGIC 0x58554d52u /* "MRUX" little-endian. */
-#define UCX_ADDR_VERSION 1
-#define UCX_ADDR_HDR_LEN 32
-
 #define UCX_AM_DATA 0x4d31 /* AM ids; this worker is MailRail's own. */
 #define UCX_AM_CTRL 0x4d32
-
-#define UCX_HDR_LEN 10     /* u8 kind, u32 imm, i32 source, u8 failures seen. */
-
-/* Kinds of control messages (the kind byte of a UCX_AM_CTRL header). */
-enum { CTRL_CREDIT = 0, CTRL_HELLO = 1, CTRL_READY = 2, CTRL_BYE = 3 };
 
 #define UCX_ENV_PREFIX "MAILRAIL"       /* UCX reads MAILRAIL_UCX_<NAME>. */
 #define UCX_OWN_PREFIX "MAILRAIL_UCX_"  /* The plugin's own settings. */
@@ -173,9 +49,6 @@ enum { CTRL_CREDIT = 0, CTRL_HELLO = 1, CTRL_READY = 2, CTRL_BYE = 3 };
 #define UCX_CLOSE_EP_MS 1000      /* Longest wait for the endpoints to close after it. */
 #define UCX_PROTO_LOG_BURST 10    /* Protocol errors logged before going quiet. */
 #define UCX_MAX_EVENTS 32
-
-#define NS_PER_MS MR_NS_PER_MS
-#define NS_PER_S MR_NS_PER_S
 
 /* ------------------------------------------------------------------------ */
 /* Settings.                                                                 */
@@ -232,14 +105,13 @@ static const mr_config_entry_t ucx_config_table[] = {
 
 /* Send state of one data or control message; UCX's request precedes it. */
 typedef struct ucx_sreq {
-    struct ucx_sreq *next;
+    mr__sreq_t link;            /* Free list, done queue, and send()'s cookie. */
     mr_substrate_t *s;
-    void *cookie;
     int32_t dest;
     bool ctrl;
     bool inflight;              /* Handed to UCX, not completed yet. */
     bool retired;               /* Given up on (its peer died): UCX may still hold it. */
-    uint8_t hdr[UCX_HDR_LEN];   /* Stays valid until completion (no COPY_HEADER in 1.13). */
+    uint8_t hdr[UCX_WIRE_HDR_LEN];   /* Stays valid until completion (no COPY_HEADER in 1.13). */
 } ucx_sreq_t;
 
 /* A block of send states: the first at open, one more for each set retired. */
@@ -297,20 +169,13 @@ typedef struct ucx_peer {
     ucp_ep_h ep;
     void *close_req;
     void *conn_req[2];         /* HELLO, READY or BYE round: our send and the flush. */
-    uint8_t conn_hdr[UCX_HDR_LEN];
+    uint8_t conn_hdr[UCX_WIRE_HDR_LEN];
     uint32_t pid;
     int pidfd;
 } ucx_peer_t;
 
 struct mr_substrate {
-    int rank, size;
-    size_t datagram_size;
-    size_t max_sends;
-    unsigned timeout_s;
-    void *core;
-    mr_substrate_upcalls_t up;
-    void (*log)(mr_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-    const mr_log_level_t *log_threshold;
+    mr__substrate_base_t base; /* base.closing: peer failures are expected. */
     ucx_config_t cfg;
     uint32_t hello_token;
 
@@ -326,7 +191,6 @@ struct mr_substrate {
     uint64_t boot_hash, pidns;
 
     bool connect_started, connected;
-    bool closing;              /* closing() was called: peer failures are expected. */
     bool closed;               /* close() runs: data is dropped, failures are expected. */
     bool upcalls_ok;           /* Inside progress(): callbacks may call the core. */
     int cb_events;             /* Upcalls made from callbacks in this progress() call. */
@@ -338,8 +202,8 @@ struct mr_substrate {
     /* Send state: max_sends data sends and nctrl control sends usable at any time. */
     ucx_sreq_block_t *sreq_blocks;
     size_t nsreq_blocks, sreq_stride, nctrl;
-    ucx_sreq_t *free_sreqs, *free_ctrl;
-    ucx_sreq_t *done_head, *done_tail;
+    mr__sreq_t *free_sreqs, *free_ctrl;
+    mr__done_queue_t done;
 
     /* Rendezvous receives. */
     uint8_t *rreq_mem;
@@ -366,10 +230,7 @@ struct mr_substrate {
     uint64_t proto_errors;
     uint64_t spilled, spilled_heap, paused_calls, zcopy_delivered, rndv_received, held;
 };
-
-static const mr_log_level_t ucx_default_threshold = MR_LOG_WARN;
-
-#define ULOG(s, level, ...) MR_SUBSTRATE_LOG((s)->log, (s)->log_threshold, level, __VA_ARGS__)
+MR__BASE_CHECK();
 
 static void ucx_close(mr_substrate_t *s);
 static void check_events(mr_substrate_t *s, int timeout_ms);
@@ -377,29 +238,18 @@ static void check_events(mr_substrate_t *s, int timeout_ms);
 /* ------------------------------------------------------------------------ */
 /* Small helpers.                                                            */
 
-static uint64_t fnv1a64(uint64_t h, const void *data, size_t len)
-{
-    const uint8_t *p = data;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= UINT64_C(0x100000001b3);
-    }
-    return h;
-}
-
-#define FNV64_INIT UINT64_C(0xcbf29ce484222325)
-
 static size_t align_up(size_t n, size_t a)
 {
     return (n + a - 1) / a * a;
 }
 
+/* Writes the header of a message from this rank. */
 static void hdr_pack(const mr_substrate_t *s, uint8_t *h, unsigned kind, uint32_t imm)
 {
-    h[0] = (uint8_t)kind;
-    mr_put_le32(h + 1, imm);
-    mr_put_le32(h + 5, (uint32_t)s->rank);
-    h[9] = s->failures_seen;
+    ucx_wire_hdr_t w = {.kind = (uint8_t)kind, .imm = imm, .source = s->base.rank,
+                        .failures_seen = s->failures_seen};
+
+    mr__ucx_wire_hdr_encode(h, &w);
 }
 
 static bool is_peer_gone_status(ucs_status_t st)
@@ -420,13 +270,14 @@ static void proto_error(mr_substrate_t *s, const char *fmt, ...)
 
     s->proto_errors++;
     level = s->proto_errors <= UCX_PROTO_LOG_BURST ? MR_LOG_ERROR : MR_LOG_DEBUG;
-    if (s->log == NULL || level > *s->log_threshold) return;
+    if (s->base.log == NULL || !mr__log_enabled(&s->base, level)) return;
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
-    s->log(level, "UCX substrate: dropped a malformed message (%s)%s.", what,
-           s->proto_errors == UCX_PROTO_LOG_BURST ? "; further ones are logged at debug level"
-                                                  : "");
+    s->base.log(level, "UCX substrate: dropped a malformed message (%s)%s.", what,
+                s->proto_errors == UCX_PROTO_LOG_BURST
+                    ? "; further ones are logged at debug level"
+                    : "");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -442,7 +293,7 @@ static void host_identity(uint64_t *boot_hash, uint64_t *pidns)
     *pidns = 0;
     if (fd >= 0) {
         ssize_t n = read(fd, buf, sizeof(buf));
-        if (n > 0) *boot_hash = fnv1a64(FNV64_INIT, buf, (size_t)n);
+        if (n > 0) *boot_hash = mr__ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, buf, (size_t)n);
         close(fd);
     }
     if (stat("/proc/self/ns/pid", &st) == 0) *pidns = ((uint64_t)st.st_dev << 32) ^ st.st_ino;
@@ -553,18 +404,15 @@ static ucx_rreq_t *rreq_at(mr_substrate_t *s, size_t i)
                                   align_up(s->ucx_req_size, 64));
 }
 
-static void done_push(mr_substrate_t *s, ucx_sreq_t *r)
+/* Takes a send state from a free list, or NULL (its link comes first). */
+static ucx_sreq_t *sreq_pop(mr__sreq_t **free_list)
 {
-    r->next = NULL;
-    if (s->done_tail != NULL) s->done_tail->next = r;
-    else s->done_head = r;
-    s->done_tail = r;
+    return (ucx_sreq_t *)(void *)mr__sreq_pop(free_list);
 }
 
 static void ctrl_free(mr_substrate_t *s, ucx_sreq_t *r)
 {
-    r->next = s->free_ctrl;
-    s->free_ctrl = r;
+    mr__sreq_push(&s->free_ctrl, &r->link);
 }
 
 /*
@@ -592,8 +440,7 @@ static mr_status_t sreq_block_add(mr_substrate_t *s, size_t ndata, size_t nctrl)
         if (r->ctrl) {
             ctrl_free(s, r);
         } else {
-            r->next = s->free_sreqs;
-            s->free_sreqs = r;
+            mr__sreq_push(&s->free_sreqs, &r->link);
         }
     }
     return MR_OK;
@@ -604,13 +451,13 @@ static void peer_fail(mr_substrate_t *s, int rank, ucs_status_t why)
 {
     ucx_peer_t *p;
 
-    if (rank < 0 || rank >= s->size || rank == s->rank) return;
+    if (rank < 0 || rank >= s->base.size || rank == s->base.rank) return;
     p = &s->peers[rank];
     if (p->state != P_OK || p->fail_queued) return;
     p->fail_queued = true;
     p->fail_status = why;
     if (s->failures_seen < UINT8_MAX) s->failures_seen++;
-    s->failq[(s->failq_head + s->failq_count) % s->size] = rank;
+    s->failq[(s->failq_head + s->failq_count) % s->base.size] = rank;
     s->failq_count++;
 }
 
@@ -622,14 +469,14 @@ static void send_cb(void *request, ucs_status_t status, void *user_data)
     (void)user_data;
     if (r->retired) return; /* Already reported; its memory is never used again. */
     r->inflight = false;
-    if (status != UCS_OK && !s->closing && !s->closed && is_peer_gone_status(status)) {
+    if (status != UCS_OK && !s->base.closing && !s->closed && is_peer_gone_status(status)) {
         peer_fail(s, r->dest, status);
     }
     if (r->ctrl) {
         ctrl_free(s, r);
         return;
     }
-    done_push(s, r);
+    mr__done_push(&s->done, &r->link);
 }
 
 static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -678,10 +525,10 @@ static bool spill_store(mr_substrate_t *s, ucx_rx_t *e, const void *data, size_t
         s->spilled_heap++;
         if (!s->spill_warned) {
             s->spill_warned = true;
-            ULOG(s, MR_LOG_WARN, "UCX substrate: every receive slot is taken and the %zu-byte "
-                 "spill area is full: messages are copied to the heap. Use credit flow control "
-                 "(MAILRAIL_FLOWCTL=rank or node) or raise MAILRAIL_UCX_SPILL_SIZE.",
-                 s->spill_cap);
+            MR__LOG(s, MR_LOG_WARN, "UCX substrate: every receive slot is taken and the %zu-byte "
+                    "spill area is full: messages are copied to the heap. Use credit flow control "
+                    "(MAILRAIL_FLOWCTL=rank or node) or raise MAILRAIL_UCX_SPILL_SIZE.",
+                    s->spill_cap);
         }
     }
     if (len > 0) memcpy(e->data, data, len);
@@ -767,7 +614,7 @@ static bool rx_start_rndv(mr_substrate_t *s, ucx_rx_t *e, void *desc)
     void *slot;
 
     if (r == NULL) return false;
-    slot = s->up.recv_slot_acquire(s->core);
+    slot = s->base.up.recv_slot_acquire(s->base.core);
     if (slot == NULL) return false;
     s->free_rreqs = r->next;
     r->done = false;
@@ -786,9 +633,9 @@ static bool rx_start_rndv(mr_substrate_t *s, ucx_rx_t *e, void *desc)
     } else if (UCS_PTR_IS_ERR(sp)) {
         rreq_free(s, r);
         e->state = RX_FAILED;
-        ULOG(s, MR_LOG_WARN, "UCX substrate: cannot receive a %zu-byte rendezvous message from "
-             "rank %d: %s; it is lost.", e->length, (int)e->source,
-             ucs_status_string(UCS_PTR_STATUS(sp)));
+        MR__LOG(s, MR_LOG_WARN, "UCX substrate: cannot receive a %zu-byte rendezvous message from "
+                "rank %d: %s; it is lost.", e->length, (int)e->source,
+                ucs_status_string(UCS_PTR_STATUS(sp)));
     } else {
         e->state = RX_RECEIVING;
         e->rreq = r;
@@ -809,10 +656,10 @@ static void rx_finish_rndv(mr_substrate_t *s, ucx_rx_t *e)
         e->state = RX_READY;
     } else {
         e->state = RX_FAILED;
-        if (!s->closing && !s->closed) {
-            ULOG(s, MR_LOG_WARN, "UCX substrate: a %zu-byte rendezvous message from rank %d "
-                 "failed: %s; it is lost.", e->length, (int)e->source,
-                 ucs_status_string(r->status));
+        if (!s->base.closing && !s->closed) {
+            MR__LOG(s, MR_LOG_WARN, "UCX substrate: a %zu-byte rendezvous message from rank %d "
+                    "failed: %s; it is lost.", e->length, (int)e->source,
+                    ucs_status_string(r->status));
         }
     }
     rreq_free(s, r);
@@ -833,7 +680,7 @@ static bool rx_claim(mr_substrate_t *s, ucx_rx_t *e)
     void *slot;
 
     if (e->state == RX_RNDV_WAIT) return rx_start_rndv(s, e, e->data);
-    slot = s->up.recv_slot_acquire(s->core);
+    slot = s->base.up.recv_slot_acquire(s->base.core);
     if (slot == NULL) return false;
     if (e->length > 0) memcpy(slot, e->data, e->length);
     if (e->state == RX_HELD) ucp_am_data_release(s->worker, e->data);
@@ -846,10 +693,10 @@ static bool rx_claim(mr_substrate_t *s, ucx_rx_t *e)
 static void deliver_slot(mr_substrate_t *s, int source, unsigned kind, uint32_t imm, void *slot,
                          size_t length)
 {
-    mr_status_t st = s->up.deliver(s->core, source, kind, imm, slot, length, NULL);
+    mr_status_t st = s->base.up.deliver(s->base.core, source, kind, imm, slot, length, NULL);
     if (st != MR_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d (status %d).",
-             source, (int)st);
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d "
+                "(status %d).", source, (int)st);
     }
 }
 
@@ -876,18 +723,18 @@ static int rx_drain(mr_substrate_t *s)
                 deliver_slot(s, c.source, c.kind, c.imm, c.data, c.length);
                 n++;
             } else {
-                s->up.recv_slot_abandon(s->core, c.data);
+                s->base.up.recv_slot_abandon(s->base.core, c.data);
             }
             continue;
         }
         /* The head waits for a slot. */
         if (e->state == RX_HELD && zcopy_ok(s, e->length)) {
-            mr_status_t st = s->up.deliver(s->core, e->source, e->kind, e->imm, e->data,
-                                           e->length, e->data);
+            mr_status_t st = s->base.up.deliver(s->base.core, e->source, e->kind, e->imm, e->data,
+                                                e->length, e->data);
             if (st == MR_AGAIN) break;
             if (st != MR_OK) {
-                ULOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d "
-                     "(status %d).", (int)e->source, (int)st);
+                MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d "
+                        "(status %d).", (int)e->source, (int)st);
                 ucp_am_data_release(s->worker, e->data);
             } else {
                 s->zcopy_delivered++;
@@ -920,28 +767,29 @@ static bool rx_paused(const mr_substrate_t *s)
 static bool hdr_parse(mr_substrate_t *s, const char *what, const void *header, size_t header_len,
                       uint8_t *kind, uint32_t *imm, int *source)
 {
-    const uint8_t *h = header;
-    int32_t src;
+    ucx_wire_hdr_t h;
+    ucx_wire_error_t err;
 
-    if (header == NULL || header_len != UCX_HDR_LEN) {
-        proto_error(s, "%s header of %zu bytes instead of %d", what, header_len, UCX_HDR_LEN);
+    if (mr__ucx_wire_hdr_decode(header, header_len, s->base.rank, s->base.size, &h, &err) !=
+        MR_OK) {
+        if (err.fault == UCX_WIRE_BAD_HDR_LEN) {
+            proto_error(s, "%s header of %zu bytes instead of %d", what, header_len,
+                        UCX_WIRE_HDR_LEN);
+        } else {
+            proto_error(s, "%s from rank %d, which is not a peer in a job of %d", what,
+                        (int)err.value, s->base.size);
+        }
         return false;
     }
-    src = (int32_t)mr_get_le32(h + 5);
-    if (src < 0 || src >= s->size || src == s->rank) {
-        proto_error(s, "%s from rank %d, which is not a peer in a job of %d", what, (int)src,
-                    s->size);
-        return false;
-    }
-    *kind = h[0];
-    *imm = mr_get_le32(h + 1);
-    *source = src;
+    *kind = h.kind;
+    *imm = h.imm;
+    *source = h.source;
     /*
      * The sender knows of more failed peers than we do: look at the pidfds
      * now, so that a failure is reported no later than a message sent after
      * its discovery (rate-limited for failures a pidfd cannot show).
      */
-    if (h[9] > s->failures_seen && s->npidfds > 0) {
+    if (h.failures_seen > s->failures_seen && s->npidfds > 0) {
         uint64_t now = mr_now_ns();
         if (now >= s->next_hinted_check) {
             s->next_hinted_check = now + UCX_HINTED_CHECK_US * 1000;
@@ -966,9 +814,9 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
 
     if (s->closed) return UCS_OK; /* Finalizing: nobody receives any more. */
     if (!hdr_parse(s, "data", header, header_length, &kind, &imm, &source)) return UCS_OK;
-    if (length > s->datagram_size) {
+    if (length > s->base.datagram_size) {
         proto_error(s, "%zu-byte data from rank %d, more than the %zu-byte datagram", length,
-                    source, s->datagram_size);
+                    source, s->base.datagram_size);
         return UCS_OK;
     }
     /* A slot may be taken now only when no earlier arrival still waits for one. */
@@ -978,18 +826,19 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
         /* Fast path: nothing queued, deliver at once. */
         if (!rndv) {
             if (holdable && zcopy_ok(s, length)) {
-                mr_status_t st = s->up.deliver(s->core, source, kind, imm, data, length, data);
+                mr_status_t st = s->base.up.deliver(s->base.core, source, kind, imm, data,
+                                                    length, data);
                 if (st == MR_OK) {
                     s->zcopy_delivered++;
                     s->cb_events++;
                     return UCS_INPROGRESS;
                 }
                 if (st != MR_AGAIN) {
-                    ULOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank "
-                         "%d (status %d).", source, (int)st);
+                    MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank "
+                            "%d (status %d).", source, (int)st);
                     return UCS_OK;
                 }
-            } else if ((slot = s->up.recv_slot_acquire(s->core)) != NULL) {
+            } else if ((slot = s->base.up.recv_slot_acquire(s->base.core)) != NULL) {
                 if (length > 0) memcpy(slot, data, length);
                 deliver_slot(s, source, kind, imm, slot, length);
                 s->cb_events++;
@@ -1001,8 +850,8 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
 
     e = rxq_push(s);
     if (e == NULL) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for the arrival queue; a %zu-byte "
-             "message from rank %d is lost.", length, source);
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for the arrival queue; a %zu-byte "
+                "message from rank %d is lost.", length, source);
         return UCS_OK;
     }
     e->kind = kind;
@@ -1019,7 +868,7 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
         }
         return UCS_INPROGRESS; /* UCX keeps the descriptor, or the receive owns it. */
     }
-    if (may_claim && (slot = s->up.recv_slot_acquire(s->core)) != NULL) {
+    if (may_claim && (slot = s->base.up.recv_slot_acquire(s->base.core)) != NULL) {
         /* Behind a rendezvous in flight: copy now, deliver in turn. */
         if (length > 0) memcpy(slot, data, length);
         e->state = RX_READY;
@@ -1035,8 +884,8 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
     }
     if (!spill_store(s, e, data, length)) {
         s->rxq_count--; /* Undo the push. */
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for a %zu-byte message from rank "
-             "%d arriving while every receive slot is taken; it is lost.", length, source);
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for a %zu-byte message from rank "
+                "%d arriving while every receive slot is taken; it is lost.", length, source);
     }
     return UCS_OK;
 }
@@ -1047,8 +896,8 @@ static void ctrlq_push(mr_substrate_t *s, int source, uint32_t imm)
         size_t cap = s->ctrlq_cap ? s->ctrlq_cap * 2 : 64;
         uint32_t *q = malloc(cap * 2 * sizeof(*q));
         if (q == NULL) {
-            ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory; a control message from rank "
-                 "%d is lost.", source);
+            MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory; a control message from rank "
+                    "%d is lost.", source);
             return;
         }
         for (size_t i = 0; i < s->ctrlq_count; i++) {
@@ -1082,18 +931,18 @@ static ucs_status_t ctrl_am_cb(void *arg, const void *header, size_t header_leng
         return UCS_OK;
     }
     switch (kind) {
-    case CTRL_CREDIT:
+    case UCX_WIRE_CTRL_CREDIT:
         if (s->closed) break;
         if (s->upcalls_ok) {
-            s->up.control(s->core, source, imm);
+            s->base.up.control(s->base.core, source, imm);
             s->cb_events++;
         } else {
             ctrlq_push(s, source, imm);
         }
         break;
-    case CTRL_HELLO:
-    case CTRL_READY:
-    case CTRL_BYE:
+    case UCX_WIRE_CTRL_HELLO:
+    case UCX_WIRE_CTRL_READY:
+    case UCX_WIRE_CTRL_BYE:
         if (imm != s->hello_token) {
             proto_error(s, "connection message from rank %d of another job (token %08x)",
                         source, (unsigned)imm);
@@ -1148,16 +997,16 @@ static int peer_retire_sends(mr_substrate_t *s, int rank)
                 nctrl++;
             } else {
                 ndata++;
-                s->up.send_complete(s->core, r->cookie);
+                s->base.up.send_complete(s->base.core, r->link.cookie);
             }
         }
     }
     if (ndata + nctrl == 0) return 0;
-    ULOG(s, MR_LOG_DEBUG, "UCX substrate: %zu sends and %zu credit returns to rank %d given up.",
-         ndata, nctrl, rank);
+    MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %zu sends and %zu credit returns to rank %d given up.",
+            ndata, nctrl, rank);
     if (sreq_block_add(s, ndata, nctrl) != MR_OK) {
-        ULOG(s, MR_LOG_WARN, "UCX substrate: no memory to replace %zu send states given up on "
-             "rank %d; fewer sends can be in flight from now on.", ndata + nctrl, rank);
+        MR__LOG(s, MR_LOG_WARN, "UCX substrate: no memory to replace %zu send states given up on "
+                "rank %d; fewer sends can be in flight from now on.", ndata + nctrl, rank);
     }
     return (int)ndata;
 }
@@ -1170,23 +1019,23 @@ static int drain_failed(mr_substrate_t *s)
         int rank = s->failq[s->failq_head];
         ucx_peer_t *p = &s->peers[rank];
 
-        s->failq_head = (s->failq_head + 1) % s->size;
+        s->failq_head = (s->failq_head + 1) % s->base.size;
         s->failq_count--;
         p->fail_queued = false;
         if (p->state != P_OK) continue;
         p->state = P_FAILED;
-        if (s->closing) {
-            ULOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d went away while finalizing (%s).",
-                 rank, p->exited ? "its process exited" : ucs_status_string(p->fail_status));
+        if (s->base.closing) {
+            MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d went away while finalizing (%s).",
+                    rank, p->exited ? "its process exited" : ucs_status_string(p->fail_status));
         } else {
             if (p->exited) {
-                ULOG(s, MR_LOG_WARN, "UCX substrate: the process of rank %d (pid %u) exited.",
-                     rank, (unsigned)p->pid);
+                MR__LOG(s, MR_LOG_WARN, "UCX substrate: the process of rank %d (pid %u) exited.",
+                        rank, (unsigned)p->pid);
             } else {
-                ULOG(s, MR_LOG_WARN, "UCX substrate: rank %d failed (UCX: %s).", rank,
-                     ucs_status_string(p->fail_status));
+                MR__LOG(s, MR_LOG_WARN, "UCX substrate: rank %d failed (UCX: %s).", rank,
+                        ucs_status_string(p->fail_status));
             }
-            s->up.peer_failed(s->core, rank, MR_ERR_PEER_FAILED);
+            s->base.up.peer_failed(s->base.core, rank, MR_ERR_PEER_FAILED);
             n++;
         }
         if (p->err_peer) {
@@ -1199,26 +1048,6 @@ static int drain_failed(mr_substrate_t *s)
     return n;
 }
 
-static int drain_done(mr_substrate_t *s)
-{
-    ucx_sreq_t *r = s->done_head;
-    int n = 0;
-
-    /* Detached first: completions of sends made by these upcalls wait for the next call. */
-    s->done_head = s->done_tail = NULL;
-    while (r != NULL) {
-        ucx_sreq_t *next = r->next;
-        void *cookie = r->cookie;
-        r->next = s->free_sreqs;
-        r->cookie = NULL;
-        s->free_sreqs = r;
-        s->up.send_complete(s->core, cookie);
-        n++;
-        r = next;
-    }
-    return n;
-}
-
 static int drain_ctrlq(mr_substrate_t *s)
 {
     int n = 0;
@@ -1227,7 +1056,7 @@ static int drain_ctrlq(mr_substrate_t *s)
         size_t k = s->ctrlq_head;
         s->ctrlq_head = (s->ctrlq_head + 1) % s->ctrlq_cap;
         s->ctrlq_count--;
-        s->up.control(s->core, (int)s->ctrlq[2 * k], s->ctrlq[2 * k + 1]);
+        s->base.up.control(s->base.core, (int)s->ctrlq[2 * k], s->ctrlq[2 * k + 1]);
         n++;
     }
     return n;
@@ -1248,7 +1077,7 @@ static void check_events(mr_substrate_t *s, int timeout_ms)
         uint64_t tag = evs[i].data.u64;
         if (tag == 0) continue; /* The worker's event fd: the caller progresses. */
         int rank = (int)(tag - 1);
-        if (rank >= 0 && rank < s->size && s->peers[rank].pidfd >= 0) {
+        if (rank >= 0 && rank < s->base.size && s->peers[rank].pidfd >= 0) {
             ucx_peer_t *p = &s->peers[rank];
             epoll_ctl(s->epfd, EPOLL_CTL_DEL, p->pidfd, NULL);
             close(p->pidfd);
@@ -1263,60 +1092,21 @@ static void check_events(mr_substrate_t *s, int timeout_ms)
 /* ------------------------------------------------------------------------ */
 /* Operations.                                                               */
 
-static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out)
+/* Copies the settings and learns the host's identity; nothing is open yet. */
+static void ucx_init_state(mr_substrate_t *s, const mr_substrate_params_t *p)
 {
-    mr_substrate_t *s;
-    const mr_substrate_upcalls_t *u;
-    ucp_config_t *config = NULL;
-    ucp_params_t cparams;
-    ucp_worker_params_t wparams;
-    ucp_context_attr_t cattr;
-    ucp_am_handler_param_t hparam;
-    ucp_address_t *uaddr = NULL;
-    size_t ualen = 0, ppn = 0;
-    ucs_status_t us;
-    mr_status_t st = MR_ERR_TRANSPORT;
-
-    if (p == NULL || out == NULL) return MR_ERR_INVALID_PARAM;
-    u = p->upcalls;
-    if (!mr_substrate_params_valid(p, "UCX substrate", UINT32_MAX, true)) {
-        return MR_ERR_INVALID_PARAM;
-    }
-    if (p->recv_slots == 0) {
-        if (p->log != NULL) p->log(MR_LOG_ERROR, "UCX substrate: no receive slots.");
-        return MR_ERR_INVALID_PARAM;
-    }
-    s = calloc(1, sizeof(*s));
-    if (s == NULL) return MR_ERR_NO_MEMORY;
-    s->rank = p->rank;
-    s->size = p->size;
-    s->datagram_size = p->datagram_size;
-    s->max_sends = p->max_sends;
-    s->timeout_s = p->timeout_s;
-    s->core = p->core;
-    s->up = *u;
-    s->log = p->log;
-    s->log_threshold = p->log_threshold ? p->log_threshold : &ucx_default_threshold;
     s->efd = -1;
     s->epfd = -1;
-    if (p->config != NULL) {
-        memcpy(&s->cfg, p->config, sizeof(s->cfg));
-    } else {
-        s->cfg.error_mode = ERRMODE_AUTO;
-        s->cfg.zcopy_thresh = 16 * 1024;
-        s->cfg.spill_size = 256 * 1024;
-    }
-    if (s->cfg.error_mode > ERRMODE_PEER) s->cfg.error_mode = ERRMODE_AUTO;
+    memcpy(&s->cfg, p->config, sizeof(s->cfg));
     /* Not authentication: only keeps ranks of two jobs from taking each other for peers. */
-    s->hello_token = (uint32_t)fnv1a64(fnv1a64(FNV64_INIT, p->job_key, MR_JOB_KEY_LEN),
-                                       "MRUCX-HELLO", 11);
+    s->hello_token = mr__ucx_wire_hello_token(p->job_key, MR_JOB_KEY_LEN);
     host_identity(&s->boot_hash, &s->pidns);
-    for (int r = 0; r < s->size; r++) {
-        if (p->node_of_rank == NULL || p->node_of_rank[r] == p->node_of_rank[s->rank]) ppn++;
-    }
+}
 
-    /* Memory: nothing on the data path is allocated later (but the queues' growth). */
-    s->nctrl = 2 * (size_t)s->size;
+/* Peers and queues: nothing on the data path is allocated later (but the queues' growth). */
+static mr_status_t ucx_alloc_queues(mr_substrate_t *s, const mr_substrate_params_t *p)
+{
+    s->nctrl = 2 * (size_t)s->base.size;
     if (s->nctrl < UCX_CTRL_SLOTS_MIN) s->nctrl = UCX_CTRL_SLOTS_MIN;
     if (s->nctrl > UCX_CTRL_SLOTS_MAX) s->nctrl = UCX_CTRL_SLOTS_MAX;
     s->nrreqs = p->recv_slots < UCX_RREQS_MAX ? p->recv_slots : UCX_RREQS_MAX;
@@ -1329,31 +1119,42 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
     while (s->rxq_cap < UCX_RXQ_MAX_INIT && s->rxq_cap < p->recv_slots + UCX_RXQ_SLACK) {
         s->rxq_cap *= 2;
     }
-    s->peers = calloc((size_t)s->size, sizeof(*s->peers));
-    s->failq = calloc((size_t)s->size, sizeof(*s->failq));
+    s->peers = calloc((size_t)s->base.size, sizeof(*s->peers));
+    s->failq = calloc((size_t)s->base.size, sizeof(*s->failq));
     s->rxq = malloc(s->rxq_cap * sizeof(*s->rxq));
     s->spill_cap = (size_t)s->cfg.spill_size;
     s->spill = s->spill_cap ? malloc(s->spill_cap) : NULL;
     if (s->peers == NULL || s->failq == NULL || s->rxq == NULL ||
         (s->spill_cap && s->spill == NULL)) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %d peers.", s->size);
-        st = MR_ERR_NO_MEMORY;
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %d peers.", s->base.size);
+        return MR_ERR_NO_MEMORY;
     }
-    for (int r = 0; r < s->size; r++) {
+    for (int r = 0; r < s->base.size; r++) {
         s->peers[r].s = s;
         s->peers[r].rank = r;
         s->peers[r].pidfd = -1;
     }
+    return MR_OK;
+}
 
-    /* UCX: MAILRAIL_UCX_<NAME> over UCX_<NAME>; see the comment at the top. */
+/* The UCP context, from MAILRAIL_UCX_<NAME> over UCX_<NAME>; sets the request size. */
+static mr_status_t ucx_create_context(mr_substrate_t *s, const mr_substrate_params_t *p)
+{
+    ucp_config_t *config = NULL;
+    ucp_params_t cparams;
+    ucp_context_attr_t cattr;
+    size_t ppn = 0;
+    ucs_status_t us;
+
+    for (int r = 0; r < s->base.size; r++) {
+        if (p->node_of_rank == NULL || p->node_of_rank[r] == p->node_of_rank[s->base.rank]) ppn++;
+    }
     mark_own_settings();
     us = ucp_config_read(UCX_ENV_PREFIX, NULL, &config);
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: cannot read the UCX settings (UCX_* and "
-             "MAILRAIL_UCX_*): %s.", ucs_status_string(us));
-        st = MR_ERR_CONFIG;
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot read the UCX settings (UCX_* and "
+                "MAILRAIL_UCX_*): %s.", ucs_status_string(us));
+        return MR_ERR_CONFIG;
     }
     memset(&cparams, 0, sizeof(cparams));
     cparams.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
@@ -1361,41 +1162,49 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
                          UCP_PARAM_FIELD_NAME;
     cparams.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     cparams.mt_workers_shared = 0;
-    cparams.estimated_num_eps = (size_t)s->size;
+    cparams.estimated_num_eps = (size_t)s->base.size;
     cparams.estimated_num_ppn = ppn ? ppn : 1;
     cparams.name = "mailrail";
     us = ucp_init(&cparams, config, &s->context);
     ucp_config_release(config);
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_init failed: %s (check MAILRAIL_UCX_TLS and "
-             "UCX_TLS).", ucs_status_string(us));
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_init failed: %s (check MAILRAIL_UCX_TLS and "
+                "UCX_TLS).", ucs_status_string(us));
         s->context = NULL;
-        goto fail;
+        return MR_ERR_TRANSPORT;
     }
     memset(&cattr, 0, sizeof(cattr));
     cattr.field_mask = UCP_ATTR_FIELD_REQUEST_SIZE;
     us = ucp_context_query(s->context, &cattr);
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_context_query failed: %s.",
-             ucs_status_string(us));
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_context_query failed: %s.",
+                ucs_status_string(us));
+        return MR_ERR_TRANSPORT;
     }
     s->ucx_req_size = cattr.request_size;
+    return MR_OK;
+}
+
+/* One single-threaded worker, and the epoll set over its wake-up fd (if any). */
+static mr_status_t ucx_create_worker(mr_substrate_t *s)
+{
+    ucp_worker_params_t wparams;
+    ucs_status_t us;
 
     memset(&wparams, 0, sizeof(wparams));
     wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
     us = ucp_worker_create(s->context, &wparams, &s->worker);
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_create failed: %s.",
-             ucs_status_string(us));
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_create failed: %s.",
+                ucs_status_string(us));
         s->worker = NULL;
-        goto fail;
+        return MR_ERR_TRANSPORT;
     }
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: epoll_create1 failed: %s.", strerror(errno));
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: epoll_create1 failed: %s.", strerror(errno));
+        return MR_ERR_TRANSPORT;
     }
     us = ucp_worker_get_efd(s->worker, &s->efd);
     if (us == UCS_OK) {
@@ -1405,9 +1214,17 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
         s->efd = -1;
     }
     if (s->efd < 0) {
-        ULOG(s, MR_LOG_DEBUG, "UCX substrate: no wake-up fd from UCX (%s); an idle progress "
-             "call yields instead of sleeping.", ucs_status_string(us));
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: no wake-up fd from UCX (%s); an idle progress "
+                "call yields instead of sleeping.", ucs_status_string(us));
     }
+    return MR_OK;
+}
+
+/* The handlers of the data and the control active messages. */
+static mr_status_t ucx_set_handlers(mr_substrate_t *s)
+{
+    ucp_am_handler_param_t hparam;
+    ucs_status_t us;
 
     memset(&hparam, 0, sizeof(hparam));
     hparam.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
@@ -1423,60 +1240,86 @@ static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out
         us = ucp_worker_set_am_recv_handler(s->worker, &hparam);
     }
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: cannot set the active-message handlers: %s.",
-             ucs_status_string(us));
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot set the active-message handlers: %s.",
+                ucs_status_string(us));
+        return MR_ERR_TRANSPORT;
     }
+    return MR_OK;
+}
 
-    us = ucp_worker_get_address(s->worker, &uaddr, &ualen);
+/* This rank's address blob: the header and the worker's address (see ucx_wire.h). */
+static mr_status_t ucx_make_address(mr_substrate_t *s)
+{
+    ucp_address_t *uaddr = NULL;
+    size_t ualen = 0;
+    ucs_status_t us = ucp_worker_get_address(s->worker, &uaddr, &ualen);
+
     if (us != UCS_OK) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_get_address failed: %s.",
-             ucs_status_string(us));
-        goto fail;
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: ucp_worker_get_address failed: %s.",
+                ucs_status_string(us));
+        return MR_ERR_TRANSPORT;
     }
-    if (ualen > MR_SUBSTRATE_ADDR_MAX - UCX_ADDR_HDR_LEN) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: the UCX worker address is %zu bytes, more than the "
-             "%d bytes MailRail can exchange; restrict the transports or devices it "
-             "advertises, e.g. MAILRAIL_UCX_TLS=sm,self,tcp or MAILRAIL_UCX_NET_DEVICES.",
-             ualen, MR_SUBSTRATE_ADDR_MAX - UCX_ADDR_HDR_LEN);
+    if (ualen > MR_SUBSTRATE_ADDR_MAX - UCX_WIRE_ADDR_HDR_LEN) {
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the UCX worker address is %zu bytes, more than "
+                "the %d bytes MailRail can exchange; restrict the transports or devices it "
+                "advertises, e.g. MAILRAIL_UCX_TLS=sm,self,tcp or MAILRAIL_UCX_NET_DEVICES.",
+                ualen, MR_SUBSTRATE_ADDR_MAX - UCX_WIRE_ADDR_HDR_LEN);
         ucp_worker_release_address(s->worker, uaddr);
-        st = MR_ERR_CONFIG;
-        goto fail;
+        return MR_ERR_CONFIG;
     }
-    mr_put_le32(s->addr, UCX_ADDR_MAGIC);
-    s->addr[4] = UCX_ADDR_VERSION;
-    mr_put_le32(s->addr + 8, (uint32_t)getpid());
-    mr_put_le32(s->addr + 12, (uint32_t)ualen);
-    mr_put_le64(s->addr + 16, s->boot_hash);
-    mr_put_le64(s->addr + 24, s->pidns);
-    memcpy(s->addr + UCX_ADDR_HDR_LEN, uaddr, ualen);
-    s->addr_len = UCX_ADDR_HDR_LEN + ualen;
+    ucx_wire_addr_t w = {.pid = (uint32_t)getpid(), .boot_hash = s->boot_hash,
+                         .pidns = s->pidns, .worker = (const uint8_t *)uaddr, .worker_len = ualen};
+    s->addr_len = mr__ucx_wire_addr_encode(s->addr, &w);
     ucp_worker_release_address(s->worker, uaddr);
+    return MR_OK;
+}
 
-    /* Send and receive state, handed to UCX as user-allocated requests. */
+/* Send and receive state, handed to UCX as user-allocated requests. */
+static mr_status_t ucx_alloc_requests(mr_substrate_t *s)
+{
     s->sreq_stride = align_up(s->ucx_req_size, 64) + align_up(sizeof(ucx_sreq_t), 64);
     s->rreq_stride = align_up(s->ucx_req_size, 64) + align_up(sizeof(ucx_rreq_t), 64);
     s->rreq_mem = aligned_alloc(64, s->rreq_stride * s->nrreqs);
-    if (sreq_block_add(s, s->max_sends, s->nctrl) != MR_OK || s->rreq_mem == NULL) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %zu sends.", s->max_sends);
-        st = MR_ERR_NO_MEMORY;
-        goto fail;
+    if (sreq_block_add(s, s->base.max_sends, s->nctrl) != MR_OK || s->rreq_mem == NULL) {
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %zu sends.", s->base.max_sends);
+        return MR_ERR_NO_MEMORY;
     }
     memset(s->rreq_mem, 0, s->rreq_stride * s->nrreqs);
     for (size_t i = s->nrreqs; i-- > 0;) {
         rreq_free(s, rreq_at(s, i));
     }
-    if (*s->log_threshold >= MR_LOG_DEBUG) {
-        ULOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d has a %zu-byte worker address, error mode "
-             "%s, %zu-byte UCX requests.", s->rank, ualen, ucx_error_modes[s->cfg.error_mode],
-             s->ucx_req_size);
+    return MR_OK;
+}
+
+static mr_status_t ucx_open(const mr_substrate_params_t *p, mr_substrate_t **out)
+{
+    mr_substrate_t *s = NULL;
+    mr_status_t st = mr__substrate_alloc(p, sizeof(*s), "UCX substrate", UINT32_MAX, true, &s);
+
+    if (st != MR_OK) return st;
+    if (p->recv_slots == 0) {
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: no receive slots.");
+        free(s);
+        return MR_ERR_INVALID_PARAM;
+    }
+    ucx_init_state(s, p);
+    st = ucx_alloc_queues(s, p);
+    if (st == MR_OK) st = ucx_create_context(s, p);
+    if (st == MR_OK) st = ucx_create_worker(s);
+    if (st == MR_OK) st = ucx_set_handlers(s);
+    if (st == MR_OK) st = ucx_make_address(s);
+    if (st == MR_OK) st = ucx_alloc_requests(s);
+    if (st != MR_OK) {
+        ucx_close(s);
+        return st;
+    }
+    if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d has a %zu-byte worker address, error mode "
+                "%s, %zu-byte UCX requests.", s->base.rank, s->addr_len - UCX_WIRE_ADDR_HDR_LEN,
+                ucx_error_modes[s->cfg.error_mode], s->ucx_req_size);
     }
     *out = s;
     return MR_OK;
-
-fail:
-    ucx_close(s);
-    return st;
 }
 
 static mr_status_t ucx_get_address(mr_substrate_t *s, void *addr, size_t *length)
@@ -1487,39 +1330,19 @@ static mr_status_t ucx_get_address(mr_substrate_t *s, void *addr, size_t *length
     return MR_OK;
 }
 
-/* Parses an address blob: the UCX address, its length, pid and host identity. */
-static bool addr_parse(const void *blob, size_t length, const uint8_t **ucx, size_t *ucx_len,
-                       uint32_t *pid, uint64_t *boot_hash, uint64_t *pidns)
-{
-    const uint8_t *b = blob;
-    uint32_t n;
-
-    if (b == NULL || length < UCX_ADDR_HDR_LEN) return false;
-    if (mr_get_le32(b) != UCX_ADDR_MAGIC || b[4] != UCX_ADDR_VERSION) return false;
-    n = mr_get_le32(b + 12);
-    if (n == 0 || n > length - UCX_ADDR_HDR_LEN) return false;
-    *ucx = b + UCX_ADDR_HDR_LEN;
-    *ucx_len = n;
-    *pid = mr_get_le32(b + 8);
-    *boot_hash = mr_get_le64(b + 16);
-    *pidns = mr_get_le64(b + 24);
-    return true;
-}
-
 static void ucx_format_address(const void *addr, size_t length, char *buf, size_t len)
 {
-    const uint8_t *ucx;
-    size_t ucx_len;
-    uint32_t pid;
-    uint64_t boot_hash, pidns;
+    ucx_wire_addr_t w;
 
     if (buf == NULL || len == 0) return;
-    if (!addr_parse(addr, length, &ucx, &ucx_len, &pid, &boot_hash, &pidns)) {
+    if (mr__ucx_wire_addr_decode(addr, length, &w, NULL) != MR_OK) {
         snprintf(buf, len, "ucx (not a UCX substrate address)");
         return;
     }
-    snprintf(buf, len, "ucx worker address (%zu bytes, digest %08x), pid %u", ucx_len,
-             (unsigned)(fnv1a64(FNV64_INIT, ucx, ucx_len) & 0xffffffffu), (unsigned)pid);
+    snprintf(buf, len, "ucx worker address (%zu bytes, digest %08x), pid %u", w.worker_len,
+             (unsigned)(mr__ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, w.worker, w.worker_len) &
+                        0xffffffffu),
+             (unsigned)w.pid);
 }
 
 /* Whether a UCX request handle is done (freeing it when it is). */
@@ -1538,13 +1361,13 @@ static bool req_done(void **req, ucs_status_t *status)
 
 static const char *round_name(unsigned kind)
 {
-    return kind == CTRL_HELLO ? "HELLO" : kind == CTRL_READY ? "READY" : "BYE";
+    return kind == UCX_WIRE_CTRL_HELLO ? "HELLO" : kind == UCX_WIRE_CTRL_READY ? "READY" : "BYE";
 }
 
 /* Whether a peer takes part in a round: it has a working endpoint. */
 static bool round_peer(const mr_substrate_t *s, const ucx_peer_t *p)
 {
-    return p->rank != s->rank && p->ep != NULL && p->state == P_OK && !p->fail_queued;
+    return p->rank != s->base.rank && p->ep != NULL && p->state == P_OK && !p->fail_queued;
 }
 
 /*
@@ -1554,7 +1377,7 @@ static bool round_peer(const mr_substrate_t *s, const ucx_peer_t *p)
  */
 static mr_status_t round_start(mr_substrate_t *s, unsigned kind, bool flush)
 {
-    for (int r = 0; r < s->size; r++) {
+    for (int r = 0; r < s->base.size; r++) {
         ucx_peer_t *p = &s->peers[r];
         ucp_request_param_t param;
         ucs_status_ptr_t sp;
@@ -1564,10 +1387,10 @@ static mr_status_t round_start(mr_substrate_t *s, unsigned kind, bool flush)
         memset(&param, 0, sizeof(param));
         param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         param.flags = UCP_AM_SEND_FLAG_EAGER;
-        sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, p->conn_hdr, UCX_HDR_LEN, NULL, 0, &param);
+        sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, p->conn_hdr, UCX_WIRE_HDR_LEN, NULL, 0, &param);
         if (UCS_PTR_IS_ERR(sp)) {
-            ULOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot send %s to "
-                 "rank %d: %s.", round_name(kind), r, ucs_status_string(UCS_PTR_STATUS(sp)));
+            MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot send %s to "
+                    "rank %d: %s.", round_name(kind), r, ucs_status_string(UCS_PTR_STATUS(sp)));
             if (s->closed) continue;
             return MR_ERR_TRANSPORT;
         }
@@ -1576,8 +1399,8 @@ static mr_status_t round_start(mr_substrate_t *s, unsigned kind, bool flush)
         memset(&param, 0, sizeof(param));
         sp = ucp_ep_flush_nbx(p->ep, &param);
         if (UCS_PTR_IS_ERR(sp)) {
-            ULOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot flush the "
-                 "endpoint to rank %d: %s.", r, ucs_status_string(UCS_PTR_STATUS(sp)));
+            MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot flush the "
+                    "endpoint to rank %d: %s.", r, ucs_status_string(UCS_PTR_STATUS(sp)));
             if (s->closed) continue;
             return MR_ERR_TRANSPORT;
         }
@@ -1598,23 +1421,23 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
 
         while (ucp_worker_progress(s->worker) != 0) {
         }
-        for (int r = 0; r < s->size; r++) {
+        for (int r = 0; r < s->base.size; r++) {
             ucx_peer_t *p = &s->peers[r];
             ucs_status_t err = UCS_OK;
             bool sent;
 
-            if (r == s->rank || (s->closed && !round_peer(s, p))) continue;
+            if (r == s->base.rank || (s->closed && !round_peer(s, p))) continue;
             if (p->fail_queued || p->state != P_OK) {
-                ULOG(s, MR_LOG_ERROR, "UCX substrate: rank %d failed while connecting (%s).", r,
-                     p->exited ? "its process exited" : ucs_status_string(p->fail_status));
+                MR__LOG(s, MR_LOG_ERROR, "UCX substrate: rank %d failed while connecting (%s).", r,
+                        p->exited ? "its process exited" : ucs_status_string(p->fail_status));
                 return MR_ERR_TRANSPORT;
             }
             sent = req_done(&p->conn_req[0], &err);
             sent = req_done(&p->conn_req[1], &err) && sent;
             if (err != UCS_OK) {
                 if (s->closed) continue;
-                ULOG(s, MR_LOG_ERROR, "UCX substrate: connecting to rank %d failed: %s.", r,
-                     ucs_status_string(err));
+                MR__LOG(s, MR_LOG_ERROR, "UCX substrate: connecting to rank %d failed: %s.", r,
+                        ucs_status_string(err));
                 return MR_ERR_TRANSPORT;
             }
             if (!sent || !p->got[kind]) waiting++;
@@ -1625,7 +1448,7 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
             size_t used = 0;
             int listed = 0;
             list[0] = '\0';
-            for (int r = 0; r < s->size && listed < 16; r++) {
+            for (int r = 0; r < s->base.size && listed < 16; r++) {
                 ucx_peer_t *p = &s->peers[r];
                 if (!round_peer(s, p) || (p->got[kind] && !p->conn_req[0] && !p->conn_req[1])) {
                     continue;
@@ -1638,10 +1461,11 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
                 if (used >= sizeof(list)) used = sizeof(list) - 1;
                 listed++;
             }
-            ULOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: rank %d timed out "
-                 "after %u s in the %s round, with %d of its %d peers missing: %s%s.", s->rank,
-                 s->closed ? UCX_CLOSE_FLUSH_S : s->timeout_s, round_name(kind), waiting,
-                 s->size - 1, list, waiting > listed ? ", ..." : "");
+            MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: rank %d timed out "
+                    "after %u s in the %s round, with %d of its %d peers missing: %s%s.",
+                    s->base.rank, s->closed ? UCX_CLOSE_FLUSH_S : s->base.timeout_s,
+                    round_name(kind), waiting, s->base.size - 1, list,
+                    waiting > listed ? ", ..." : "");
             return MR_ERR_TIMEOUT;
         }
         /* Nothing moved: sleep a little (or until UCX or a watched process has news). */
@@ -1654,6 +1478,58 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
     }
 }
 
+/* Creates the endpoint to peer `p` from its address, with the error mode it calls for. */
+static mr_status_t peer_create_endpoint(mr_substrate_t *s, ucx_peer_t *p, const ucx_wire_addr_t *w)
+{
+    ucp_ep_params_t ep;
+    ucs_status_t us;
+
+    p->same_host = w->boot_hash != 0 && w->boot_hash == s->boot_hash;
+    memset(&ep, 0, sizeof(ep));
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = (const ucp_address_t *)w->worker;
+    if (s->cfg.error_mode == ERRMODE_PEER ||
+        (s->cfg.error_mode == ERRMODE_AUTO && !p->same_host)) {
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        p->err_peer = true;
+        ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.err_handler.cb = ep_err_cb;
+        ep.err_handler.arg = p;
+    } else {
+        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    }
+    us = ucp_ep_create(s->worker, &ep, &p->ep);
+    if (us != UCS_OK) {
+        p->ep = NULL;
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot create an endpoint to rank %d: %s.",
+                p->rank, ucs_status_string(us));
+        return MR_ERR_TRANSPORT;
+    }
+    p->state = P_OK;
+    return MR_OK;
+}
+
+/* A peer in this pid namespace is watched through a pidfd: its exit is its failure. */
+static void peer_watch_process(mr_substrate_t *s, ucx_peer_t *p, uint64_t pidns)
+{
+    int fd;
+
+    if (!p->same_host || pidns == 0 || pidns != s->pidns || p->pid == 0) return;
+    fd = pidfd_open_compat(p->pid);
+    if (fd >= 0) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)p->rank + 1};
+        if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) == 0) {
+            p->pidfd = fd;
+            s->npidfds++;
+        } else {
+            close(fd);
+        }
+    } else {
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: cannot watch process %u (rank %d): %s.",
+                (unsigned)p->pid, p->rank, strerror(errno));
+    }
+}
+
 static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
 {
     uint64_t start = mr_now_ns(), deadline;
@@ -1661,79 +1537,43 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
 
     if (s == NULL || s->connect_started) return MR_ERR_INVALID_PARAM;
     s->connect_started = true;
-    if (s->size == 1) {
+    if (s->base.size == 1) {
         s->connected = true;
         return MR_OK;
     }
-    if (addrs == NULL || addr_len < UCX_ADDR_HDR_LEN) {
-        ULOG(s, MR_LOG_ERROR, "UCX substrate: the address table holds %zu-byte entries, fewer "
-             "than the %d-byte header of a UCX address.", addr_len, UCX_ADDR_HDR_LEN);
+    if (addrs == NULL || addr_len < UCX_WIRE_ADDR_HDR_LEN) {
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the address table holds %zu-byte entries, fewer "
+                "than the %d-byte header of a UCX address.", addr_len, UCX_WIRE_ADDR_HDR_LEN);
         return MR_ERR_PROTOCOL;
     }
-    for (int r = 0; r < s->size; r++) {
-        const uint8_t *blob = (const uint8_t *)addrs + (size_t)r * addr_len, *ucx;
+    for (int r = 0; r < s->base.size; r++) {
+        const uint8_t *blob = (const uint8_t *)addrs + (size_t)r * addr_len;
         ucx_peer_t *p = &s->peers[r];
-        size_t ucx_len;
-        uint64_t boot_hash, pidns;
-        ucp_ep_params_t ep;
-        ucs_status_t us;
+        ucx_wire_addr_t w;
 
-        if (!addr_parse(blob, addr_len, &ucx, &ucx_len, &p->pid, &boot_hash, &pidns)) {
-            ULOG(s, MR_LOG_ERROR, "UCX substrate: the address of rank %d is not a valid UCX "
-                 "substrate address (wrong magic, version or length).", r);
+        if (mr__ucx_wire_addr_decode(blob, addr_len, &w, NULL) != MR_OK) {
+            MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the address of rank %d is not a valid UCX "
+                    "substrate address (wrong magic, version or length).", r);
             return MR_ERR_PROTOCOL;
         }
-        if (r == s->rank) continue;
-        p->same_host = boot_hash != 0 && boot_hash == s->boot_hash;
-        memset(&ep, 0, sizeof(ep));
-        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-        ep.address = (const ucp_address_t *)ucx;
-        if (s->cfg.error_mode == ERRMODE_PEER ||
-            (s->cfg.error_mode == ERRMODE_AUTO && !p->same_host)) {
-            ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-            p->err_peer = true;
-            ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
-            ep.err_handler.cb = ep_err_cb;
-            ep.err_handler.arg = p;
-        } else {
-            ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-        }
-        us = ucp_ep_create(s->worker, &ep, &p->ep);
-        if (us != UCS_OK) {
-            p->ep = NULL;
-            ULOG(s, MR_LOG_ERROR, "UCX substrate: cannot create an endpoint to rank %d: %s.", r,
-                 ucs_status_string(us));
-            return MR_ERR_TRANSPORT;
-        }
-        p->state = P_OK;
-        /* A peer in this pid namespace is watched: its exit is its failure. */
-        if (p->same_host && pidns != 0 && pidns == s->pidns && p->pid != 0) {
-            int fd = pidfd_open_compat(p->pid);
-            if (fd >= 0) {
-                struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)r + 1};
-                if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) == 0) {
-                    p->pidfd = fd;
-                    s->npidfds++;
-                } else {
-                    close(fd);
-                }
-            } else {
-                ULOG(s, MR_LOG_DEBUG, "UCX substrate: cannot watch process %u (rank %d): %s.",
-                     (unsigned)p->pid, r, strerror(errno));
-            }
-        }
+        p->pid = w.pid;
+        if (r == s->base.rank) continue;
+        st = peer_create_endpoint(s, p, &w);
+        if (st != MR_OK) return st;
+        peer_watch_process(s, p, w.pidns);
     }
-    deadline = start + (uint64_t)(s->timeout_s ? s->timeout_s : 60) * NS_PER_S;
-    st = round_start(s, CTRL_HELLO, true);
-    if (st == MR_OK) st = round_wait(s, CTRL_HELLO, deadline);
-    if (st == MR_OK) st = round_start(s, CTRL_READY, false);
-    if (st == MR_OK) st = round_wait(s, CTRL_READY, deadline);
+    /* Two rounds over UCX itself; see docs/architecture.md. */
+    deadline = start + (uint64_t)(s->base.timeout_s ? s->base.timeout_s : 60) * MR_NS_PER_S;
+    st = round_start(s, UCX_WIRE_CTRL_HELLO, true);
+    if (st == MR_OK) st = round_wait(s, UCX_WIRE_CTRL_HELLO, deadline);
+    if (st == MR_OK) st = round_start(s, UCX_WIRE_CTRL_READY, false);
+    if (st == MR_OK) st = round_wait(s, UCX_WIRE_CTRL_READY, deadline);
     if (st != MR_OK) return st;
     s->connected = true;
-    if (*s->log_threshold >= MR_LOG_DEBUG) {
-        ULOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d connected to its %d peers in %.3f s "
-             "(%zu watched through pidfds).", s->rank, s->size - 1,
-             (double)(mr_now_ns() - start) / 1e9, s->npidfds);
+    if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d connected to its %d peers in %.3f s "
+                "(%zu watched through pidfds).", s->base.rank, s->base.size - 1,
+                (double)(mr_now_ns() - start) / 1e9, s->npidfds);
     }
     return MR_OK;
 }
@@ -1741,8 +1581,9 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
 /* The endpoint to `dest` if it can take a message, or the status saying why not. */
 static mr_status_t peer_for_send(mr_substrate_t *s, int dest, ucx_peer_t **out)
 {
-    if (s == NULL) return MR_ERR_INVALID_PARAM;
-    if (dest < 0 || dest >= s->size || dest == s->rank) return MR_ERR_INVALID_RANK;
+    mr_status_t st = mr__send_target_check(s, dest);
+
+    if (st != MR_OK) return st;
     ucx_peer_t *p = &s->peers[dest];
     if (p->state == P_FAILED || p->fail_queued) return MR_ERR_PEER_FAILED;
     if (p->state != P_OK || !s->connected || s->closed) return MR_ERR_INVALID_RANK;
@@ -1757,8 +1598,8 @@ static mr_status_t send_error(mr_substrate_t *s, int dest, ucs_status_t us)
         peer_fail(s, dest, us);
         return MR_ERR_PEER_FAILED;
     }
-    ULOG(s, MR_LOG_ERROR, "UCX substrate: sending to rank %d failed: %s.", dest,
-         ucs_status_string(us));
+    MR__LOG(s, MR_LOG_ERROR, "UCX substrate: sending to rank %d failed: %s.", dest,
+            ucs_status_string(us));
     return MR_ERR_TRANSPORT;
 }
 
@@ -1772,13 +1613,12 @@ static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     ucx_sreq_t *r;
 
     if (st != MR_OK) return st;
-    if (length > s->datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
+    if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
     if (kind > UINT8_MAX || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
-    r = s->free_sreqs;
+    r = sreq_pop(&s->free_sreqs);
     if (r == NULL) return MR_AGAIN;
-    s->free_sreqs = r->next;
-    r->next = NULL;
-    r->cookie = cookie;
+    r->link.next = NULL;
+    r->link.cookie = cookie;
     r->dest = dest;
     hdr_pack(s, r->hdr, kind, imm);
     param.op_attr_mask = UCP_OP_ATTR_FIELD_REQUEST | UCP_OP_ATTR_FIELD_CALLBACK |
@@ -1786,14 +1626,13 @@ static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     param.request = r;
     param.cb.send = send_cb;
     param.memory_type = UCS_MEMORY_TYPE_HOST;
-    sp = ucp_am_send_nbx(p->ep, UCX_AM_DATA, r->hdr, UCX_HDR_LEN, data, length, &param);
+    sp = ucp_am_send_nbx(p->ep, UCX_AM_DATA, r->hdr, UCX_WIRE_HDR_LEN, data, length, &param);
     if (UCS_PTR_IS_ERR(sp)) {
-        r->next = s->free_sreqs;
-        s->free_sreqs = r;
+        mr__sreq_push(&s->free_sreqs, &r->link);
         return send_error(s, dest, UCS_PTR_STATUS(sp));
     }
     /* Done at once: the completion is still reported by the next progress call. */
-    if (sp == NULL) done_push(s, r);
+    if (sp == NULL) mr__done_push(&s->done, &r->link);
     else r->inflight = true;
     return MR_OK;
 }
@@ -1807,18 +1646,17 @@ static mr_status_t ucx_send_control(mr_substrate_t *s, int dest, uint32_t imm)
     ucx_sreq_t *r;
 
     if (st != MR_OK) return st;
-    r = s->free_ctrl;
+    r = sreq_pop(&s->free_ctrl);
     if (r == NULL) return MR_AGAIN;
-    s->free_ctrl = r->next;
-    r->next = NULL;
+    r->link.next = NULL;
     r->dest = dest;
-    hdr_pack(s, r->hdr, CTRL_CREDIT, imm);
+    hdr_pack(s, r->hdr, UCX_WIRE_CTRL_CREDIT, imm);
     param.op_attr_mask = UCP_OP_ATTR_FIELD_REQUEST | UCP_OP_ATTR_FIELD_CALLBACK |
                          UCP_OP_ATTR_FIELD_FLAGS;
     param.request = r;
     param.cb.send = send_cb;
     param.flags = UCP_AM_SEND_FLAG_EAGER;
-    sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, r->hdr, UCX_HDR_LEN, NULL, 0, &param);
+    sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, r->hdr, UCX_WIRE_HDR_LEN, NULL, 0, &param);
     if (UCS_PTR_IS_ERR(sp)) {
         ctrl_free(s, r);
         return send_error(s, dest, UCS_PTR_STATUS(sp));
@@ -1837,7 +1675,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
     s->upcalls_ok = true;
     s->cb_events = 0;
     events += drain_failed(s);
-    events += drain_done(s);
+    events += mr__done_drain(s, &s->done, &s->free_sreqs);
     if (s->ctrlq_count > 0) events += drain_ctrlq(s);
     if (s->rxq_count > 0) events += rx_drain(s);
 
@@ -1851,13 +1689,13 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
             if (ucp_worker_progress(s->worker) == 0) break;
         }
         if (s->npidfds > 0 && (now = mr_coarse_now_ns()) >= s->next_pidfd_check) {
-            s->next_pidfd_check = now + UCX_PIDFD_CHECK_MS * NS_PER_MS;
+            s->next_pidfd_check = now + UCX_PIDFD_CHECK_MS * MR_NS_PER_MS;
             check_events(s, 0);
         }
         events += s->cb_events;
         s->cb_events = 0;
         events += drain_failed(s);
-        events += drain_done(s);
+        events += mr__done_drain(s, &s->done, &s->free_sreqs);
         if (s->rxq_count > 0) events += rx_drain(s);
         if (events > 0 || timeout_ms == 0 || round == 1) break;
         /* Idle with time to wait: sleep until UCX or a watched process has news. */
@@ -1869,7 +1707,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
             ucs_status_t us = ucp_worker_arm(s->worker);
             if (us == UCS_OK) {
                 check_events(s, timeout_ms);
-                s->next_pidfd_check = mr_coarse_now_ns() + UCX_PIDFD_CHECK_MS * NS_PER_MS;
+                s->next_pidfd_check = mr_coarse_now_ns() + UCX_PIDFD_CHECK_MS * MR_NS_PER_MS;
             } else if (us != UCS_ERR_BUSY) {
                 sched_yield();
             }
@@ -1885,11 +1723,6 @@ static void ucx_release_recv(mr_substrate_t *s, void *handle)
 {
     if (s == NULL || handle == NULL || s->worker == NULL) return;
     ucp_am_data_release(s->worker, handle);
-}
-
-static void ucx_closing(mr_substrate_t *s)
-{
-    if (s != NULL) s->closing = true;
 }
 
 /* Whether a rendezvous receive is still under way (close() only). */
@@ -1908,8 +1741,9 @@ static void ucx_close(mr_substrate_t *s)
     s->closed = true;
     s->upcalls_ok = false;
     if (s->worker != NULL) {
-        unsigned flush_s = s->timeout_s < UCX_CLOSE_FLUSH_S ? s->timeout_s : UCX_CLOSE_FLUSH_S;
-        uint64_t deadline = mr_now_ns() + (uint64_t)(flush_s ? flush_s : 1) * NS_PER_S;
+        unsigned flush_s = s->base.timeout_s < UCX_CLOSE_FLUSH_S ? s->base.timeout_s
+                                                                 : UCX_CLOSE_FLUSH_S;
+        uint64_t deadline = mr_now_ns() + (uint64_t)(flush_s ? flush_s : 1) * MR_NS_PER_S;
         bool bye_done = false;
 
         /* UCX buffers still held: queued arrivals nobody will receive. */
@@ -1930,13 +1764,13 @@ static void ucx_close(mr_substrate_t *s)
          * are released without a flush: a flush towards a peer that already
          * destroyed its worker fails, and UCX logs an error for it.
          */
-        if (s->closing && s->connected) {
-            if (round_start(s, CTRL_BYE, true) == MR_OK &&
-                round_wait(s, CTRL_BYE, deadline) == MR_OK) {
+        if (s->base.closing && s->connected) {
+            if (round_start(s, UCX_WIRE_CTRL_BYE, true) == MR_OK &&
+                round_wait(s, UCX_WIRE_CTRL_BYE, deadline) == MR_OK) {
                 bye_done = true;
             }
         }
-        for (int r = 0; r < s->size; r++) {
+        for (int r = 0; r < s->base.size; r++) {
             ucx_peer_t *p = &s->peers[r];
             ucp_request_param_t param;
             ucs_status_ptr_t sp;
@@ -1956,20 +1790,20 @@ static void ucx_close(mr_substrate_t *s)
             if (UCS_PTR_IS_PTR(sp)) p->close_req = sp;
         }
         /* Short: after a failure the other ranks may be anywhere, not waiting for us. */
-        deadline = mr_now_ns() + UCX_CLOSE_EP_MS * NS_PER_MS;
+        deadline = mr_now_ns() + UCX_CLOSE_EP_MS * MR_NS_PER_MS;
         for (;;) {
             int left = 0;
             while (ucp_worker_progress(s->worker) != 0) {
             }
-            for (int r = 0; r < s->size; r++) {
+            for (int r = 0; r < s->base.size; r++) {
                 if (!req_done(&s->peers[r].close_req, NULL)) left++;
             }
             if (left == 0 && !rx_any_receiving(s)) break;
             if (mr_now_ns() >= deadline) {
                 /* Destroying the worker releases them by force. */
-                ULOG(s, MR_LOG_DEBUG, "UCX substrate: %d endpoints did not close within %d ms.",
-                     left, UCX_CLOSE_EP_MS);
-                for (int r = 0; r < s->size; r++) {
+                MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %d endpoints did not close within %d ms.",
+                        left, UCX_CLOSE_EP_MS);
+                for (int r = 0; r < s->base.size; r++) {
                     if (s->peers[r].close_req != NULL) ucp_request_free(s->peers[r].close_req);
                     s->peers[r].close_req = NULL;
                 }
@@ -1984,18 +1818,18 @@ static void ucx_close(mr_substrate_t *s)
     if (s->context != NULL) ucp_cleanup(s->context);
     s->context = NULL;
     if (s->peers != NULL) {
-        for (int r = 0; r < s->size; r++) {
+        for (int r = 0; r < s->base.size; r++) {
             if (s->peers[r].pidfd >= 0) close(s->peers[r].pidfd);
         }
     }
     if (s->epfd >= 0) close(s->epfd);
-    if (*s->log_threshold >= MR_LOG_DEBUG) {
-        ULOG(s, MR_LOG_DEBUG, "UCX substrate: %llu messages delivered in place, %llu received "
-             "by rendezvous, %llu held and %llu spilled (%llu to the heap) while waiting for a "
-             "receive slot, %llu progress calls paused for want of one.",
-             (unsigned long long)s->zcopy_delivered, (unsigned long long)s->rndv_received,
-             (unsigned long long)s->held, (unsigned long long)s->spilled,
-             (unsigned long long)s->spilled_heap, (unsigned long long)s->paused_calls);
+    if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %llu messages delivered in place, %llu received "
+                "by rendezvous, %llu held and %llu spilled (%llu to the heap) while waiting for a "
+                "receive slot, %llu progress calls paused for want of one.",
+                (unsigned long long)s->zcopy_delivered, (unsigned long long)s->rndv_received,
+                (unsigned long long)s->held, (unsigned long long)s->spilled,
+                (unsigned long long)s->spilled_heap, (unsigned long long)s->paused_calls);
     }
     for (size_t b = 0; b < s->nsreq_blocks; b++) free(s->sreq_blocks[b].mem);
     free(s->sreq_blocks);
@@ -2009,8 +1843,7 @@ static void ucx_close(mr_substrate_t *s)
 }
 
 static const mr_substrate_ops_t ucx_ops = {
-    .abi_version = MR_SUBSTRATE_ABI_VERSION,
-    .ops_size = sizeof(mr_substrate_ops_t),
+    MR__SUBSTRATE_OPS_HEAD,
     .name = "ucx",
     .description = "UCX active messages, one UCP worker per rank; MAILRAIL_UCX_<NAME> sets "
                    "UCX's <NAME> for MailRail alone (over UCX_<NAME>)",
@@ -2024,14 +1857,11 @@ static const mr_substrate_ops_t ucx_ops = {
     .progress = ucx_progress,
     .release_recv = ucx_release_recv,
     .format_address = ucx_format_address,
-    .closing = ucx_closing,
+    .closing = mr__substrate_closing,
     .stats = NULL,
     .close = ucx_close,
     .settings_passthrough_prefix = UCX_OWN_PREFIX,
     .job_wide_settings = ucx_job_wide_settings,
 };
 
-__attribute__((visibility("default"))) const mr_substrate_ops_t *mr_substrate_get_ops(void)
-{
-    return &ucx_ops;
-}
+MR__SUBSTRATE_ENTRY(ucx_ops)

@@ -4,31 +4,15 @@
  * and the malformed inputs a hostile or broken peer could send. The files are
  * committed; rerun this after a change of the wire format:
  *
- *     cc -std=c11 -D_GNU_SOURCE -Icore -Icore/include -Isubstrates/tcp -Itests/fuzz \
- *        tests/fuzz/make_tcp_wire_corpus.c substrates/tcp/tcp_wire.c -lsodium \
+ *     cc -std=c11 -D_GNU_SOURCE -Icore -Icore/include -Isubstrates/common -Isubstrates/tcp \
+ *        -Itests/fuzz tests/fuzz/make_tcp_wire_corpus.c substrates/tcp/tcp_wire.c -lsodium \
  *        -o /tmp/make_corpus
  *     /tmp/make_corpus tests/fuzz/corpus/tcp_wire
  */
+#include "fuzz_corpus.h"
 #include "fuzz_tcp_wire.h"
 
 #include <arpa/inet.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define CORPUS_MAX (64 * 1024)
-
-typedef struct corpus_input {
-    uint8_t bytes[CORPUS_MAX];
-    size_t len;
-} corpus_input_t;
-
-static void corpus_put(corpus_input_t *in, const void *p, size_t n)
-{
-    if (in->len + n > CORPUS_MAX) abort();
-    memcpy(in->bytes + in->len, p, n);
-    in->len += n;
-}
 
 /* The prefix: acceptor, limit, chunk seed, nonce, and the AUTH of `connector`. */
 static void corpus_start(corpus_input_t *in, uint8_t acceptor, uint16_t limit, uint8_t seed,
@@ -58,28 +42,10 @@ static void corpus_frame(corpus_input_t *in, uint8_t channel, uint8_t kind, uint
     }
 }
 
-static void corpus_write(const char *dir, const char *name, const corpus_input_t *in)
-{
-    char path[4096];
-    FILE *f;
-
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    f = fopen(path, "wb");
-    if (f == NULL || fwrite(in->bytes, 1, in->len, f) != in->len || fclose(f) != 0) {
-        perror(path);
-        exit(1);
-    }
-}
-
 int main(int argc, char **argv)
 {
     static corpus_input_t in;
-
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s corpus-directory\n", argv[0]);
-        return 2;
-    }
-    const char *dir = argv[1];
+    const char *dir = corpus_dir(argc, argv);
 
     if (tcp_wire_init() != MR_OK) return 1;
 

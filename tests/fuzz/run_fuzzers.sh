@@ -12,7 +12,7 @@ out=${2:-build-fuzz}
 generated=${3:-build/flowctl}
 mkdir -p "$out"
 cc="clang -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
-inc="-Icore -Icore/include -Iflowctl -Iflowctl/node -I$generated -Itools"
+inc="-Icore -Icore/include -Iflowctl -Iflowctl/node -I$generated -Itools -Isubstrates/common"
 core="core/config.c core/log.c flowctl/flowctl_registry.c flowctl/flowctl_settings.c
       flowctl/credit.c flowctl/none/flowctl_none.c
       flowctl/rank/flowctl_rank.c flowctl/node/flowctl_node.c flowctl/node/node_segment.c"
@@ -23,8 +23,11 @@ $cc $inc tests/fuzz/fuzz_ygm_trace.c tools/ygm_trace.c -o "$out/fuzz_ygm_trace"
 # shellcheck disable=SC2086
 $cc $inc -Isubstrates/tcp tests/fuzz/fuzz_tcp_wire.c substrates/tcp/tcp_wire.c \
     -lsodium -o "$out/fuzz_tcp_wire"
+# shellcheck disable=SC2086
+$cc $inc -Isubstrates/ucx tests/fuzz/fuzz_ucx_wire.c substrates/ucx/ucx_wire.c \
+    -o "$out/fuzz_ucx_wire"
 status=0
-for target in config ygm_trace tcp_wire; do
+for target in config ygm_trace tcp_wire ucx_wire; do
     corpus="$out/corpus_$target"
     rm -rf "$corpus"
     cp -r "tests/fuzz/corpus/$target" "$corpus"

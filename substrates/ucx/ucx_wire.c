@@ -1,0 +1,109 @@
+/*
+ * The UCX substrate's wire format: encoders and bounds-checked decoders of
+ * the address blob and the message header (see ucx_wire.h).
+ */
+#include "ucx_wire.h"
+
+#include "mr_byteorder.h"
+
+#include <string.h>
+
+uint64_t mr__ucx_wire_fnv1a64(uint64_t h, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= UINT64_C(0x100000001b3);
+    }
+    return h;
+}
+
+uint32_t mr__ucx_wire_hello_token(const uint8_t *job_key, size_t key_len)
+{
+    static const char domain[] = "MRUCX-HELLO";
+
+    uint64_t h = mr__ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, job_key, key_len);
+
+    return (uint32_t)mr__ucx_wire_fnv1a64(h, domain, sizeof(domain) - 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The address blob.                                                         */
+
+size_t mr__ucx_wire_addr_encode(uint8_t *out, const ucx_wire_addr_t *a)
+{
+    mr_put_le32(out, UCX_WIRE_ADDR_MAGIC);
+    out[4] = UCX_WIRE_ADDR_VERSION;
+    out[5] = out[6] = out[7] = 0;
+    mr_put_le32(out + 8, a->pid);
+    mr_put_le32(out + 12, (uint32_t)a->worker_len);
+    mr_put_le64(out + 16, a->boot_hash);
+    mr_put_le64(out + 24, a->pidns);
+    if (a->worker_len > 0) memcpy(out + UCX_WIRE_ADDR_HDR_LEN, a->worker, a->worker_len);
+    return UCX_WIRE_ADDR_HDR_LEN + a->worker_len;
+}
+
+mr_status_t mr__ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_addr_t *out,
+                                     ucx_wire_error_t *err)
+{
+    const uint8_t *b = blob;
+    uint32_t magic, n;
+
+    if (b == NULL || length < UCX_WIRE_ADDR_HDR_LEN) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_TRUNCATED,
+                             "address blob shorter than 32 bytes",
+                             b == NULL ? 0 : (long long)length);
+    }
+    magic = mr_get_le32(b);
+    if (magic != UCX_WIRE_ADDR_MAGIC) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_MAGIC, "address magic", magic);
+    }
+    if (b[4] != UCX_WIRE_ADDR_VERSION) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_VERSION, "address version",
+                             b[4]);
+    }
+    n = mr_get_le32(b + 12);
+    if (n == 0 || n > length - UCX_WIRE_ADDR_HDR_LEN) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_LENGTH,
+                             "worker address length", n);
+    }
+    out->pid = mr_get_le32(b + 8);
+    out->boot_hash = mr_get_le64(b + 16);
+    out->pidns = mr_get_le64(b + 24);
+    out->worker = b + UCX_WIRE_ADDR_HDR_LEN;
+    out->worker_len = n;
+    return MR_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The message header.                                                       */
+
+void mr__ucx_wire_hdr_encode(uint8_t out[UCX_WIRE_HDR_LEN], const ucx_wire_hdr_t *h)
+{
+    out[0] = h->kind;
+    mr_put_le32(out + 1, h->imm);
+    mr_put_le32(out + 5, (uint32_t)h->source);
+    out[9] = h->failures_seen;
+}
+
+mr_status_t mr__ucx_wire_hdr_decode(const void *header, size_t length, int32_t rank,
+                                    int32_t size, ucx_wire_hdr_t *out, ucx_wire_error_t *err)
+{
+    const uint8_t *h = header;
+    int32_t source;
+
+    if (h == NULL || length != UCX_WIRE_HDR_LEN) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_HDR_LEN, "header length",
+                             (long long)length);
+    }
+    source = (int32_t)mr_get_le32(h + 5);
+    if (source < 0 || source >= size || source == rank) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_SOURCE, "source rank", source);
+    }
+    out->kind = h[0];
+    out->imm = mr_get_le32(h + 1);
+    out->source = source;
+    out->failures_seen = h[9];
+    return MR_OK;
+}

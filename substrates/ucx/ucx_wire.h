@@ -1,0 +1,115 @@
+/*
+ * The byte-level wire format of the UCX substrate: the address blob that the
+ * core all-gathers, and the 10-byte header of every active message. Pure: no
+ * UCX calls, no sockets, no allocation, no global state, so that the unit
+ * tests (tests/test_ucx_wire.c) and the libFuzzer target
+ * (tests/fuzz/fuzz_ucx_wire.c) run exactly the code that reads a peer's
+ * bytes. docs/architecture.md ("The UCX substrate") describes the protocol.
+ * Internal to the plugin.
+ *
+ * Decoders return MR_OK or a negative status with a ucx_wire_error_t that
+ * says why. They never return MR_AGAIN: UCX hands over a message's header
+ * whole, and an address is a complete blob. Their output parameters are
+ * written on MR_OK only, and the error on a negative status only.
+ */
+#ifndef MR_UCX_WIRE_H
+#define MR_UCX_WIRE_H
+
+#include "mailrail.h"
+#include "mr_wire.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * The address blob, little-endian: u32 magic, u8 version, u8[3] reserved
+ * (written as 0, not checked), u32 pid, u32 length of the UCX worker
+ * address, u64 boot id hash, u64 pid-namespace inode; then the worker
+ * address itself.
+ */
+#define UCX_WIRE_ADDR_MAGIC 0x58554d52u /* "MRUX" read as a little-endian number. */
+#define UCX_WIRE_ADDR_VERSION 1
+#define UCX_WIRE_ADDR_HDR_LEN 32
+
+/*
+ * The header of every active message, little-endian and packed: u8 kind,
+ * u32 imm, i32 source rank, u8 failures seen (saturating).
+ */
+#define UCX_WIRE_HDR_LEN 10
+
+/* Kinds of control messages (the kind byte of a control message's header). */
+enum {
+    UCX_WIRE_CTRL_CREDIT = 0, /* A credit return; imm is flow control's. */
+    UCX_WIRE_CTRL_HELLO = 1,  /* The connection rounds; imm is the job's hello token. */
+    UCX_WIRE_CTRL_READY = 2,
+    UCX_WIRE_CTRL_BYE = 3
+};
+
+/* FNV-1a, 64 bits: the boot id hash, the hello token and address digests. */
+#define UCX_WIRE_FNV64_INIT UINT64_C(0xcbf29ce484222325)
+
+/* What a decoder found wrong. */
+typedef enum ucx_wire_fault {
+    UCX_WIRE_TRUNCATED = 1,  /* An address blob shorter than its header. */
+    UCX_WIRE_BAD_MAGIC,      /* Not a MailRail UCX address at all. */
+    UCX_WIRE_BAD_VERSION,    /* Another version of the address. */
+    UCX_WIRE_BAD_LENGTH,     /* A worker address that is empty or runs past the blob. */
+    UCX_WIRE_BAD_HDR_LEN,    /* A message header of another length. */
+    UCX_WIRE_BAD_SOURCE      /* A source rank that is not a peer of this rank. */
+} ucx_wire_fault_t;
+
+/* Why a decoder refused its input; `fault` is a ucx_wire_fault_t. */
+typedef mr__wire_error_t ucx_wire_error_t;
+
+/* A decoded address blob. */
+typedef struct ucx_wire_addr {
+    uint32_t pid;
+    uint64_t boot_hash;      /* Ranks with the same nonzero hash share a kernel. */
+    uint64_t pidns;          /* The pid namespace, for watching the peer with a pidfd. */
+    const uint8_t *worker;   /* The UCX worker address, inside the decoded blob. */
+    size_t worker_len;
+} ucx_wire_addr_t;
+
+/* A decoded message header. */
+typedef struct ucx_wire_hdr {
+    uint8_t kind;
+    uint32_t imm;
+    int32_t source;
+    uint8_t failures_seen;
+} ucx_wire_hdr_t;
+
+/* Continues an FNV-1a 64-bit hash `h` over `len` bytes. */
+uint64_t mr__ucx_wire_fnv1a64(uint64_t h, const void *data, size_t len);
+
+/* The imm of HELLO, READY and BYE: a hash of the job key, the same on every rank. */
+uint32_t mr__ucx_wire_hello_token(const uint8_t *job_key, size_t key_len);
+
+/*
+ * Writes the address blob of `a` (its worker address included) to `out`,
+ * which has room for UCX_WIRE_ADDR_HDR_LEN + a->worker_len bytes. Returns
+ * the blob's length.
+ */
+size_t mr__ucx_wire_addr_encode(uint8_t *out, const ucx_wire_addr_t *a);
+
+/*
+ * Parses an address blob of `length` bytes (zero padding after the worker
+ * address is allowed). MR_ERR_PROTOCOL for a missing or short blob, a wrong
+ * magic or version, or a worker address length of 0 or beyond the blob;
+ * MR_OK with *out set otherwise (out->worker points into `blob`).
+ */
+mr_status_t mr__ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_addr_t *out,
+                                     ucx_wire_error_t *err);
+
+/* Writes a message header. */
+void mr__ucx_wire_hdr_encode(uint8_t out[UCX_WIRE_HDR_LEN], const ucx_wire_hdr_t *h);
+
+/*
+ * Decodes the `length` bytes at `header` as the header of a message received
+ * by rank `rank` of a job of `size`. MR_ERR_PROTOCOL for a missing header, a
+ * header of another length than UCX_WIRE_HDR_LEN, or a source outside
+ * [0, size) or equal to `rank`; MR_OK with *out set otherwise.
+ */
+mr_status_t mr__ucx_wire_hdr_decode(const void *header, size_t length, int32_t rank,
+                                    int32_t size, ucx_wire_hdr_t *out, ucx_wire_error_t *err);
+
+#endif /* MR_UCX_WIRE_H */

@@ -1,0 +1,230 @@
+/*
+ * Unit tests of what the substrate plugins share (substrates/common): the
+ * open() preamble, the destination check, the closing and stats operations,
+ * the done queue and its drain, and random bytes. Single process.
+ */
+#include "mr_random.h"
+#include "mr_substrate_base.h"
+
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A plugin's state as the base expects it: the base first. */
+struct mr_substrate {
+    mr__substrate_base_t base;
+    mr__done_queue_t done;
+    mr__sreq_t *free_list;
+    int extra;
+};
+MR__BASE_CHECK();
+
+/* What the upcalls saw. */
+static struct {
+    void *cookies[16];
+    int ncookies;
+    mr_substrate_t *s;
+    mr__sreq_t *resend;        /* Expected from the free list inside the first send_complete(). */
+} seen;
+
+static void *up_acquire(void *core) { (void)core; return NULL; }
+static void up_abandon(void *core, void *slot) { (void)core; (void)slot; }
+static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t imm, void *data,
+                              size_t length, void *handle)
+{
+    (void)core, (void)source, (void)kind, (void)imm, (void)data, (void)length, (void)handle;
+    return MR_OK;
+}
+static void up_control(void *core, int source, uint32_t imm)
+{
+    (void)core, (void)source, (void)imm;
+}
+static void up_failed(void *core, int rank, mr_status_t why) { (void)core, (void)rank, (void)why; }
+
+static void up_complete(void *core, void *cookie)
+{
+    ck_assert_ptr_eq(core, &seen);
+    seen.cookies[seen.ncookies++] = cookie;
+    if (seen.resend != NULL) {
+        /*
+         * A send made by this upcall completes at once: it waits for the next
+         * drain. Its request is the one just completed, already freed.
+         */
+        mr__sreq_t *r = mr__sreq_pop(&seen.s->free_list);
+        ck_assert_ptr_eq(r, seen.resend);
+        r->cookie = (void *)(uintptr_t)99;
+        mr__done_push(&seen.s->done, r);
+        seen.resend = NULL;
+    }
+}
+
+static const mr_substrate_upcalls_t upcalls = {
+    .recv_slot_acquire = up_acquire, .recv_slot_abandon = up_abandon, .deliver = up_deliver,
+    .send_complete = up_complete, .control = up_control, .peer_failed = up_failed};
+
+static const uint8_t key[MR_JOB_KEY_LEN];
+
+static mr_substrate_params_t good_params(void)
+{
+    mr_substrate_params_t p = {.rank = 1, .size = 4, .datagram_size = 4096, .max_sends = 8,
+                               .recv_slots = 16, .job_key = key, .timeout_s = 7,
+                               .core = &seen, .upcalls = &upcalls};
+    return p;
+}
+
+START_TEST(alloc_fills_the_base)
+{
+    mr_substrate_params_t p = good_params();
+    mr_substrate_t *s = NULL;
+
+    ck_assert_int_eq(mr__substrate_alloc(&p, sizeof(*s), "test", 65536, true, &s), MR_OK);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(s->base.rank, 1);
+    ck_assert_int_eq(s->base.size, 4);
+    ck_assert_uint_eq(s->base.datagram_size, 4096);
+    ck_assert_uint_eq(s->base.max_sends, 8);
+    ck_assert_uint_eq(s->base.timeout_s, 7);
+    ck_assert_ptr_eq(s->base.core, &seen);
+    ck_assert_ptr_eq(s->base.up.send_complete, up_complete);
+    /* No threshold given: warnings and errors are logged, information is not. */
+    ck_assert(mr__log_enabled(&s->base, MR_LOG_WARN));
+    ck_assert(!mr__log_enabled(&s->base, MR_LOG_INFO));
+    ck_assert(!s->base.closing);
+    ck_assert_int_eq(s->extra, 0);
+    free(s);
+}
+END_TEST
+
+START_TEST(alloc_refuses_bad_params)
+{
+    mr_substrate_params_t p = good_params();
+    mr_substrate_t *s = NULL;
+
+    ck_assert_int_eq(mr__substrate_alloc(NULL, sizeof(*s), "test", 65536, true, &s),
+                     MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr__substrate_alloc(&p, sizeof(*s), "test", 65536, true, NULL),
+                     MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr__substrate_alloc(&p, sizeof(*s), "test", 4095, true, &s),
+                     MR_ERR_INVALID_PARAM);
+    p.job_key = NULL;
+    ck_assert_int_eq(mr__substrate_alloc(&p, sizeof(*s), "test", 65536, true, &s),
+                     MR_ERR_INVALID_PARAM);
+    /* Only substrates that need the key refuse its absence. */
+    ck_assert_int_eq(mr__substrate_alloc(&p, sizeof(*s), "test", 65536, false, &s), MR_OK);
+    free(s);
+    s = NULL;
+    p = good_params();
+    p.rank = 4;
+    ck_assert_int_eq(mr__substrate_alloc(&p, sizeof(*s), "test", 65536, true, &s),
+                     MR_ERR_INVALID_PARAM);
+    ck_assert_ptr_null(s);
+}
+END_TEST
+
+START_TEST(send_target_closing_stats)
+{
+    mr_substrate_params_t p = good_params();
+    mr_substrate_t *s = NULL;
+    mr_stats_t stats;
+
+    ck_assert_int_eq(mr__substrate_alloc(&p, sizeof(*s), "test", 65536, true, &s), MR_OK);
+    ck_assert_int_eq(mr__send_target_check(NULL, 0), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr__send_target_check(s, -1), MR_ERR_INVALID_RANK);
+    ck_assert_int_eq(mr__send_target_check(s, 4), MR_ERR_INVALID_RANK);
+    ck_assert_int_eq(mr__send_target_check(s, 1), MR_ERR_INVALID_RANK); /* Itself. */
+    ck_assert_int_eq(mr__send_target_check(s, 0), MR_OK);
+    ck_assert_int_eq(mr__send_target_check(s, 3), MR_OK);
+
+    mr__substrate_closing(NULL);
+    mr__substrate_closing(s);
+    ck_assert(s->base.closing);
+
+    memset(&stats, 0, sizeof(stats));
+    stats.size = sizeof(stats);
+    stats.connections_rejected = 5;
+    s->base.rejected = 3;
+    mr__substrate_stats(s, &stats);
+    ck_assert_uint_eq(stats.connections_rejected, 8);
+    /* A caller's older, shorter struct is left alone. */
+    stats.size = offsetof(mr_stats_t, connections_rejected);
+    mr__substrate_stats(s, &stats);
+    ck_assert_uint_eq(stats.connections_rejected, 8);
+    mr__substrate_stats(s, NULL);
+    free(s);
+}
+END_TEST
+
+START_TEST(done_queue_in_order_and_detached)
+{
+    mr_substrate_params_t p = good_params();
+    mr_substrate_t *s = NULL;
+    mr__sreq_t reqs[4];
+
+    ck_assert_int_eq(mr__substrate_alloc(&p, sizeof(*s), "test", 65536, true, &s), MR_OK);
+    memset(&seen, 0, sizeof(seen));
+    seen.s = s;
+    for (int i = 3; i >= 0; i--) mr__sreq_push(&s->free_list, &reqs[i]);
+    ck_assert(mr__done_empty(&s->done));
+    for (int i = 0; i < 3; i++) {
+        mr__sreq_t *r = mr__sreq_pop(&s->free_list);
+        ck_assert_ptr_eq(r, &reqs[i]);
+        r->cookie = (void *)(uintptr_t)(i + 1);
+        mr__done_push(&s->done, r);
+    }
+    ck_assert(!mr__done_empty(&s->done));
+
+    /* The first completion sends again. */
+    seen.resend = &reqs[0];
+    ck_assert_int_eq(mr__done_drain(s, &s->done, &s->free_list), 3);
+    ck_assert_int_eq(seen.ncookies, 3);
+    for (int i = 0; i < 3; i++) ck_assert_ptr_eq(seen.cookies[i], (void *)(uintptr_t)(i + 1));
+    /* Its completion waits for the next drain; every request is free, cookie cleared. */
+    ck_assert(!mr__done_empty(&s->done));
+    ck_assert_int_eq(mr__done_drain(s, &s->done, &s->free_list), 1);
+    ck_assert_ptr_eq(seen.cookies[3], (void *)(uintptr_t)99);
+    ck_assert(mr__done_empty(&s->done));
+    ck_assert_int_eq(mr__done_drain(s, &s->done, &s->free_list), 0);
+    int nfree = 0;
+    for (mr__sreq_t *r = s->free_list; r != NULL; r = r->next) {
+        ck_assert_ptr_null(r->cookie);
+        nfree++;
+    }
+    ck_assert_int_eq(nfree, 4);
+    free(s);
+}
+END_TEST
+
+START_TEST(random_bytes)
+{
+    uint8_t a[64], b[64], zero[64] = {0};
+
+    memset(a, 0, sizeof(a));
+    memset(b, 0, sizeof(b));
+    ck_assert(mr__random_bytes(a, sizeof(a)));
+    ck_assert(mr__random_bytes(b, sizeof(b)));
+    /* 512 random bits are neither all zero nor twice the same. */
+    ck_assert_mem_ne(a, zero, sizeof(a));
+    ck_assert_mem_ne(a, b, sizeof(a));
+    ck_assert(mr__random_bytes(a, 0));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *suite = suite_create("substrate-base");
+    TCase *tc = tcase_create("base");
+    SRunner *sr;
+    int failed;
+
+    tcase_add_test(tc, alloc_fills_the_base);
+    tcase_add_test(tc, alloc_refuses_bad_params);
+    tcase_add_test(tc, send_target_closing_stats);
+    tcase_add_test(tc, done_queue_in_order_and_detached);
+    tcase_add_test(tc, random_bytes);
+    suite_add_tcase(suite, tc);
+    sr = srunner_create(suite);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
