@@ -13,7 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
-const mr_config_entry_t mr_core_config_table[] = {
+const mr_config_entry_t mr__core_config_table[] = {
     {"MAILRAIL_SUBSTRATE", "ucx", MR_CONFIG_STRING, offsetof(mr_core_config_t, substrate), 0, 0,
      NULL,
      "The substrate that carries messages: the name of a plugin mailrail_substrate_<name>.so: "
@@ -36,7 +36,7 @@ const mr_config_entry_t mr_core_config_table[] = {
      "Colon-separated directories searched for plugins. Empty: the mailrail/ directory next "
      "to libmailrail.so (and, in a build tree, the build's own plugin directories)."},
     {"MAILRAIL_LOG_LEVEL", "warn", MR_CONFIG_ENUM, offsetof(mr_core_config_t, log_level), 0, 0,
-     mr_log_level_names, "How much MailRail prints to stderr."},
+     mr__log_level_names, "How much MailRail prints to stderr."},
     {"MAILRAIL_RANKS_PER_NODE", "0", MR_CONFIG_UINT, offsetof(mr_core_config_t, ranks_per_node),
      0, 1u << 20, NULL,
      "Groups the ranks of one host into virtual nodes of this many consecutive ranks, so that "
@@ -62,7 +62,7 @@ static int config_find_word(const char *const *words, const char *value)
     return -1;
 }
 
-void mr_config_format_allowed(const mr_config_entry_t *entry, char *buf, size_t len)
+void mr__config_format_allowed(const mr_config_entry_t *entry, char *buf, size_t len)
 {
     size_t used = 0;
 
@@ -118,7 +118,7 @@ static int config_parse_number(const char *value, bool sized, uint64_t *out)
     return 0;
 }
 
-mr_status_t mr_config_parse_value(const mr_config_entry_t *entry, const char *value,
+mr_status_t mr__config_parse_value(const mr_config_entry_t *entry, const char *value,
                                   void *out, char *err, size_t err_len)
 {
     char *field = (char *)out + entry->offset;
@@ -155,7 +155,7 @@ mr_status_t mr_config_parse_value(const mr_config_entry_t *entry, const char *va
         strcpy(field, value);
         return MR_OK;
     }
-    mr_config_format_allowed(entry, allowed, sizeof(allowed));
+    mr__config_format_allowed(entry, allowed, sizeof(allowed));
     snprintf(err, err_len, "%s=\"%.64s\" is invalid: allowed is %s.", entry->name, value,
              allowed);
     return MR_ERR_CONFIG;
@@ -183,7 +183,7 @@ static size_t config_distance(const char *a, const char *b)
     return row[lb];
 }
 
-int mr_config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntables,
+int mr__config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntables,
                            const char *const *skip_prefixes,
                            bool (*declared_elsewhere)(void *arg, const char *name), void *arg)
 {
@@ -231,7 +231,7 @@ int mr_config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntable
     return unknown;
 }
 
-const mr_config_entry_t *mr_config_find(const mr_config_entry_t *table, const char *name)
+const mr_config_entry_t *mr__config_find(const mr_config_entry_t *table, const char *name)
 {
     for (const mr_config_entry_t *e = table; e != NULL && e->name != NULL; e++) {
         if (strcmp(e->name, name) == 0) return e;
@@ -239,7 +239,7 @@ const mr_config_entry_t *mr_config_find(const mr_config_entry_t *table, const ch
     return NULL;
 }
 
-mr_status_t mr_config_parse(const mr_config_entry_t *table, void *out)
+mr_status_t mr__config_parse(const mr_config_entry_t *table, void *out)
 {
     char err[512];
 
@@ -248,14 +248,14 @@ mr_status_t mr_config_parse(const mr_config_entry_t *table, void *out)
         mr_status_t status;
 
         if (value == NULL) {
-            status = mr_config_parse_value(entry, entry->default_value, out, err, sizeof(err));
+            status = mr__config_parse_value(entry, entry->default_value, out, err, sizeof(err));
             if (status != MR_OK) {
                 mr_error("internal: the default of %s does not parse: %s", entry->name, err);
                 return status;
             }
             continue;
         }
-        status = mr_config_parse_value(entry, value, out, err, sizeof(err));
+        status = mr__config_parse_value(entry, value, out, err, sizeof(err));
         if (status != MR_OK) {
             mr_error("%s", err);
             return status;
@@ -264,7 +264,7 @@ mr_status_t mr_config_parse(const mr_config_entry_t *table, void *out)
     return MR_OK;
 }
 
-void mr_config_format_value(const mr_config_entry_t *entry, const void *cfg, char *buf,
+void mr__config_format_value(const mr_config_entry_t *entry, const void *cfg, char *buf,
                             size_t len)
 {
     const char *field = (const char *)cfg + entry->offset;

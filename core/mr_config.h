@@ -1,8 +1,9 @@
 /*
- * Settings tables. Internal.
+ * Settings tables: the parser and the core's own table. Internal; the entry
+ * type plugins use is in plugin/mr_config_entry.h.
  *
  * A table lists settings by name, type, default and documentation. The same
- * table drives the environment parser (mr_config_parse) and the info tool
+ * table drives the environment parser (mr__config_parse) and the info tool
  * (mailrail_info -c), in the spirit of UCX's config tables. The core, every
  * flow-control policy and every substrate plugin owns one table; each fills a
  * struct of its own through the entries' offsets.
@@ -16,44 +17,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Longest value of a string setting, including the terminating NUL. */
-#define MR_CONFIG_STRING_MAX 256
-
-typedef enum mr_config_type {
-    MR_CONFIG_UINT,   /* Decimal unsigned integer, stored as uint64_t. */
-    MR_CONFIG_SIZE,   /* Bytes with an optional K, M or G suffix (powers of 1024), uint64_t. */
-    MR_CONFIG_BOOL,   /* yes/no, on/off, true/false, 1/0; stored as bool. */
-    MR_CONFIG_ENUM,   /* One of `choices`, stored as the unsigned index. */
-    MR_CONFIG_STRING  /* Any text shorter than MR_CONFIG_STRING_MAX, stored as char[]. */
-} mr_config_type_t;
-
-typedef struct mr_config_entry {
-    const char *name;          /* Full variable name, "MAILRAIL_...". NULL ends a table. */
-    const char *default_value; /* Parsed like a value from the environment. */
-    mr_config_type_t type;
-    size_t offset;             /* Where the value goes in the owner's struct. */
-    uint64_t min, max;         /* Allowed range for UINT and SIZE. */
-    const char *const *choices;/* NULL-terminated list for ENUM. */
-    const char *doc;           /* One or two full sentences. */
-} mr_config_entry_t;
+#include "mr_config_entry.h"
 
 /*
  * Parses one value into `out` (the owner's struct) at the entry's offset.
  * On failure writes a message naming the variable, the value and what is
  * allowed into `err` and returns MR_ERR_CONFIG; `out` is left unchanged.
  */
-mr_status_t mr_config_parse_value(const mr_config_entry_t *entry, const char *value,
+mr_status_t mr__config_parse_value(const mr_config_entry_t *entry, const char *value,
                                   void *out, char *err, size_t err_len);
 
 /* The entry of `table` (may be NULL) named `name`, or NULL. */
-const mr_config_entry_t *mr_config_find(const mr_config_entry_t *table, const char *name);
+const mr_config_entry_t *mr__config_find(const mr_config_entry_t *table, const char *name);
 
 /*
  * Fills `out` from the table: each variable from the environment when it is
  * set, from its default otherwise. Logs and returns MR_ERR_CONFIG on the first
  * bad value.
  */
-mr_status_t mr_config_parse(const mr_config_entry_t *table, void *out);
+mr_status_t mr__config_parse(const mr_config_entry_t *table, void *out);
 
 /*
  * Warns about every MAILRAIL_* variable in the environment that none of the
@@ -64,16 +46,16 @@ mr_status_t mr_config_parse(const mr_config_entry_t *table, void *out);
  * so that a typo does not go unnoticed. Returns the number of unknown
  * variables.
  */
-int mr_config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntables,
+int mr__config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntables,
                            const char *const *skip_prefixes,
                            bool (*declared_elsewhere)(void *arg, const char *name), void *arg);
 
 /* Writes the value the entry has in `cfg` as text. */
-void mr_config_format_value(const mr_config_entry_t *entry, const void *cfg, char *buf,
+void mr__config_format_value(const mr_config_entry_t *entry, const void *cfg, char *buf,
                             size_t len);
 
 /* Writes what the entry allows ("1 to 65536", "none|rank|node", ...). */
-void mr_config_format_allowed(const mr_config_entry_t *entry, char *buf, size_t len);
+void mr__config_format_allowed(const mr_config_entry_t *entry, char *buf, size_t len);
 
 /* The table of the core's own settings, and the struct it fills. */
 typedef struct mr_core_config {
@@ -88,6 +70,6 @@ typedef struct mr_core_config {
     uint64_t timeout_s;        /* Bound on collective waits in init and finalize. */
 } mr_core_config_t;
 
-extern const mr_config_entry_t mr_core_config_table[];
+extern const mr_config_entry_t mr__core_config_table[];
 
 #endif /* MR_CONFIG_H */

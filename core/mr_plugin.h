@@ -24,19 +24,19 @@ typedef struct mr_plugin_dirs {
 } mr_plugin_dirs_t;
 
 /* Fills `dirs` from `plugin_path` (colon-separated; empty for the defaults). */
-void mr_plugin_dirs_init(mr_plugin_dirs_t *dirs, const char *plugin_path);
+void mr__plugin_dirs_init(mr_plugin_dirs_t *dirs, const char *plugin_path);
 
 /*
  * Loads substrate `name`. Sets *handle and *ops only on MR_OK. On failure
  * writes why into `why` (not found, dlopen error, invalid ops table) and
  * returns MR_ERR_PLUGIN without logging.
  */
-mr_status_t mr_plugin_load_substrate(const mr_plugin_dirs_t *dirs, const char *name,
+mr_status_t mr__plugin_load_substrate(const mr_plugin_dirs_t *dirs, const char *name,
                                      void **handle, const mr_substrate_ops_t **ops,
                                      char *why, size_t why_len);
 
-/* Loads bootstrap `name`, like mr_plugin_load_substrate(). */
-mr_status_t mr_plugin_load_bootstrap(const mr_plugin_dirs_t *dirs, const char *name,
+/* Loads bootstrap `name`, like mr__plugin_load_substrate(). */
+mr_status_t mr__plugin_load_bootstrap(const mr_plugin_dirs_t *dirs, const char *name,
                                      void **handle, const mr_bootstrap_ops_t **ops,
                                      char *why, size_t why_len);
 
@@ -47,8 +47,8 @@ mr_status_t mr_plugin_load_bootstrap(const mr_plugin_dirs_t *dirs, const char *n
  */
 typedef void (*mr_plugin_visit_fn)(void *arg, const char *name, const char *path,
                                    const mr_substrate_ops_t *ops, const char *why);
-void mr_plugin_list_substrates(const mr_plugin_dirs_t *dirs, mr_plugin_visit_fn fn, void *arg);
+void mr__plugin_list_substrates(const mr_plugin_dirs_t *dirs, mr_plugin_visit_fn fn, void *arg);
 
-void mr_plugin_unload(void *handle);
+void mr__plugin_unload(void *handle);
 
 #endif /* MR_PLUGIN_H */

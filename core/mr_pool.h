@@ -26,14 +26,14 @@ typedef struct mr_pool {
 } mr_pool_t;
 
 /* Allocates the pool, NUMA-local when `numa` and libnuma allow. */
-mr_status_t mr_pool_init(mr_pool_t *pool, size_t count, size_t slot_size, bool numa);
-void mr_pool_fini(mr_pool_t *pool);
+mr_status_t mr__pool_init(mr_pool_t *pool, size_t count, size_t slot_size, bool numa);
+void mr__pool_fini(mr_pool_t *pool);
 
 /* Takes a free slot's index, or MR_NIL when none is free. */
-uint32_t mr_pool_get(mr_pool_t *pool);
-void mr_pool_put(mr_pool_t *pool, uint32_t index);
+uint32_t mr__pool_get(mr_pool_t *pool);
+void mr__pool_put(mr_pool_t *pool, uint32_t index);
 
-static inline void *mr_pool_slot(const mr_pool_t *pool, uint32_t index)
+static inline void *mr__pool_slot(const mr_pool_t *pool, uint32_t index)
 {
     return pool->base + (size_t)index * pool->stride;
 }
@@ -42,12 +42,12 @@ static inline void *mr_pool_slot(const mr_pool_t *pool, uint32_t index)
  * The index of the slot that starts at `ptr`, or MR_NIL when `ptr` is not
  * the start of one of this pool's slots.
  */
-uint32_t mr_pool_index(const mr_pool_t *pool, const void *ptr);
+uint32_t mr__pool_index(const mr_pool_t *pool, const void *ptr);
 
 /* True when `ptr` lies anywhere inside the pool's slots. */
-bool mr_pool_contains(const mr_pool_t *pool, const void *ptr);
+bool mr__pool_contains(const mr_pool_t *pool, const void *ptr);
 
-static inline size_t mr_pool_in_use(const mr_pool_t *pool)
+static inline size_t mr__pool_in_use(const mr_pool_t *pool)
 {
     return pool->count - pool->free_top;
 }
@@ -69,32 +69,32 @@ typedef struct mr_deferq {
     size_t peak_depth;
 } mr_deferq_t;
 
-mr_status_t mr_deferq_init(mr_deferq_t *q, int ndest, size_t nslots);
-void mr_deferq_fini(mr_deferq_t *q);
-void mr_deferq_push(mr_deferq_t *q, int dest, uint32_t slot);
+mr_status_t mr__deferq_init(mr_deferq_t *q, int ndest, size_t nslots);
+void mr__deferq_fini(mr_deferq_t *q);
+void mr__deferq_push(mr_deferq_t *q, int dest, uint32_t slot);
 
 /* The oldest slot queued for `dest`, or MR_NIL. */
-static inline uint32_t mr_deferq_peek(const mr_deferq_t *q, int dest)
+static inline uint32_t mr__deferq_peek(const mr_deferq_t *q, int dest)
 {
     return q->head[dest];
 }
 
 /* Removes and returns the oldest slot for `dest` (MR_NIL when empty). */
-uint32_t mr_deferq_pop(mr_deferq_t *q, int dest);
+uint32_t mr__deferq_pop(mr_deferq_t *q, int dest);
 
 /* The first destination in the ring, or -1 when every queue is empty. */
-static inline int mr_deferq_first(const mr_deferq_t *q)
+static inline int mr__deferq_first(const mr_deferq_t *q)
 {
     return q->ring_head;
 }
 
 /*
  * The destination after `dest` in the ring. To visit every destination once,
- * take ring_count steps from mr_deferq_first(), reading the next one before
+ * take ring_count steps from mr__deferq_first(), reading the next one before
  * popping the current: a destination whose queue becomes empty leaves the
  * ring, the others keep their order.
  */
-static inline int mr_deferq_next(const mr_deferq_t *q, int dest)
+static inline int mr__deferq_next(const mr_deferq_t *q, int dest)
 {
     return q->ring_next[dest];
 }
@@ -111,16 +111,16 @@ typedef struct mr_ptrmap {
 } mr_ptrmap_t;
 
 /* A map for at most `entries` keys, kept at most half full. */
-mr_status_t mr_ptrmap_init(mr_ptrmap_t *map, size_t entries);
-void mr_ptrmap_fini(mr_ptrmap_t *map);
+mr_status_t mr__ptrmap_init(mr_ptrmap_t *map, size_t entries);
+void mr__ptrmap_fini(mr_ptrmap_t *map);
 
 /* Sets `key` to `value` (replacing an older value of the same key). */
-void mr_ptrmap_put(mr_ptrmap_t *map, const void *key, uint32_t value);
+void mr__ptrmap_put(mr_ptrmap_t *map, const void *key, uint32_t value);
 
 /* The value of `key`, or MR_NIL. */
-uint32_t mr_ptrmap_get(const mr_ptrmap_t *map, const void *key);
+uint32_t mr__ptrmap_get(const mr_ptrmap_t *map, const void *key);
 
 /* Removes `key` if present. */
-void mr_ptrmap_del(mr_ptrmap_t *map, const void *key);
+void mr__ptrmap_del(mr_ptrmap_t *map, const void *key);
 
 #endif /* MR_POOL_H */

@@ -2,6 +2,7 @@
  * The plugin loader: search path, dlopen, and validation of the ops tables.
  */
 #include "mr_plugin.h"
+#include "mr_config.h"
 #include "mr_build_paths.h"
 
 #include <dirent.h>
@@ -35,7 +36,7 @@ static void plugin_dirs_add_list(mr_plugin_dirs_t *dirs, const char *list)
     }
 }
 
-void mr_plugin_dirs_init(mr_plugin_dirs_t *dirs, const char *plugin_path)
+void mr__plugin_dirs_init(mr_plugin_dirs_t *dirs, const char *plugin_path)
 {
     Dl_info info;
 
@@ -45,7 +46,7 @@ void mr_plugin_dirs_init(mr_plugin_dirs_t *dirs, const char *plugin_path)
         return;
     }
     /* The mailrail/ directory next to the object this loader is linked into. */
-    if (dladdr((void *)&mr_plugin_dirs_init, &info) != 0 && info.dli_fname != NULL) {
+    if (dladdr((void *)&mr__plugin_dirs_init, &info) != 0 && info.dli_fname != NULL) {
         char dir[MR_PLUGIN_PATH_MAX], self[PATH_MAX];
         const char *slash;
         if (realpath(info.dli_fname, self) == NULL) snprintf(self, sizeof(self), "%s", info.dli_fname);
@@ -148,7 +149,7 @@ static bool plugin_substrate_valid(const mr_substrate_ops_t *ops, const char *na
     }
     if (MR_SUBSTRATE_OPS_HAS(ops, job_wide_settings) && ops->job_wide_settings != NULL) {
         for (const char *const *n = ops->job_wide_settings; *n != NULL; n++) {
-            if (mr_config_find(ops->config_table, *n) == NULL) {
+            if (mr__config_find(ops->config_table, *n) == NULL) {
                 snprintf(why, why_len, "job-wide setting %s is not in its settings table", *n);
                 return false;
             }
@@ -157,7 +158,7 @@ static bool plugin_substrate_valid(const mr_substrate_ops_t *ops, const char *na
     return true;
 }
 
-mr_status_t mr_plugin_load_substrate(const mr_plugin_dirs_t *dirs, const char *name,
+mr_status_t mr__plugin_load_substrate(const mr_plugin_dirs_t *dirs, const char *name,
                                      void **handle, const mr_substrate_ops_t **ops,
                                      char *why, size_t why_len)
 {
@@ -176,7 +177,7 @@ mr_status_t mr_plugin_load_substrate(const mr_plugin_dirs_t *dirs, const char *n
     return MR_OK;
 }
 
-mr_status_t mr_plugin_load_bootstrap(const mr_plugin_dirs_t *dirs, const char *name,
+mr_status_t mr__plugin_load_bootstrap(const mr_plugin_dirs_t *dirs, const char *name,
                                      void **handle, const mr_bootstrap_ops_t **ops,
                                      char *why, size_t why_len)
 {
@@ -202,7 +203,7 @@ mr_status_t mr_plugin_load_bootstrap(const mr_plugin_dirs_t *dirs, const char *n
     return MR_ERR_PLUGIN;
 }
 
-void mr_plugin_list_substrates(const mr_plugin_dirs_t *dirs, mr_plugin_visit_fn fn, void *arg)
+void mr__plugin_list_substrates(const mr_plugin_dirs_t *dirs, mr_plugin_visit_fn fn, void *arg)
 {
     static const char prefix[] = MR_SUBSTRATE_PREFIX;
     char seen[32][64];
@@ -231,7 +232,7 @@ void mr_plugin_list_substrates(const mr_plugin_dirs_t *dirs, mr_plugin_visit_fn 
             snprintf(path, sizeof(path), "%s/%s", dirs->dir[i], e->d_name);
             mr_plugin_dirs_t one = {.count = 1};
             snprintf(one.dir[0], sizeof(one.dir[0]), "%s", dirs->dir[i]);
-            if (mr_plugin_load_substrate(&one, name, &handle, &ops, why, sizeof(why)) != MR_OK) {
+            if (mr__plugin_load_substrate(&one, name, &handle, &ops, why, sizeof(why)) != MR_OK) {
                 ops = NULL;
             }
             fn(arg, name, path, ops, why);
@@ -241,7 +242,7 @@ void mr_plugin_list_substrates(const mr_plugin_dirs_t *dirs, mr_plugin_visit_fn 
     }
 }
 
-void mr_plugin_unload(void *handle)
+void mr__plugin_unload(void *handle)
 {
     if (handle != NULL) dlclose(handle);
 }

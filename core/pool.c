@@ -14,7 +14,7 @@
 
 #define POOL_ALIGN 64
 
-mr_status_t mr_pool_init(mr_pool_t *pool, size_t count, size_t slot_size, bool numa)
+mr_status_t mr__pool_init(mr_pool_t *pool, size_t count, size_t slot_size, bool numa)
 {
     size_t stride = (slot_size + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
     size_t bytes;
@@ -66,7 +66,7 @@ mr_status_t mr_pool_init(mr_pool_t *pool, size_t count, size_t slot_size, bool n
     return MR_OK;
 }
 
-void mr_pool_fini(mr_pool_t *pool)
+void mr__pool_fini(mr_pool_t *pool)
 {
     if (pool->base == NULL) return;
 #ifdef MR_HAVE_NUMA
@@ -78,34 +78,34 @@ void mr_pool_fini(mr_pool_t *pool)
     memset(pool, 0, sizeof(*pool));
 }
 
-uint32_t mr_pool_get(mr_pool_t *pool)
+uint32_t mr__pool_get(mr_pool_t *pool)
 {
     if (pool->free_top == 0) return MR_NIL;
     return pool->free_stack[--pool->free_top];
 }
 
-void mr_pool_put(mr_pool_t *pool, uint32_t index)
+void mr__pool_put(mr_pool_t *pool, uint32_t index)
 {
     pool->free_stack[pool->free_top++] = index;
 }
 
-bool mr_pool_contains(const mr_pool_t *pool, const void *ptr)
+bool mr__pool_contains(const mr_pool_t *pool, const void *ptr)
 {
     const char *p = ptr;
     return pool->base != NULL && p >= pool->base && p < pool->base + pool->mapped_bytes;
 }
 
-uint32_t mr_pool_index(const mr_pool_t *pool, const void *ptr)
+uint32_t mr__pool_index(const mr_pool_t *pool, const void *ptr)
 {
     size_t offset;
 
-    if (!mr_pool_contains(pool, ptr)) return MR_NIL;
+    if (!mr__pool_contains(pool, ptr)) return MR_NIL;
     offset = (size_t)((const char *)ptr - pool->base);
     if (offset % pool->stride != 0) return MR_NIL;
     return (uint32_t)(offset / pool->stride);
 }
 
-mr_status_t mr_deferq_init(mr_deferq_t *q, int ndest, size_t nslots)
+mr_status_t mr__deferq_init(mr_deferq_t *q, int ndest, size_t nslots)
 {
     memset(q, 0, sizeof(*q));
     q->head = malloc((size_t)ndest * sizeof(*q->head));
@@ -115,7 +115,7 @@ mr_status_t mr_deferq_init(mr_deferq_t *q, int ndest, size_t nslots)
     q->ring_prev = malloc((size_t)ndest * sizeof(*q->ring_prev));
     if (!q->head || !q->tail || !q->link || !q->ring_next || !q->ring_prev) {
         mr_error("Cannot allocate the deferred send queue for %d destinations.", ndest);
-        mr_deferq_fini(q);
+        mr__deferq_fini(q);
         return MR_ERR_NO_MEMORY;
     }
     q->ndest = ndest;
@@ -128,7 +128,7 @@ mr_status_t mr_deferq_init(mr_deferq_t *q, int ndest, size_t nslots)
     return MR_OK;
 }
 
-void mr_deferq_fini(mr_deferq_t *q)
+void mr__deferq_fini(mr_deferq_t *q)
 {
     free(q->head);
     free(q->tail);
@@ -139,7 +139,7 @@ void mr_deferq_fini(mr_deferq_t *q)
     q->ring_head = -1;
 }
 
-void mr_deferq_push(mr_deferq_t *q, int dest, uint32_t slot)
+void mr__deferq_push(mr_deferq_t *q, int dest, uint32_t slot)
 {
     q->link[slot] = MR_NIL;
     if (q->head[dest] == MR_NIL) {
@@ -163,7 +163,7 @@ void mr_deferq_push(mr_deferq_t *q, int dest, uint32_t slot)
     if (++q->depth > q->peak_depth) q->peak_depth = q->depth;
 }
 
-uint32_t mr_deferq_pop(mr_deferq_t *q, int dest)
+uint32_t mr__deferq_pop(mr_deferq_t *q, int dest)
 {
     uint32_t slot = q->head[dest];
 
@@ -186,7 +186,7 @@ uint32_t mr_deferq_pop(mr_deferq_t *q, int dest)
     return slot;
 }
 
-mr_status_t mr_ptrmap_init(mr_ptrmap_t *map, size_t entries)
+mr_status_t mr__ptrmap_init(mr_ptrmap_t *map, size_t entries)
 {
     size_t capacity = 16;
 
@@ -196,13 +196,13 @@ mr_status_t mr_ptrmap_init(mr_ptrmap_t *map, size_t entries)
     map->mask = capacity - 1;
     if (map->keys == NULL || map->values == NULL) {
         mr_error("Cannot allocate a pointer map of %zu entries.", capacity);
-        mr_ptrmap_fini(map);
+        mr__ptrmap_fini(map);
         return MR_ERR_NO_MEMORY;
     }
     return MR_OK;
 }
 
-void mr_ptrmap_fini(mr_ptrmap_t *map)
+void mr__ptrmap_fini(mr_ptrmap_t *map)
 {
     free(map->keys);
     free(map->values);
@@ -217,7 +217,7 @@ static size_t ptrmap_home(const mr_ptrmap_t *map, const void *key)
     return (size_t)(h >> 32) & map->mask;
 }
 
-void mr_ptrmap_put(mr_ptrmap_t *map, const void *key, uint32_t value)
+void mr__ptrmap_put(mr_ptrmap_t *map, const void *key, uint32_t value)
 {
     size_t i = ptrmap_home(map, key);
 
@@ -226,7 +226,7 @@ void mr_ptrmap_put(mr_ptrmap_t *map, const void *key, uint32_t value)
     map->values[i] = value;
 }
 
-uint32_t mr_ptrmap_get(const mr_ptrmap_t *map, const void *key)
+uint32_t mr__ptrmap_get(const mr_ptrmap_t *map, const void *key)
 {
     if (key == NULL || map->keys == NULL) return MR_NIL;
     for (size_t i = ptrmap_home(map, key); map->keys[i] != NULL; i = (i + 1) & map->mask) {
@@ -235,7 +235,7 @@ uint32_t mr_ptrmap_get(const mr_ptrmap_t *map, const void *key)
     return MR_NIL;
 }
 
-void mr_ptrmap_del(mr_ptrmap_t *map, const void *key)
+void mr__ptrmap_del(mr_ptrmap_t *map, const void *key)
 {
     size_t i = ptrmap_home(map, key), j;
 

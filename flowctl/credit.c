@@ -29,10 +29,10 @@
 /* A key that sent fewer messages than this in an epoch does not count as active. */
 #define CREDIT_ACTIVE_ARRIVALS 2
 
-mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, bool adaptive,
+mr_status_t mr__credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, bool adaptive,
                                 const uint32_t *weight, const mr_flowctl_params_t *params)
 {
-    uint32_t initial = mr_credit_initial(limit, adaptive);
+    uint32_t initial = mr__credit_initial(limit, adaptive);
 
     memset(o, 0, sizeof(*o));
     o->nkeys = nkeys;
@@ -44,7 +44,7 @@ mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, 
     o->send_control = params->send_control;
     if (o->key == NULL || o->retry == NULL) {
         mr_error("Cannot allocate credit-return state for %d senders.", nkeys);
-        mr_credit_owed_fini(o);
+        mr__credit_owed_fini(o);
         return MR_ERR_NO_MEMORY;
     }
     /* Every key starts with `initial` credits; the rest of its share waits here. */
@@ -58,7 +58,7 @@ mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, 
     o->win.adaptive = adaptive;
     o->win.window = initial;
     o->win.active = 1;
-    o->static_return_at = mr_credit_return_at(limit, o->threshold);
+    o->static_return_at = mr__credit_return_at(limit, o->threshold);
     return MR_OK;
 }
 
@@ -68,7 +68,7 @@ static uint32_t credit_active(const mr_credit_window_t *w)
     return active > 0 ? active : 1;
 }
 
-void mr_credit_owed_fini(mr_credit_owed_t *o)
+void mr__credit_owed_fini(mr_credit_owed_t *o)
 {
     if (o->win.adaptive && o->win.rate > 0) {
         mr_debug("Credit window: %u per rank over %u active sending rank(s); peak rate %.0f messages/s, "
@@ -89,20 +89,20 @@ static void credit_granted(mr_credit_owed_t *o, int key, uint32_t n)
 {
     mr_credit_key_t *k = &o->key[key];
 
-    if (k->adaptive && k->held == 0 && k->probe_t0 == 0) k->probe_t0 = mr_now_ns();
+    if (k->adaptive && k->held == 0 && k->probe_t0 == 0) k->probe_t0 = mr__now_ns();
     k->owed -= n;
     k->held += n;
 }
 
-uint32_t mr_credit_owed_take(mr_credit_owed_t *o, int key)
+uint32_t mr__credit_owed_take(mr_credit_owed_t *o, int key)
 {
-    uint32_t n = mr_credit_owed_returnable(o, key);
+    uint32_t n = mr__credit_owed_returnable(o, key);
 
     if (n != 0) credit_granted(o, key, n);
     return n;
 }
 
-/* Puts `key` on the list that mr_credit_owed_progress() sends. */
+/* Puts `key` on the list that mr__credit_owed_progress() sends. */
 static void credit_queue(mr_credit_owed_t *o, int key)
 {
     if (!o->key[key].queued) {
@@ -159,7 +159,7 @@ static mr_status_t credit_send(mr_credit_owed_t *o, int key, uint32_t n)
 /* Sends what may be returned to `key`; what is not sent goes on the retry list. */
 static void credit_owed_return(mr_credit_owed_t *o, int key)
 {
-    if (credit_send(o, key, mr_credit_owed_returnable(o, key)) == MR_AGAIN) credit_queue(o, key);
+    if (credit_send(o, key, mr__credit_owed_returnable(o, key)) == MR_AGAIN) credit_queue(o, key);
 }
 
 /*
@@ -202,13 +202,13 @@ static void credit_window_arrival(mr_credit_owed_t *o, mr_credit_key_t *k)
     }
     if (++k->epoch_arrivals == CREDIT_ACTIVE_ARRIVALS) w->active_now += k->weight;
     if (k->probe_t0 != 0) {
-        now = mr_now_ns();
+        now = mr__now_ns();
         uint64_t loop = now - k->probe_t0;
         k->probe_t0 = 0;
         if (w->loop_fresh_ns == 0 || loop < w->loop_fresh_ns) w->loop_fresh_ns = loop;
     }
     if ((++w->interval_arrivals & 15) != 0) return;
-    if (now == 0) now = mr_now_ns();
+    if (now == 0) now = mr__now_ns();
     if (w->interval_start_ns == 0) {
         w->interval_start_ns = now;
         w->epoch_end_ns = now + CREDIT_EPOCH_NS;
@@ -230,7 +230,7 @@ static void credit_window_arrival(mr_credit_owed_t *o, mr_credit_key_t *k)
     credit_window_update(w, o->limit);
 }
 
-void mr_credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
+void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
 {
     mr_credit_key_t *k = &o->key[key];
 
@@ -249,24 +249,24 @@ void mr_credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
      * waits for more): progress sends them, outside this upcall.
      */
     credit_note_sender(k, rank);
-    if (!k->queued && mr_credit_owed_returnable(o, key) >= mr_credit_owed_return_at(o, key)) {
+    if (!k->queued && mr__credit_owed_returnable(o, key) >= mr__credit_owed_return_at(o, key)) {
         credit_queue(o, key);
     }
 }
 
 
-void mr_credit_owed_consume(mr_credit_owed_t *o, int key, int rank)
+void mr__credit_owed_consume(mr_credit_owed_t *o, int key, int rank)
 {
     mr_credit_key_t *k = &o->key[key];
 
     credit_note_sender(k, rank);
     k->owed++;
-    if (!k->queued && mr_credit_owed_returnable(o, key) >= mr_credit_owed_return_at(o, key)) {
+    if (!k->queued && mr__credit_owed_returnable(o, key) >= mr__credit_owed_return_at(o, key)) {
         credit_owed_return(o, key);
     }
 }
 
-int mr_credit_owed_progress(mr_credit_owed_t *o)
+int mr__credit_owed_progress(mr_credit_owed_t *o)
 {
     int sent = 0, kept = 0;
 
@@ -274,11 +274,11 @@ int mr_credit_owed_progress(mr_credit_owed_t *o)
     for (int i = 0; i < o->nretry; i++) {
         int key = o->retry[i];
         mr_credit_key_t *k = &o->key[key];
-        uint32_t n = mr_credit_owed_returnable(o, key);
+        uint32_t n = mr__credit_owed_returnable(o, key);
         mr_status_t status;
 
         /* Piggybacking may have paid the debt meanwhile. */
-        if (n < mr_credit_owed_return_at(o, key) || n == 0) {
+        if (n < mr__credit_owed_return_at(o, key) || n == 0) {
             k->queued = 0;
             continue;
         }
@@ -294,7 +294,7 @@ int mr_credit_owed_progress(mr_credit_owed_t *o)
     return sent;
 }
 
-mr_status_t mr_credit_clock_init(mr_credit_clock_t *c, int ndest)
+mr_status_t mr__credit_clock_init(mr_credit_clock_t *c, int ndest)
 {
     c->total_ns = 0;
     c->since = calloc((size_t)ndest, sizeof(*c->since));
@@ -305,19 +305,19 @@ mr_status_t mr_credit_clock_init(mr_credit_clock_t *c, int ndest)
     return MR_OK;
 }
 
-void mr_credit_clock_fini(mr_credit_clock_t *c)
+void mr__credit_clock_fini(mr_credit_clock_t *c)
 {
     free(c->since);
     c->since = NULL;
 }
 
-void mr_credit_clock_blocked(mr_credit_clock_t *c, int dest)
+void mr__credit_clock_blocked(mr_credit_clock_t *c, int dest)
 {
-    if (c->since[dest] == 0) c->since[dest] = mr_now_ns();
+    if (c->since[dest] == 0) c->since[dest] = mr__now_ns();
 }
 
-void mr_credit_clock_stop(mr_credit_clock_t *c, int dest)
+void mr__credit_clock_stop(mr_credit_clock_t *c, int dest)
 {
-    c->total_ns += mr_now_ns() - c->since[dest];
+    c->total_ns += mr__now_ns() - c->since[dest];
     c->since[dest] = 0;
 }

@@ -9,17 +9,17 @@
 
 #include <string.h>
 
-#define FLOWCTL_DECLARE(name) extern const mr_flowctl_ops_t mr_flowctl_##name##_ops;
+#define FLOWCTL_DECLARE(name) extern const mr_flowctl_ops_t mr__flowctl_##name##_ops;
 #define FLOWCTL_NAME(name) #name,
-#define FLOWCTL_OPS(name) &mr_flowctl_##name##_ops,
+#define FLOWCTL_OPS(name) &mr__flowctl_##name##_ops,
 
 MR_FLOWCTL_BUILTIN(FLOWCTL_DECLARE)
 
-const char *const mr_flowctl_names[] = {MR_FLOWCTL_BUILTIN(FLOWCTL_NAME) NULL};
+const char *const mr__flowctl_names[] = {MR_FLOWCTL_BUILTIN(FLOWCTL_NAME) NULL};
 
 static const mr_flowctl_ops_t *const flowctl_builtin[] = {MR_FLOWCTL_BUILTIN(FLOWCTL_OPS)};
 
-const mr_flowctl_ops_t *mr_flowctl_find(const char *name)
+const mr_flowctl_ops_t *mr__flowctl_find(const char *name)
 {
     for (size_t i = 0; i < sizeof(flowctl_builtin) / sizeof(flowctl_builtin[0]); i++) {
         const mr_flowctl_ops_t *ops = flowctl_builtin[i];

@@ -6,9 +6,9 @@
 
 #include <stddef.h>
 
-const mr_config_entry_t mr_flowctl_config_table[] = {
+const mr_config_entry_t mr__flowctl_config_table[] = {
     {"MAILRAIL_FLOWCTL", "none", MR_CONFIG_ENUM, offsetof(mr_flowctl_config_t, policy), 0, 0,
-     mr_flowctl_names,
+     mr__flowctl_names,
      "The flow-control policy: none sends unconstrained, rank keeps credits per sender and "
      "receiver pair, node shares credits among the ranks of a sending node."},
     {"MAILRAIL_CREDIT_RETURN_THRESHOLD", "2", MR_CONFIG_UINT,

@@ -79,7 +79,7 @@ typedef struct mr_credit_owed {
 } mr_credit_owed_t;
 
 /* The credits a sender starts with for a remote receiver: same on both sides. */
-static inline uint32_t mr_credit_initial(uint32_t limit, bool adaptive)
+static inline uint32_t mr__credit_initial(uint32_t limit, bool adaptive)
 {
     return adaptive && limit > MR_CREDIT_INITIAL ? MR_CREDIT_INITIAL : limit;
 }
@@ -88,18 +88,18 @@ static inline uint32_t mr_credit_initial(uint32_t limit, bool adaptive)
  * `weight[k]`: the ranks key k stands for when it is on another host, 0 when it
  * is on this one (adaptive grants apply to keys of nonzero weight, when `adaptive`).
  */
-mr_status_t mr_credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, bool adaptive,
+mr_status_t mr__credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, bool adaptive,
                                 const uint32_t *weight, const mr_flowctl_params_t *params);
-void mr_credit_owed_fini(mr_credit_owed_t *o);
+void mr__credit_owed_fini(mr_credit_owed_t *o);
 
 /* A data message of `key`, sent by `rank`, arrived on one of the key's credits. */
-void mr_credit_owed_arrived(mr_credit_owed_t *o, int key, int rank);
+void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank);
 
 /* One slot of `key` was freed by a message from `rank`; returns credits when due. */
-void mr_credit_owed_consume(mr_credit_owed_t *o, int key, int rank);
+void mr__credit_owed_consume(mr_credit_owed_t *o, int key, int rank);
 
 /* How many credits `key` may have outstanding now. */
-static inline uint32_t mr_credit_owed_window(const mr_credit_owed_t *o, int key)
+static inline uint32_t mr__credit_owed_window(const mr_credit_owed_t *o, int key)
 {
     const mr_credit_key_t *k = &o->key[key];
     uint64_t window = (uint64_t)o->win.window * k->weight;
@@ -108,59 +108,59 @@ static inline uint32_t mr_credit_owed_window(const mr_credit_owed_t *o, int key)
 }
 
 /* What may be granted back to `key` now: freed slots, up to its window. */
-static inline uint32_t mr_credit_owed_returnable(const mr_credit_owed_t *o, int key)
+static inline uint32_t mr__credit_owed_returnable(const mr_credit_owed_t *o, int key)
 {
     const mr_credit_key_t *k = &o->key[key];
-    uint32_t window = mr_credit_owed_window(o, key);
+    uint32_t window = mr__credit_owed_window(o, key);
     uint32_t room = window > k->held ? window - k->held : 0;
     return k->owed < room ? k->owed : room;
 }
 
 /* The credit threshold: freed credits are returned after 1/threshold of a grant. */
-static inline uint32_t mr_credit_return_at(uint32_t granted, unsigned threshold)
+static inline uint32_t mr__credit_return_at(uint32_t granted, unsigned threshold)
 {
     uint32_t at = granted / (threshold ? threshold : 1);
     return at ? at : 1;
 }
 
 /* How many returnable credits make a return worth a control message. */
-static inline uint32_t mr_credit_owed_return_at(const mr_credit_owed_t *o, int key)
+static inline uint32_t mr__credit_owed_return_at(const mr_credit_owed_t *o, int key)
 {
-    return o->key[key].adaptive ? mr_credit_return_at(mr_credit_owed_window(o, key), o->threshold)
+    return o->key[key].adaptive ? mr__credit_return_at(mr__credit_owed_window(o, key), o->threshold)
                                 : o->static_return_at;
 }
 
 /* Takes what may be granted back to `key`, to piggyback it on a data message. */
-uint32_t mr_credit_owed_take(mr_credit_owed_t *o, int key);
+uint32_t mr__credit_owed_take(mr_credit_owed_t *o, int key);
 
-/* Puts back credits taken with mr_credit_owed_take() that did not travel. */
-static inline void mr_credit_owed_put_back(mr_credit_owed_t *o, int key, uint32_t n)
+/* Puts back credits taken with mr__credit_owed_take() that did not travel. */
+static inline void mr__credit_owed_put_back(mr_credit_owed_t *o, int key, uint32_t n)
 {
     o->key[key].owed += n;
     o->key[key].held -= n;
 }
 
 /* Sends returns that were refused or came due outside a release. Returns how many. */
-int mr_credit_owed_progress(mr_credit_owed_t *o);
+int mr__credit_owed_progress(mr_credit_owed_t *o);
 
 typedef struct mr_credit_clock {
     uint64_t *since;      /* Per destination: when it ran out of credit, or 0. */
     uint64_t total_ns;
 } mr_credit_clock_t;
 
-mr_status_t mr_credit_clock_init(mr_credit_clock_t *c, int ndest);
-void mr_credit_clock_fini(mr_credit_clock_t *c);
+mr_status_t mr__credit_clock_init(mr_credit_clock_t *c, int ndest);
+void mr__credit_clock_fini(mr_credit_clock_t *c);
 
 /* A send to `dest` found no credit. */
-void mr_credit_clock_blocked(mr_credit_clock_t *c, int dest);
+void mr__credit_clock_blocked(mr_credit_clock_t *c, int dest);
 
 /* Ends the wait of `dest`, adding it to the total. */
-void mr_credit_clock_stop(mr_credit_clock_t *c, int dest);
+void mr__credit_clock_stop(mr_credit_clock_t *c, int dest);
 
 /* A send to `dest` got a credit. */
-static inline void mr_credit_clock_granted(mr_credit_clock_t *c, int dest)
+static inline void mr__credit_clock_granted(mr_credit_clock_t *c, int dest)
 {
-    if (c->since[dest] != 0) mr_credit_clock_stop(c, dest);
+    if (c->since[dest] != 0) mr__credit_clock_stop(c, dest);
 }
 
 #endif /* MR_CREDIT_H */

@@ -22,12 +22,12 @@
 
 /* Flow control's settings (flowctl_settings.c), shared by every policy. */
 typedef struct mr_flowctl_config {
-    unsigned policy;                  /* Index into mr_flowctl_names. */
+    unsigned policy;                  /* Index into mr__flowctl_names. */
     uint64_t credit_return_threshold; /* Return credits after 1/this of them were consumed. */
     bool piggyback;                   /* Carry owed credits on data messages. */
 } mr_flowctl_config_t;
 
-extern const mr_config_entry_t mr_flowctl_config_table[];
+extern const mr_config_entry_t mr__flowctl_config_table[];
 
 typedef struct mr_flowctl mr_flowctl_t; /* A policy's own state. */
 
@@ -91,12 +91,12 @@ typedef struct mr_flowctl_ops {
 } mr_flowctl_ops_t;
 
 /* Names accepted by MAILRAIL_FLOWCTL, NULL-terminated, in table order. */
-extern const char *const mr_flowctl_names[];
+extern const char *const mr__flowctl_names[];
 
 /*
  * The policy called `name`, or NULL when this build has none by that name
- * (a policy listed in mr_flowctl_names but not yet built).
+ * (a policy listed in mr__flowctl_names but not yet built).
  */
-const mr_flowctl_ops_t *mr_flowctl_find(const char *name);
+const mr_flowctl_ops_t *mr__flowctl_find(const char *name);
 
 #endif /* MR_FLOWCTL_H */

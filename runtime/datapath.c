@@ -13,21 +13,21 @@
 
 static uint32_t rt_recv_take(void)
 {
-    uint32_t idx = mr_pool_get(&rt.recv_pool);
+    uint32_t idx = mr__pool_get(&rt.recv_pool);
     size_t in_use;
 
     if (idx == MR_NIL) return MR_NIL;
-    in_use = mr_pool_in_use(&rt.recv_pool);
+    in_use = mr__pool_in_use(&rt.recv_pool);
     if (in_use > rt.stats.peak_recv_slots_in_use) rt.stats.peak_recv_slots_in_use = in_use;
     if (rt.recvs[idx].foreign != NULL) {
         /* The slot stands for something else now: forget its old buffer. */
-        if (mr_ptrmap_get(&rt.foreign, rt.recvs[idx].foreign) == idx) {
-            mr_ptrmap_del(&rt.foreign, rt.recvs[idx].foreign);
+        if (mr__ptrmap_get(&rt.foreign, rt.recvs[idx].foreign) == idx) {
+            mr__ptrmap_del(&rt.foreign, rt.recvs[idx].foreign);
         }
         rt.recvs[idx].foreign = NULL;
     }
     rt.recvs[idx].state = RECV_FILLING;
-    rt.recvs[idx].data = mr_pool_slot(&rt.recv_pool, idx);
+    rt.recvs[idx].data = mr__pool_slot(&rt.recv_pool, idx);
     rt.recvs[idx].handle = NULL;
     return idx;
 }
@@ -35,7 +35,7 @@ static uint32_t rt_recv_take(void)
 static void rt_recv_free(uint32_t idx)
 {
     rt.recvs[idx].state = RECV_FREE;
-    mr_pool_put(&rt.recv_pool, idx);
+    mr__pool_put(&rt.recv_pool, idx);
 }
 
 static void rt_arrival_push(uint32_t idx, int source, size_t length)
@@ -85,7 +85,7 @@ static void *up_recv_slot_acquire(void *core)
 static void up_recv_slot_abandon(void *core, void *slot)
 {
     (void)core;
-    uint32_t idx = mr_pool_index(&rt.recv_pool, slot);
+    uint32_t idx = mr__pool_index(&rt.recv_pool, slot);
     if (idx != MR_NIL && rt.recvs[idx].state == RECV_FILLING) rt_recv_free(idx);
 }
 
@@ -97,7 +97,7 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
     (void)core;
     (void)kind;
     if (handle == NULL) {
-        idx = mr_pool_index(&rt.recv_pool, data);
+        idx = mr__pool_index(&rt.recv_pool, data);
         if (idx == MR_NIL || rt.recvs[idx].state != RECV_FILLING) {
             mr_error("internal: substrate %s delivered a buffer it did not acquire.",
                      rt.substrate->name);
@@ -109,7 +109,7 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
         rt.recvs[idx].data = data;
         rt.recvs[idx].handle = handle;
         rt.recvs[idx].foreign = data;
-        mr_ptrmap_put(&rt.foreign, data, idx);
+        mr__ptrmap_put(&rt.foreign, data, idx);
     }
     rt_arrival_push(idx, source, length);
     rt.flowctl->on_arrival(rt.fc, source, imm);
@@ -119,7 +119,7 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
 static void rt_send_free(uint32_t idx)
 {
     rt.sends[idx].state = SEND_FREE;
-    mr_pool_put(&rt.send_pool, idx);
+    mr__pool_put(&rt.send_pool, idx);
 }
 
 static void up_send_complete(void *core, void *cookie)
@@ -145,7 +145,7 @@ static void up_peer_failed(void *core, int rank, mr_status_t why)
     rt.any_failure = true;
     mr_error("Rank %d failed (%s); messages to it are dropped.", rank, mr_status_string(why));
     /* Deferred messages to a dead rank can never go: give their slots back. */
-    for (uint32_t idx; (idx = mr_deferq_pop(&rt.deferq, rank)) != MR_NIL;) rt_send_free(idx);
+    for (uint32_t idx; (idx = mr__deferq_pop(&rt.deferq, rank)) != MR_NIL;) rt_send_free(idx);
 }
 
 const mr_substrate_upcalls_t rt_upcalls = {
@@ -173,7 +173,7 @@ static mr_status_t rt_deliver_self(uint32_t idx)
     uint32_t r = rt_recv_take();
 
     if (r == MR_NIL) return MR_AGAIN;
-    memcpy(rt.recvs[r].data, mr_pool_slot(&rt.send_pool, idx), rt.sends[idx].length);
+    memcpy(rt.recvs[r].data, mr__pool_slot(&rt.send_pool, idx), rt.sends[idx].length);
     rt_arrival_push(r, rt.rank, rt.sends[idx].length);
     rt_send_free(idx);
     return MR_OK;
@@ -196,7 +196,7 @@ static mr_status_t rt_transmit(uint32_t idx)
         status = rt_deliver_self(idx);
     } else {
         status = rt.substrate->send(rt.sub, dest, MR_KIND_DATA, imm,
-                                    mr_pool_slot(&rt.send_pool, idx), s->length, s);
+                                    mr__pool_slot(&rt.send_pool, idx), s->length, s);
         if (status == MR_OK) {
             s->state = SEND_INFLIGHT;
             rt.inflight++;
@@ -218,20 +218,20 @@ static int rt_drain(bool until_stuck)
 
     do {
         int count = rt.deferq.ring_count;
-        int dest = mr_deferq_first(&rt.deferq);
+        int dest = mr__deferq_first(&rt.deferq);
 
         pass = 0;
         for (int i = 0; i < count && dest >= 0; i++) {
-            int next = mr_deferq_next(&rt.deferq, dest);
-            uint32_t idx = mr_deferq_peek(&rt.deferq, dest);
+            int next = mr__deferq_next(&rt.deferq, dest);
+            uint32_t idx = mr__deferq_peek(&rt.deferq, dest);
             mr_status_t status = rt_transmit(idx);
 
             if (status == MR_OK) {
-                mr_deferq_pop(&rt.deferq, dest);
+                mr__deferq_pop(&rt.deferq, dest);
                 pass++;
             } else if (status < 0) {
                 /* The substrate refused for good (peer failure): drop the message. */
-                mr_deferq_pop(&rt.deferq, dest);
+                mr__deferq_pop(&rt.deferq, dest);
                 rt_send_free(idx);
             }
             dest = next;
@@ -262,20 +262,20 @@ mr_status_t mr_reserve(void **buffer)
         mr_error("mr_reserve(): the output pointer is NULL.");
         return MR_ERR_INVALID_PARAM;
     }
-    idx = mr_pool_get(&rt.send_pool);
+    idx = mr__pool_get(&rt.send_pool);
     if (idx == MR_NIL) {
         rt.stats.reserve_failures++;
         return MR_AGAIN;
     }
     rt.sends[idx].state = SEND_RESERVED;
-    *buffer = mr_pool_slot(&rt.send_pool, idx);
+    *buffer = mr__pool_slot(&rt.send_pool, idx);
     return MR_OK;
 }
 
 /* Finds the send slot of a buffer the application passes in, logging misuse. */
 static mr_status_t rt_reserved_slot(const char *fn, const void *buffer, uint32_t *out)
 {
-    uint32_t idx = mr_pool_index(&rt.send_pool, buffer);
+    uint32_t idx = mr__pool_index(&rt.send_pool, buffer);
 
     if (idx == MR_NIL) {
         mr_error("%s: %p is not a buffer from mr_reserve().", fn, buffer);
@@ -317,7 +317,7 @@ mr_status_t mr_send(void *buffer, size_t length, int dest)
 
     /* Older deferred messages go first; a new one never overtakes them. */
     if (rt.deferq.depth > 0) rt_drain(false);
-    if (mr_deferq_peek(&rt.deferq, dest) == MR_NIL) {
+    if (mr__deferq_peek(&rt.deferq, dest) == MR_NIL) {
         status = rt_transmit(idx);
         if (status < 0) {
             s->state = SEND_RESERVED;
@@ -328,7 +328,7 @@ mr_status_t mr_send(void *buffer, size_t length, int dest)
     }
     if (status == MR_AGAIN) {
         s->state = SEND_DEFERRED;
-        mr_deferq_push(&rt.deferq, dest, idx);
+        mr__deferq_push(&rt.deferq, dest, idx);
         rt.stats.deferred_sends++;
     }
     rt.stats.messages_sent++;
@@ -408,7 +408,7 @@ mr_status_t mr_release(void *buffer)
     uint32_t idx;
 
     RT_CHECK_READY("mr_release()");
-    idx = mr_pool_index(&rt.recv_pool, buffer);
+    idx = mr__pool_index(&rt.recv_pool, buffer);
     if (idx != MR_NIL) {
         if (rt.recvs[idx].state != RECV_HELD) {
             mr_error("mr_release(): receive buffer %p is not held by the application "
@@ -418,14 +418,14 @@ mr_status_t mr_release(void *buffer)
         rt_recv_release(idx);
         return MR_OK;
     }
-    if (mr_pool_contains(&rt.send_pool, buffer)) {
+    if (mr__pool_contains(&rt.send_pool, buffer)) {
         mr_status_t status = rt_reserved_slot("mr_release()", buffer, &idx);
         if (status != MR_OK) return status;
         rt_send_free(idx);
         return MR_OK;
     }
     /* A buffer the substrate owns (zero-copy receive). */
-    idx = mr_pool_contains(&rt.recv_pool, buffer) ? MR_NIL : mr_ptrmap_get(&rt.foreign, buffer);
+    idx = mr__pool_contains(&rt.recv_pool, buffer) ? MR_NIL : mr__ptrmap_get(&rt.foreign, buffer);
     if (idx != MR_NIL) {
         if (rt.recvs[idx].state != RECV_HELD || rt.recvs[idx].data != buffer) {
             mr_error("mr_release(): receive buffer %p is not held by the application "

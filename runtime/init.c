@@ -56,7 +56,7 @@ static mr_status_t rt_parse_module_config(const mr_config_entry_t *table, size_t
         mr_error("Cannot allocate %zu bytes of settings.", size);
         return MR_ERR_NO_MEMORY;
     }
-    if (mr_config_parse(table, cfg) != MR_OK) {
+    if (mr__config_parse(table, cfg) != MR_OK) {
         free(cfg);
         return MR_ERR_CONFIG;
     }
@@ -74,21 +74,21 @@ static mr_status_t rt_load_plugins(void)
         mr_error("Cannot allocate the plugin search path.");
         return MR_ERR_NO_MEMORY;
     }
-    mr_plugin_dirs_init(dirs, rt.cfg.plugin_path);
-    status = mr_plugin_load_bootstrap(dirs, "mpi", &rt.bootstrap_dl, &rt.bootstrap, why,
+    mr__plugin_dirs_init(dirs, rt.cfg.plugin_path);
+    status = mr__plugin_load_bootstrap(dirs, "mpi", &rt.bootstrap_dl, &rt.bootstrap, why,
                                       sizeof(why));
     if (status != MR_OK) {
         mr_error("Cannot load the MPI bootstrap plugin: %s.", why);
         goto out;
     }
-    status = mr_plugin_load_substrate(dirs, rt.cfg.substrate, &rt.substrate_dl, &rt.substrate,
+    status = mr__plugin_load_substrate(dirs, rt.cfg.substrate, &rt.substrate_dl, &rt.substrate,
                                       why, sizeof(why));
     if (status != MR_OK) {
         rt_found_t found = {.used = 0};
-        mr_plugin_list_substrates(dirs, rt_collect_substrate, &found);
+        mr__plugin_list_substrates(dirs, rt_collect_substrate, &found);
         mr_error("MAILRAIL_SUBSTRATE=\"%s\" cannot be used: %s. Substrates found: %s.",
                  rt.cfg.substrate, why, found.used ? found.list : "none");
-        mr_plugin_unload(rt.bootstrap_dl);
+        mr__plugin_unload(rt.bootstrap_dl);
         rt.bootstrap_dl = NULL;
         goto out;
     }
@@ -106,23 +106,23 @@ static void rt_free_pools(void)
     rt.sends = NULL;
     rt.recvs = NULL;
     rt.peer = NULL;
-    mr_ptrmap_fini(&rt.foreign);
-    mr_deferq_fini(&rt.deferq);
-    mr_pool_fini(&rt.recv_pool);
-    mr_pool_fini(&rt.send_pool);
+    mr__ptrmap_fini(&rt.foreign);
+    mr__deferq_fini(&rt.deferq);
+    mr__pool_fini(&rt.recv_pool);
+    mr__pool_fini(&rt.send_pool);
 }
 
 static mr_status_t rt_alloc_pools(void)
 {
     mr_status_t status;
 
-    status = mr_pool_init(&rt.send_pool, rt.cfg.send_slots, rt.cfg.datagram_size, rt.cfg.numa);
+    status = mr__pool_init(&rt.send_pool, rt.cfg.send_slots, rt.cfg.datagram_size, rt.cfg.numa);
     if (status == MR_OK) {
-        status = mr_pool_init(&rt.recv_pool, rt.cfg.recv_slots, rt.cfg.datagram_size,
+        status = mr__pool_init(&rt.recv_pool, rt.cfg.recv_slots, rt.cfg.datagram_size,
                               rt.cfg.numa);
     }
-    if (status == MR_OK) status = mr_deferq_init(&rt.deferq, rt.size, rt.cfg.send_slots);
-    if (status == MR_OK) status = mr_ptrmap_init(&rt.foreign, rt.cfg.recv_slots);
+    if (status == MR_OK) status = mr__deferq_init(&rt.deferq, rt.size, rt.cfg.send_slots);
+    if (status == MR_OK) status = mr__ptrmap_init(&rt.foreign, rt.cfg.recv_slots);
     if (status == MR_OK) {
         rt.sends = calloc(rt.cfg.send_slots, sizeof(*rt.sends));
         rt.recvs = calloc(rt.cfg.recv_slots, sizeof(*rt.recvs));
@@ -177,8 +177,8 @@ static mr_status_t rt_open_substrate(uint8_t *addr, size_t *len)
         .config = rt.substrate_config,
         .core = &rt,
         .upcalls = &rt_upcalls,
-        .log = mr_log_write,
-        .log_threshold = &mr_log_threshold,
+        .log = mr__log_write,
+        .log_threshold = &mr__log_threshold,
     };
     mr_status_t status;
 
@@ -202,14 +202,14 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
         return MR_ERR_ALREADY_INITIALIZED;
     }
     memset(&rt, 0, sizeof(rt));
-    mr_log_set_rank(-1);
-    status = mr_config_parse(mr_core_config_table, &rt.cfg);
-    if (status == MR_OK) status = mr_config_parse(mr_flowctl_config_table, &rt.fcfg);
+    mr__log_set_rank(-1);
+    status = mr__config_parse(mr__core_config_table, &rt.cfg);
+    if (status == MR_OK) status = mr__config_parse(mr__flowctl_config_table, &rt.fcfg);
     if (status != MR_OK) return status;
-    mr_log_threshold = (mr_log_level_t)rt.cfg.log_level;
+    mr__log_threshold = (mr_log_level_t)rt.cfg.log_level;
 
-    flowctl_name = mr_flowctl_names[rt.fcfg.policy];
-    rt.flowctl = mr_flowctl_find(flowctl_name);
+    flowctl_name = mr__flowctl_names[rt.fcfg.policy];
+    rt.flowctl = mr__flowctl_find(flowctl_name);
     if (rt.flowctl == NULL) {
         mr_error("MAILRAIL_FLOWCTL=\"%s\" is not available in this build.", flowctl_name);
         return MR_ERR_CONFIG;
@@ -224,10 +224,10 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
                                     &rt.substrate_config);
     if (status != MR_OK) goto err_plugins;
 
-    status = rt.bootstrap->init(user_comm, user_comm_size, mr_log_write, &rt.bs, &rt.rank,
+    status = rt.bootstrap->init(user_comm, user_comm_size, mr__log_write, &rt.bs, &rt.rank,
                                 &rt.size);
     if (status != MR_OK) goto err_substrate_config;
-    mr_log_set_rank(rt.rank);
+    mr__log_set_rank(rt.rank);
     /* Every rank has the same environment under mpiexec: one warning is enough. */
     if (rt.rank == 0) rt_warn_unknown_settings();
     status = rt_agree_settings();
@@ -282,12 +282,12 @@ err_nodes:
 err_substrate_config:
     free(rt.substrate_config);
 err_plugins:
-    mr_plugin_unload(rt.substrate_dl);
-    mr_plugin_unload(rt.bootstrap_dl);
+    mr__plugin_unload(rt.substrate_dl);
+    mr__plugin_unload(rt.bootstrap_dl);
 err_flowctl_config:
     free(rt.flowctl_config);
     memset(&rt, 0, sizeof(rt));
-    mr_log_set_rank(-1);
+    mr__log_set_rank(-1);
     return status;
 }
 
@@ -327,7 +327,7 @@ static mr_status_t rt_wait_collective(uint64_t deadline)
             rt.unclean = true;
             return MR_ERR_PEER_FAILED;
         }
-        if (mr_now_ns() > deadline) {
+        if (mr__now_ns() > deadline) {
             rt.unclean = true;
             mr_error("mr_finalize(): other ranks did not reach finalize within %u s.",
                      (unsigned)rt.cfg.timeout_s);
@@ -350,7 +350,7 @@ mr_status_t mr_finalize(void)
     mr_status_t status = MR_OK;
 
     RT_CHECK_READY("mr_finalize()");
-    deadline = mr_now_ns() + rt.cfg.timeout_s * MR_NS_PER_S;
+    deadline = mr__now_ns() + rt.cfg.timeout_s * MR_NS_PER_S;
 
     /* A quiescence wave the application abandoned must end before the barrier starts. */
     if (rt.wave_pending) {
@@ -365,7 +365,7 @@ mr_status_t mr_finalize(void)
     while (status == MR_OK && rt_sends_pending() && !rt.any_failure) {
         rt_drop_arrivals();
         if (rt_progress(1) < 0) break;
-        if (mr_now_ns() > deadline) {
+        if (mr__now_ns() > deadline) {
             mr_error("mr_finalize(): messages still unsent after %u s.",
                      (unsigned)rt.cfg.timeout_s);
             status = MR_ERR_TIMEOUT;
@@ -407,10 +407,10 @@ mr_status_t mr_finalize(void)
                                                                : MR_BOOTSTRAP_END_FINAL);
     free(rt.substrate_config);
     free(rt.flowctl_config);
-    mr_plugin_unload(rt.substrate_dl);
-    mr_plugin_unload(rt.bootstrap_dl);
+    mr__plugin_unload(rt.substrate_dl);
+    mr__plugin_unload(rt.bootstrap_dl);
     memset(&rt, 0, sizeof(rt));
     rt_state = RT_FINALIZED;
-    mr_log_set_rank(-1);
+    mr__log_set_rank(-1);
     return status;
 }

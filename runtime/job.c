@@ -4,14 +4,13 @@
  * addresses.
  */
 #include "runtime.h"
+#include "mr_random.h"
 #include "mr_time.h"
 
-#include <errno.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 uint64_t rt_reduce_in[2], rt_reduce_out[2];
@@ -22,7 +21,7 @@ static mr_status_t rt_wait_bootstrap(uint64_t deadline)
     mr_status_t status;
 
     while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) {
-        if (mr_now_ns() > deadline) {
+        if (mr__now_ns() > deadline) {
             mr_error("A collective of the bootstrap did not complete within %u s "
                      "(MAILRAIL_TIMEOUT); another rank is stuck or gone.",
                      (unsigned)rt.cfg.timeout_s);
@@ -47,7 +46,7 @@ mr_status_t rt_agree(mr_status_t local)
     rt_reduce_in[0] = local != MR_OK;
     status = rt.bootstrap->iallreduce_sum(rt.bs, rt_reduce_in, rt_reduce_out, 1);
     if (status == MR_OK) {
-        status = rt_wait_bootstrap(mr_now_ns() + rt.cfg.timeout_s * MR_NS_PER_S);
+        status = rt_wait_bootstrap(mr__now_ns() + rt.cfg.timeout_s * MR_NS_PER_S);
     }
     if (status != MR_OK) {
         rt.unclean = true;
@@ -141,20 +140,6 @@ out:
     return status;
 }
 
-/* Fills `buf` from the kernel's random source, or fails. */
-static bool rt_random(uint8_t *buf, size_t len)
-{
-    size_t got = 0;
-
-    while (got < len) {
-        ssize_t n = getrandom(buf + got, len - got, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
-        got += (size_t)n;
-    }
-    return true;
-}
-
 /*
  * Rank 0 draws the job secret and name; every rank gets them. The last byte
  * says whether drawing worked, so that all ranks fail together if not.
@@ -165,7 +150,7 @@ mr_status_t rt_share_job_key(void)
     mr_status_t status;
 
     if (rt.rank == 0) {
-        bytes[sizeof(bytes) - 1] = rt_random(bytes, sizeof(bytes) - 1);
+        bytes[sizeof(bytes) - 1] = mr__random_bytes(bytes, sizeof(bytes) - 1);
         if (!bytes[sizeof(bytes) - 1]) mr_error("getrandom failed: cannot draw the job secret.");
     }
     status = rt.bootstrap->bcast(rt.bs, bytes, sizeof(bytes), 0);

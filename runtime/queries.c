@@ -71,7 +71,7 @@ mr_status_t mr_get_stats(mr_stats_t *stats)
     }
     snapshot = rt.stats;
     snapshot.peak_deferred_depth = rt.deferq.peak_depth;
-    snapshot.recv_slots_in_use = mr_pool_in_use(&rt.recv_pool);
+    snapshot.recv_slots_in_use = mr__pool_in_use(&rt.recv_pool);
     rt.flowctl->stats(rt.fc, &snapshot);
     if (rt.substrate->stats != NULL) rt.substrate->stats(rt.sub, &snapshot);
     size = stats->size < sizeof(snapshot) ? stats->size : sizeof(snapshot);
@@ -82,7 +82,7 @@ mr_status_t mr_get_stats(mr_stats_t *stats)
 
 mr_status_t mr_check_setting(const char *name, const char *value)
 {
-    const mr_config_entry_t *tables[2 + 8] = {mr_core_config_table, mr_flowctl_config_table};
+    const mr_config_entry_t *tables[2 + 8] = {mr__core_config_table, mr__flowctl_config_table};
     size_t sizes[2 + 8] = {sizeof(mr_core_config_t), sizeof(mr_flowctl_config_t)};
     size_t ntables = 2;
     char err[512];
@@ -91,19 +91,19 @@ mr_status_t mr_check_setting(const char *name, const char *value)
         mr_error("mr_check_setting(): the name or the value is NULL.");
         return MR_ERR_INVALID_PARAM;
     }
-    for (size_t i = 0; mr_flowctl_names[i] != NULL && ntables < 10; i++) {
-        const mr_flowctl_ops_t *policy = mr_flowctl_find(mr_flowctl_names[i]);
+    for (size_t i = 0; mr__flowctl_names[i] != NULL && ntables < 10; i++) {
+        const mr_flowctl_ops_t *policy = mr__flowctl_find(mr__flowctl_names[i]);
         if (policy == NULL || policy->config_table == NULL) continue;
         tables[ntables] = policy->config_table;
         sizes[ntables++] = policy->config_size;
     }
     for (size_t t = 0; t < ntables; t++) {
-        const mr_config_entry_t *e = mr_config_find(tables[t], name);
+        const mr_config_entry_t *e = mr__config_find(tables[t], name);
         if (e == NULL) continue;
         /* Parsed into scratch space of the owner's struct, then dropped. */
         void *scratch = calloc(1, sizes[t]);
         if (scratch == NULL) return MR_ERR_NO_MEMORY;
-        mr_status_t status = mr_config_parse_value(e, value, scratch, err, sizeof(err));
+        mr_status_t status = mr__config_parse_value(e, value, scratch, err, sizeof(err));
         free(scratch);
         if (status != MR_OK) mr_error("%s", err);
         return status;

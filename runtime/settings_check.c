@@ -45,8 +45,8 @@ static bool rt_declared_by_other_substrate(void *arg, const char *name)
 
     (void)arg;
     if (dirs == NULL) return true; /* Say nothing rather than something wrong. */
-    mr_plugin_dirs_init(dirs, rt.cfg.plugin_path);
-    mr_plugin_list_substrates(dirs, rt_find_setting, &q);
+    mr__plugin_dirs_init(dirs, rt.cfg.plugin_path);
+    mr__plugin_list_substrates(dirs, rt_find_setting, &q);
     free(dirs);
     return q.found;
 }
@@ -58,19 +58,19 @@ static bool rt_declared_by_other_substrate(void *arg, const char *name)
  */
 void rt_warn_unknown_settings(void)
 {
-    const mr_config_entry_t *tables[8] = {mr_core_config_table, mr_flowctl_config_table,
+    const mr_config_entry_t *tables[8] = {mr__core_config_table, mr__flowctl_config_table,
                                           rt.substrate->config_table};
     const char *skip[2] = {NULL, NULL};
     size_t ntables = 3;
 
-    for (size_t i = 0; mr_flowctl_names[i] != NULL && ntables < 8; i++) {
-        const mr_flowctl_ops_t *policy = mr_flowctl_find(mr_flowctl_names[i]);
+    for (size_t i = 0; mr__flowctl_names[i] != NULL && ntables < 8; i++) {
+        const mr_flowctl_ops_t *policy = mr__flowctl_find(mr__flowctl_names[i]);
         if (policy != NULL && policy->config_table != NULL) tables[ntables++] = policy->config_table;
     }
     if (MR_SUBSTRATE_OPS_HAS(rt.substrate, settings_passthrough_prefix)) {
         skip[0] = rt.substrate->settings_passthrough_prefix;
     }
-    mr_config_warn_unknown(tables, ntables, skip, rt_declared_by_other_substrate, NULL);
+    mr__config_warn_unknown(tables, ntables, skip, rt_declared_by_other_substrate, NULL);
 }
 
 /* ---- Settings that must agree across ranks ------------------------------------------- */
@@ -99,7 +99,7 @@ static void rt_agreed_add(rt_agreed_t *a, const mr_config_entry_t *e, const void
 
     if (a->n == RT_AGREED_MAX) return;
     a->name[a->n] = e->name;
-    mr_config_format_value(e, cfg, a->text[a->n], RT_AGREED_TEXT);
+    mr__config_format_value(e, cfg, a->text[a->n], RT_AGREED_TEXT);
     for (const char *c = e->name; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
     h = (h ^ '=') * 0x100000001b3ull;
     for (const char *c = a->text[a->n]; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
@@ -120,13 +120,13 @@ mr_status_t rt_agree_settings(void)
     mr_status_t status;
     int bad = -1, differ = 0, first_rank = -1;
 
-    rt_agreed_add(&mine, mr_config_find(mr_core_config_table, "MAILRAIL_SUBSTRATE"), &rt.cfg);
-    rt_agreed_add(&mine, mr_config_find(mr_flowctl_config_table, "MAILRAIL_FLOWCTL"), &rt.fcfg);
+    rt_agreed_add(&mine, mr__config_find(mr__core_config_table, "MAILRAIL_SUBSTRATE"), &rt.cfg);
+    rt_agreed_add(&mine, mr__config_find(mr__flowctl_config_table, "MAILRAIL_FLOWCTL"), &rt.fcfg);
     for (size_t i = 0; rt_job_wide[i] != NULL; i++) {
-        rt_agreed_add(&mine, mr_config_find(mr_core_config_table, rt_job_wide[i]), &rt.cfg);
+        rt_agreed_add(&mine, mr__config_find(mr__core_config_table, rt_job_wide[i]), &rt.cfg);
     }
     if (strcmp(rt.flowctl->name, "none") != 0) {
-        rt_agreed_add(&mine, mr_config_find(mr_core_config_table, "MAILRAIL_RECV_SLOTS"), &rt.cfg);
+        rt_agreed_add(&mine, mr__config_find(mr__core_config_table, "MAILRAIL_RECV_SLOTS"), &rt.cfg);
     }
     for (const mr_config_entry_t *e = rt.flowctl->config_table; e != NULL && e->name != NULL;
          e++) {
@@ -135,7 +135,7 @@ mr_status_t rt_agree_settings(void)
     if (MR_SUBSTRATE_OPS_HAS(rt.substrate, job_wide_settings) &&
         rt.substrate->job_wide_settings != NULL) {
         for (const char *const *n = rt.substrate->job_wide_settings; *n != NULL; n++) {
-            rt_agreed_add(&mine, mr_config_find(rt.substrate->config_table, *n),
+            rt_agreed_add(&mine, mr__config_find(rt.substrate->config_table, *n),
                           rt.substrate_config);
         }
     }

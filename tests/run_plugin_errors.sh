@@ -63,10 +63,10 @@ const mr_substrate_ops_t *mr_substrate_get_ops(void)
 }
 C
 min=$(printf '#include "mr_substrate.h"\n#include <stdio.h>\nint main(void){printf("%%zu", MR_SUBSTRATE_OPS_MIN_SIZE);}' |
-      cc -x c -I"$src/core" -I"$src/core/include" - -o "$dir/min" && "$dir/min")
+      cc -x c -I"$src/core/include" -I"$src/core/plugin" - -o "$dir/min" && "$dir/min")
 short=$((min - 8))
 for size in "$min" "$short"; do
-    cc -shared -fPIC -I"$src/core" -I"$src/core/include" -DTCP_PLUGIN="\"$tcp_plugin\"" \
+    cc -shared -fPIC -I"$src/core/include" -I"$src/core/plugin" -DTCP_PLUGIN="\"$tcp_plugin\"" \
         -DOPS_SIZE="$size" -DNAME="\"old$size\"" -o "$dir/mailrail_substrate_old$size.so" "$dir/old.c" -ldl
 done
 out=$(MAILRAIL_PLUGIN_PATH="$dir:$bootstrap_dir" MAILRAIL_SUBSTRATE=old$min timeout 60 "$demo" 3 64 2>&1) || {
@@ -77,7 +77,7 @@ if out=$(MAILRAIL_PLUGIN_PATH="$dir:$bootstrap_dir" MAILRAIL_SUBSTRATE=old$short
 fi
 printf '%s\n' "$out" | grep -q "ops table of $short bytes, this library needs $min"
 # A job-wide setting the plugin does not declare is refused at load.
-cc -shared -fPIC -I"$src/core" -I"$src/core/include" -DTCP_PLUGIN="\"$tcp_plugin\"" \
+cc -shared -fPIC -I"$src/core/include" -I"$src/core/plugin" -DTCP_PLUGIN="\"$tcp_plugin\"" \
     -DOPS_SIZE="sizeof(mr_substrate_ops_t)" -DNAME="\"badwide\"" -DBAD_JOB_WIDE \
     -o "$dir/mailrail_substrate_badwide.so" "$dir/old.c" -ldl
 if out=$(MAILRAIL_PLUGIN_PATH="$dir:$bootstrap_dir" MAILRAIL_SUBSTRATE=badwide timeout 60 "$demo" 1 16 2>&1); then

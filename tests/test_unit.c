@@ -26,8 +26,8 @@
 /* ---- Settings ------------------------------------------------------------------------ */
 
 /* The core's and flow control's settings, and what they fill. */
-static const mr_config_entry_t *const config_tables[] = {mr_core_config_table,
-                                                         mr_flowctl_config_table};
+static const mr_config_entry_t *const config_tables[] = {mr__core_config_table,
+                                                         mr__flowctl_config_table};
 
 typedef union config_any {
     mr_core_config_t core;
@@ -38,7 +38,7 @@ typedef union config_any {
 static const mr_config_entry_t *find_entry_in(const char *name, const mr_config_entry_t **table)
 {
     for (size_t t = 0; t < sizeof(config_tables) / sizeof(config_tables[0]); t++) {
-        const mr_config_entry_t *e = mr_config_find(config_tables[t], name);
+        const mr_config_entry_t *e = mr__config_find(config_tables[t], name);
         if (e != NULL) {
             if (table != NULL) *table = config_tables[t];
             return e;
@@ -56,9 +56,9 @@ START_TEST(config_defaults)
 {
     mr_core_config_t cfg;
 
-    for (const mr_config_entry_t *e = mr_core_config_table; e->name; e++) unsetenv(e->name);
+    for (const mr_config_entry_t *e = mr__core_config_table; e->name; e++) unsetenv(e->name);
     memset(&cfg, 0xff, sizeof(cfg));
-    ck_assert_int_eq(mr_config_parse(mr_core_config_table, &cfg), MR_OK);
+    ck_assert_int_eq(mr__config_parse(mr__core_config_table, &cfg), MR_OK);
     ck_assert_str_eq(cfg.substrate, "ucx");
     ck_assert_uint_eq(cfg.datagram_size, 4096);
     ck_assert_uint_eq(cfg.send_slots, 256);
@@ -69,10 +69,10 @@ START_TEST(config_defaults)
     ck_assert(cfg.numa);
 
     mr_flowctl_config_t fc;
-    for (const mr_config_entry_t *e = mr_flowctl_config_table; e->name; e++) unsetenv(e->name);
+    for (const mr_config_entry_t *e = mr__flowctl_config_table; e->name; e++) unsetenv(e->name);
     memset(&fc, 0xff, sizeof(fc));
-    ck_assert_int_eq(mr_config_parse(mr_flowctl_config_table, &fc), MR_OK);
-    ck_assert_str_eq(mr_flowctl_names[fc.policy], "none");
+    ck_assert_int_eq(mr__config_parse(mr__flowctl_config_table, &fc), MR_OK);
+    ck_assert_str_eq(mr__flowctl_names[fc.policy], "none");
     ck_assert_uint_eq(fc.credit_return_threshold, 2);
     ck_assert(fc.piggyback);
 }
@@ -83,29 +83,29 @@ START_TEST(config_good_values)
     mr_core_config_t cfg;
     char err[256];
 
-    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_DATAGRAM_SIZE"), "64K", &cfg,
+    ck_assert_int_eq(mr__config_parse_value(find_entry("MAILRAIL_DATAGRAM_SIZE"), "64K", &cfg,
                                            err, sizeof(err)), MR_OK);
     ck_assert_uint_eq(cfg.datagram_size, 65536);
-    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_DATAGRAM_SIZE"), "1m", &cfg,
+    ck_assert_int_eq(mr__config_parse_value(find_entry("MAILRAIL_DATAGRAM_SIZE"), "1m", &cfg,
                                            err, sizeof(err)), MR_OK);
     ck_assert_uint_eq(cfg.datagram_size, 1u << 20);
-    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_DATAGRAM_SIZE"), "100", &cfg,
+    ck_assert_int_eq(mr__config_parse_value(find_entry("MAILRAIL_DATAGRAM_SIZE"), "100", &cfg,
                                            err, sizeof(err)), MR_OK);
     ck_assert_uint_eq(cfg.datagram_size, 100);
     mr_flowctl_config_t fc;
-    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_FLOWCTL"), "NODE", &fc, err,
+    ck_assert_int_eq(mr__config_parse_value(find_entry("MAILRAIL_FLOWCTL"), "NODE", &fc, err,
                                            sizeof(err)), MR_OK);
-    ck_assert_str_eq(mr_flowctl_names[fc.policy], "node");
-    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_NUMA"), "off", &cfg, err,
+    ck_assert_str_eq(mr__flowctl_names[fc.policy], "node");
+    ck_assert_int_eq(mr__config_parse_value(find_entry("MAILRAIL_NUMA"), "off", &cfg, err,
                                            sizeof(err)), MR_OK);
     ck_assert(!cfg.numa);
-    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_LOG_LEVEL"), "debug", &cfg, err,
+    ck_assert_int_eq(mr__config_parse_value(find_entry("MAILRAIL_LOG_LEVEL"), "debug", &cfg, err,
                                            sizeof(err)), MR_OK);
     ck_assert_uint_eq(cfg.log_level, MR_LOG_DEBUG);
 
     setenv("MAILRAIL_SEND_SLOTS", "7", 1);
     setenv("MAILRAIL_SUBSTRATE", "mpi", 1);
-    ck_assert_int_eq(mr_config_parse(mr_core_config_table, &cfg), MR_OK);
+    ck_assert_int_eq(mr__config_parse(mr__core_config_table, &cfg), MR_OK);
     ck_assert_uint_eq(cfg.send_slots, 7);
     ck_assert_str_eq(cfg.substrate, "mpi");
     unsetenv("MAILRAIL_SEND_SLOTS");
@@ -143,7 +143,7 @@ START_TEST(config_bad_values)
     ck_assert_ptr_nonnull(e);
     memset(&cfg, 0x5a, sizeof(cfg));
     before = cfg;
-    ck_assert_int_eq(mr_config_parse_value(e, bad_values[_i].value, &cfg, err, sizeof(err)),
+    ck_assert_int_eq(mr__config_parse_value(e, bad_values[_i].value, &cfg, err, sizeof(err)),
                      MR_ERR_CONFIG);
     ck_assert(memcmp(&cfg, &before, sizeof(cfg)) == 0);
     snprintf(expect, sizeof(expect), "%s=\"%s\"", bad_values[_i].name, bad_values[_i].value);
@@ -153,7 +153,7 @@ START_TEST(config_bad_values)
 
     /* The same through the environment fails the whole parse. */
     setenv(bad_values[_i].name, bad_values[_i].value, 1);
-    ck_assert_int_eq(mr_config_parse(table, &cfg), MR_ERR_CONFIG);
+    ck_assert_int_eq(mr__config_parse(table, &cfg), MR_ERR_CONFIG);
     unsetenv(bad_values[_i].name);
 }
 END_TEST
@@ -182,7 +182,7 @@ START_TEST(config_string_too_long)
 
     memset(value, 'a', sizeof(value) - 1);
     value[sizeof(value) - 1] = '\0';
-    ck_assert_int_eq(mr_config_parse_value(find_entry("MAILRAIL_PLUGIN_PATH"), value, &cfg, err,
+    ck_assert_int_eq(mr__config_parse_value(find_entry("MAILRAIL_PLUGIN_PATH"), value, &cfg, err,
                                            sizeof(err)), MR_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(err, "MAILRAIL_PLUGIN_PATH"));
 }
@@ -208,31 +208,31 @@ START_TEST(pool_get_put_index)
     mr_pool_t pool;
     uint32_t got[8];
 
-    ck_assert_int_eq(mr_pool_init(&pool, 8, 100, _i == 1), MR_OK);
+    ck_assert_int_eq(mr__pool_init(&pool, 8, 100, _i == 1), MR_OK);
     ck_assert_uint_eq(pool.stride % 64, 0);
     ck_assert_uint_ge(pool.stride, 100);
     for (int i = 0; i < 8; i++) {
-        got[i] = mr_pool_get(&pool);
+        got[i] = mr__pool_get(&pool);
         ck_assert_uint_eq(got[i], (uint32_t)i);
-        memset(mr_pool_slot(&pool, got[i]), i, 100); /* Every byte is writable. */
+        memset(mr__pool_slot(&pool, got[i]), i, 100); /* Every byte is writable. */
     }
-    ck_assert_uint_eq(mr_pool_get(&pool), MR_NIL);
-    ck_assert_uint_eq(mr_pool_in_use(&pool), 8);
+    ck_assert_uint_eq(mr__pool_get(&pool), MR_NIL);
+    ck_assert_uint_eq(mr__pool_in_use(&pool), 8);
     for (int i = 0; i < 8; i++) {
-        char *slot = mr_pool_slot(&pool, (uint32_t)i);
-        ck_assert_uint_eq(mr_pool_index(&pool, slot), (uint32_t)i);
-        ck_assert_uint_eq(mr_pool_index(&pool, slot + 1), MR_NIL);
+        char *slot = mr__pool_slot(&pool, (uint32_t)i);
+        ck_assert_uint_eq(mr__pool_index(&pool, slot), (uint32_t)i);
+        ck_assert_uint_eq(mr__pool_index(&pool, slot + 1), MR_NIL);
         ck_assert_int_eq(slot[99], i);
     }
-    ck_assert_uint_eq(mr_pool_index(&pool, pool.base + pool.mapped_bytes), MR_NIL);
-    ck_assert_uint_eq(mr_pool_index(&pool, pool.base - pool.stride), MR_NIL);
-    ck_assert(!mr_pool_contains(&pool, &pool));
-    mr_pool_put(&pool, 5);
-    mr_pool_put(&pool, 2);
-    ck_assert_uint_eq(mr_pool_in_use(&pool), 6);
-    ck_assert_uint_eq(mr_pool_get(&pool), 2);
-    ck_assert_uint_eq(mr_pool_get(&pool), 5);
-    mr_pool_fini(&pool);
+    ck_assert_uint_eq(mr__pool_index(&pool, pool.base + pool.mapped_bytes), MR_NIL);
+    ck_assert_uint_eq(mr__pool_index(&pool, pool.base - pool.stride), MR_NIL);
+    ck_assert(!mr__pool_contains(&pool, &pool));
+    mr__pool_put(&pool, 5);
+    mr__pool_put(&pool, 2);
+    ck_assert_uint_eq(mr__pool_in_use(&pool), 6);
+    ck_assert_uint_eq(mr__pool_get(&pool), 2);
+    ck_assert_uint_eq(mr__pool_get(&pool), 5);
+    mr__pool_fini(&pool);
     ck_assert_ptr_null(pool.base);
 }
 END_TEST
@@ -243,32 +243,32 @@ START_TEST(deferq_fifo_per_destination)
 {
     mr_deferq_t q;
 
-    ck_assert_int_eq(mr_deferq_init(&q, 4, 16), MR_OK);
-    ck_assert_int_eq(mr_deferq_first(&q), -1);
-    mr_deferq_push(&q, 2, 10);
-    mr_deferq_push(&q, 0, 3);
-    mr_deferq_push(&q, 2, 11);
-    mr_deferq_push(&q, 2, 4);
-    mr_deferq_push(&q, 0, 7);
+    ck_assert_int_eq(mr__deferq_init(&q, 4, 16), MR_OK);
+    ck_assert_int_eq(mr__deferq_first(&q), -1);
+    mr__deferq_push(&q, 2, 10);
+    mr__deferq_push(&q, 0, 3);
+    mr__deferq_push(&q, 2, 11);
+    mr__deferq_push(&q, 2, 4);
+    mr__deferq_push(&q, 0, 7);
     ck_assert_uint_eq(q.depth, 5);
     ck_assert_uint_eq(q.peak_depth, 5);
     ck_assert_int_eq(q.ring_count, 2);
-    ck_assert_uint_eq(mr_deferq_peek(&q, 1), MR_NIL);
-    ck_assert_uint_eq(mr_deferq_pop(&q, 1), MR_NIL);
-    ck_assert_uint_eq(mr_deferq_pop(&q, 2), 10);
-    ck_assert_uint_eq(mr_deferq_pop(&q, 2), 11);
-    ck_assert_uint_eq(mr_deferq_pop(&q, 0), 3);
-    mr_deferq_push(&q, 2, 12);
-    ck_assert_uint_eq(mr_deferq_pop(&q, 2), 4);
-    ck_assert_uint_eq(mr_deferq_pop(&q, 2), 12);
-    ck_assert_uint_eq(mr_deferq_pop(&q, 2), MR_NIL);
+    ck_assert_uint_eq(mr__deferq_peek(&q, 1), MR_NIL);
+    ck_assert_uint_eq(mr__deferq_pop(&q, 1), MR_NIL);
+    ck_assert_uint_eq(mr__deferq_pop(&q, 2), 10);
+    ck_assert_uint_eq(mr__deferq_pop(&q, 2), 11);
+    ck_assert_uint_eq(mr__deferq_pop(&q, 0), 3);
+    mr__deferq_push(&q, 2, 12);
+    ck_assert_uint_eq(mr__deferq_pop(&q, 2), 4);
+    ck_assert_uint_eq(mr__deferq_pop(&q, 2), 12);
+    ck_assert_uint_eq(mr__deferq_pop(&q, 2), MR_NIL);
     ck_assert_int_eq(q.ring_count, 1);
-    ck_assert_int_eq(mr_deferq_first(&q), 0);
-    ck_assert_uint_eq(mr_deferq_pop(&q, 0), 7);
-    ck_assert_int_eq(mr_deferq_first(&q), -1);
+    ck_assert_int_eq(mr__deferq_first(&q), 0);
+    ck_assert_uint_eq(mr__deferq_pop(&q, 0), 7);
+    ck_assert_int_eq(mr__deferq_first(&q), -1);
     ck_assert_uint_eq(q.depth, 0);
     ck_assert_uint_eq(q.peak_depth, 5);
-    mr_deferq_fini(&q);
+    mr__deferq_fini(&q);
 }
 END_TEST
 
@@ -278,19 +278,19 @@ START_TEST(deferq_ring_round_robin)
     mr_deferq_t q;
     int order[8], n = 0;
 
-    ck_assert_int_eq(mr_deferq_init(&q, 6, 16), MR_OK);
-    mr_deferq_push(&q, 3, 0);
-    mr_deferq_push(&q, 1, 1);
-    mr_deferq_push(&q, 5, 2);
-    mr_deferq_push(&q, 1, 3);
-    mr_deferq_push(&q, 0, 4);
+    ck_assert_int_eq(mr__deferq_init(&q, 6, 16), MR_OK);
+    mr__deferq_push(&q, 3, 0);
+    mr__deferq_push(&q, 1, 1);
+    mr__deferq_push(&q, 5, 2);
+    mr__deferq_push(&q, 1, 3);
+    mr__deferq_push(&q, 0, 4);
     ck_assert_int_eq(q.ring_count, 4);
     /* One pass popping one message per destination, as the core's drain does. */
-    int count = q.ring_count, dest = mr_deferq_first(&q);
+    int count = q.ring_count, dest = mr__deferq_first(&q);
     for (int i = 0; i < count && dest >= 0; i++) {
-        int next = mr_deferq_next(&q, dest);
+        int next = mr__deferq_next(&q, dest);
         order[n++] = dest;
-        mr_deferq_pop(&q, dest);
+        mr__deferq_pop(&q, dest);
         dest = next;
     }
     ck_assert_int_eq(n, 4);
@@ -299,10 +299,10 @@ START_TEST(deferq_ring_round_robin)
     ck_assert_int_eq(order[2], 5);
     ck_assert_int_eq(order[3], 0);
     ck_assert_int_eq(q.ring_count, 1);
-    ck_assert_int_eq(mr_deferq_first(&q), 1);
-    ck_assert_uint_eq(mr_deferq_pop(&q, 1), 3);
+    ck_assert_int_eq(mr__deferq_first(&q), 1);
+    ck_assert_uint_eq(mr__deferq_pop(&q, 1), 3);
     ck_assert_int_eq(q.ring_count, 0);
-    mr_deferq_fini(&q);
+    mr__deferq_fini(&q);
 }
 END_TEST
 
@@ -317,7 +317,7 @@ START_TEST(ptrmap_matches_reference)
     mr_ptrmap_t map;
     uint64_t rng = 12345;
 
-    ck_assert_int_eq(mr_ptrmap_init(&map, 128), MR_OK);
+    ck_assert_int_eq(mr__ptrmap_init(&map, 128), MR_OK);
     for (int k = 0; k < KEYS; k++) ref[k] = MR_NIL;
     for (int op = 0; op < OPS; op++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -328,20 +328,20 @@ START_TEST(ptrmap_matches_reference)
         for (int i = 0; i < KEYS; i++) live += ref[i] != MR_NIL;
         if ((rng >> 20) % 3 != 0 && (live < 128 || ref[k] != MR_NIL)) {
             ref[k] = (uint32_t)op;
-            mr_ptrmap_put(&map, key, (uint32_t)op);
+            mr__ptrmap_put(&map, key, (uint32_t)op);
         } else {
             ref[k] = MR_NIL;
-            mr_ptrmap_del(&map, key);
+            mr__ptrmap_del(&map, key);
         }
         if (op % 97 == 0) {
             for (int i = 0; i < KEYS; i++) {
-                ck_assert_uint_eq(mr_ptrmap_get(&map, base + (size_t)i * 64), ref[i]);
+                ck_assert_uint_eq(mr__ptrmap_get(&map, base + (size_t)i * 64), ref[i]);
             }
         }
     }
-    ck_assert_uint_eq(mr_ptrmap_get(&map, NULL), MR_NIL);
-    ck_assert_uint_eq(mr_ptrmap_get(&map, base + 1), MR_NIL);
-    mr_ptrmap_fini(&map);
+    ck_assert_uint_eq(mr__ptrmap_get(&map, NULL), MR_NIL);
+    ck_assert_uint_eq(mr__ptrmap_get(&map, base + 1), MR_NIL);
+    mr__ptrmap_fini(&map);
 }
 END_TEST
 
@@ -380,14 +380,14 @@ START_TEST(credit_returns_split_among_a_nodes_senders)
     const uint32_t weight[2] = {4, 0};
     mr_credit_owed_t o;
 
-    ck_assert_int_eq(mr_credit_owed_init(&o, 2, 64, true, weight, &params), MR_OK);
+    ck_assert_int_eq(mr__credit_owed_init(&o, 2, 64, true, weight, &params), MR_OK);
     ck_assert_uint_eq(o.key[0].held, MR_CREDIT_INITIAL);
     ck_assert_uint_eq(o.key[1].held, 64);
-    ck_assert_uint_eq(mr_credit_owed_window(&o, 0), 4 * MR_CREDIT_INITIAL);
-    ck_assert_uint_eq(mr_credit_owed_return_at(&o, 0), 2);
+    ck_assert_uint_eq(mr__credit_owed_window(&o, 0), 4 * MR_CREDIT_INITIAL);
+    ck_assert_uint_eq(mr__credit_owed_return_at(&o, 0), 2);
     /* The first arrival makes the rest of the window due, to the only sender. */
-    mr_credit_owed_arrived(&o, 0, 10);
-    ck_assert_int_eq(mr_credit_owed_progress(&o), 1);
+    mr__credit_owed_arrived(&o, 0, 10);
+    ck_assert_int_eq(mr__credit_owed_progress(&o), 1);
     ck_assert_int_eq(calls.n, 1);
     ck_assert_int_eq(calls.dest[0], 10);
     ck_assert_uint_eq(calls.credits[0], 7);
@@ -396,7 +396,7 @@ START_TEST(credit_returns_split_among_a_nodes_senders)
 
     /* Five senders: the four latest are kept; 12 is gone, so 13, 10 and 11 share. */
     const int order[8] = {12, 13, 14, 10, 11, 13, 12, 13};
-    for (int i = 0; i < 8; i++) mr_credit_owed_arrived(&o, 0, order[i]);
+    for (int i = 0; i < 8; i++) mr__credit_owed_arrived(&o, 0, order[i]);
     ck_assert_int_eq(o.key[0].nsenders, 4);
     ck_assert_int_eq(o.key[0].sender[0], 13);
     ck_assert_int_eq(o.key[0].sender[1], 12);
@@ -404,12 +404,12 @@ START_TEST(credit_returns_split_among_a_nodes_senders)
     ck_assert_int_eq(o.key[0].sender[3], 10);
     calls.n = 0;
     calls.failed_rank = 12;
-    ck_assert_int_eq(mr_credit_owed_progress(&o), 0);
+    ck_assert_int_eq(mr__credit_owed_progress(&o), 0);
     ck_assert_int_eq(calls.n, 1);
     ck_assert_int_eq(calls.dest[0], 13);
     ck_assert_uint_eq(calls.credits[0], 2);
     ck_assert_int_eq(o.key[0].nsenders, 3);
-    ck_assert_int_eq(mr_credit_owed_progress(&o), 1);
+    ck_assert_int_eq(mr__credit_owed_progress(&o), 1);
     ck_assert_int_eq(calls.n, 4);
     for (int i = 1; i < 4; i++) {
         ck_assert(calls.dest[i] == 13 || calls.dest[i] == 10 || calls.dest[i] == 11);
@@ -420,13 +420,13 @@ START_TEST(credit_returns_split_among_a_nodes_senders)
 
     /* The local key: static, its whole share at once, to its last sender. */
     calls.n = 0;
-    for (int i = 0; i < 16; i++) mr_credit_owed_arrived(&o, 1, 4);
-    for (int i = 0; i < 16; i++) mr_credit_owed_consume(&o, 1, i < 15 ? 4 : 3);
+    for (int i = 0; i < 16; i++) mr__credit_owed_arrived(&o, 1, 4);
+    for (int i = 0; i < 16; i++) mr__credit_owed_consume(&o, 1, i < 15 ? 4 : 3);
     ck_assert_int_eq(calls.n, 1);
     ck_assert_int_eq(calls.dest[0], 3);
     ck_assert_uint_eq(calls.credits[0], 16);
     ck_assert_uint_eq(o.key[1].held, 64);
-    mr_credit_owed_fini(&o);
+    mr__credit_owed_fini(&o);
 }
 END_TEST
 
@@ -461,37 +461,37 @@ START_TEST(node_segment_owner_only_and_stale_cleanup)
     int status;
 
     snprintf(job, sizeof(job), "mr-unit%d", (int)getpid());
-    mr_node_segment_name(name, sizeof(name), job, 3);
+    mr__node_segment_name(name, sizeof(name), job, 3);
     snprintf(expected, sizeof(expected), "/mailrail-%s-n3", job);
     ck_assert_str_eq(name, expected);
     mask = umask(0);
-    ck_assert_int_eq(mr_node_segment_create(name, job, 3, 4, 8, &seg), MR_OK);
+    ck_assert_int_eq(mr__node_segment_create(name, job, 3, 4, 8, &seg), MR_OK);
     umask(mask);
     st = segment_stat(name);
     ck_assert_uint_eq(st.st_mode & 07777, 0600);
     ck_assert_uint_eq(st.st_uid, geteuid());
     ck_assert_int_eq(seg->creator_pid, (int32_t)getpid());
     ck_assert_uint_eq(atomic_load(&seg->credits[3].n), 8);
-    ck_assert_int_eq(mr_node_segment_create(name, job, 3, 4, 8, &again), MR_ERR_SYSTEM);
+    ck_assert_int_eq(mr__node_segment_create(name, job, 3, 4, 8, &again), MR_ERR_SYSTEM);
     ck_assert_ptr_null(again);
-    mr_node_segment_cleanup_stale();
+    mr__node_segment_cleanup_stale();
     ck_assert_uint_eq(segment_stat(name).st_ino, st.st_ino);
-    mr_node_segment_unlink(name);
+    mr__node_segment_unlink(name);
     ck_assert_int_lt(shm_open(name, O_RDONLY, 0), 0);
     ck_assert_int_eq(errno, ENOENT);
-    mr_node_segment_unmap(seg);
+    mr__node_segment_unmap(seg);
 
-    mr_node_segment_name(name, sizeof(name), job, 4);
+    mr__node_segment_name(name, sizeof(name), job, 4);
     child = fork();
     ck_assert_int_ge(child, 0);
     if (child == 0) {
-        if (mr_node_segment_create(name, job, 4, 2, 1, &seg) == MR_OK) kill(getpid(), SIGKILL);
+        if (mr__node_segment_create(name, job, 4, 2, 1, &seg) == MR_OK) kill(getpid(), SIGKILL);
         _exit(1);
     }
     ck_assert_int_eq(waitpid(child, &status, 0), child);
     ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     ck_assert_uint_eq(segment_stat(name).st_mode & 07777, 0600);
-    ck_assert_int_ge(mr_node_segment_cleanup_stale(), 1);
+    ck_assert_int_ge(mr__node_segment_cleanup_stale(), 1);
     ck_assert_int_lt(shm_open(name, O_RDONLY, 0), 0);
     ck_assert_int_eq(errno, ENOENT);
 }
@@ -534,7 +534,7 @@ int main(void)
     SRunner *sr = srunner_create(unit_suite());
     int failed;
 
-    mr_log_threshold = MR_LOG_ERROR;
+    mr__log_threshold = MR_LOG_ERROR;
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -54,7 +54,7 @@ static void print_table(const char *owner, const mr_config_entry_t *table, size_
         char allowed[256], err[512], current[MR_CONFIG_STRING_MAX + sizeof(err) + 16];
         const char *env = getenv(e->name);
 
-        mr_config_format_allowed(e, allowed, sizeof(allowed));
+        mr__config_format_allowed(e, allowed, sizeof(allowed));
         if (format == OUT_MARKDOWN) {
             printf("| `%s` | %s%s%s | ", e->name, e->default_value[0] ? "`" : "",
                    e->default_value[0] ? e->default_value : "(empty)",
@@ -66,10 +66,10 @@ static void print_table(const char *owner, const mr_config_entry_t *table, size_
             continue;
         }
         if (env == NULL) {
-            mr_config_parse_value(e, e->default_value, cfg, err, sizeof(err));
-            mr_config_format_value(e, cfg, current, sizeof(current));
-        } else if (mr_config_parse_value(e, env, cfg, err, sizeof(err)) == MR_OK) {
-            mr_config_format_value(e, cfg, current, sizeof(current));
+            mr__config_parse_value(e, e->default_value, cfg, err, sizeof(err));
+            mr__config_format_value(e, cfg, current, sizeof(current));
+        } else if (mr__config_parse_value(e, env, cfg, err, sizeof(err)) == MR_OK) {
+            mr__config_format_value(e, cfg, current, sizeof(current));
         } else {
             snprintf(current, sizeof(current), "INVALID (%s)", err);
         }
@@ -129,10 +129,10 @@ int main(int argc, char **argv)
     } else if (!substrates && !flowctl && !config) {
         substrates = flowctl = config = true;
     }
-    mr_log_threshold = MR_LOG_ERROR;
+    mr__log_threshold = MR_LOG_ERROR;
     dirs = malloc(sizeof(*dirs));
     if (dirs == NULL) return 1;
-    mr_plugin_dirs_init(dirs, path);
+    mr__plugin_dirs_init(dirs, path);
 
     if (format == OUT_MARKDOWN) {
         printf("# MailRail settings\n\n"
@@ -153,28 +153,28 @@ int main(int argc, char **argv)
         for (int i = 0; i < dirs->count; i++) printf("#   %s\n", dirs->dir[i]);
         printf("#\n# Substrates:\n");
         info_walk_t walk = {.list = true};
-        mr_plugin_list_substrates(dirs, visit_substrate, &walk);
+        mr__plugin_list_substrates(dirs, visit_substrate, &walk);
     }
     if (flowctl) {
         printf("#\n# Flow-control policies (MAILRAIL_FLOWCTL):\n");
-        for (int i = 0; mr_flowctl_names[i] != NULL; i++) {
-            const mr_flowctl_ops_t *ops = mr_flowctl_find(mr_flowctl_names[i]);
-            printf("#   %-8s %s\n", mr_flowctl_names[i],
+        for (int i = 0; mr__flowctl_names[i] != NULL; i++) {
+            const mr_flowctl_ops_t *ops = mr__flowctl_find(mr__flowctl_names[i]);
+            printf("#   %-8s %s\n", mr__flowctl_names[i],
                    ops ? ops->description : "not available in this build");
         }
     }
     if (config) {
-        print_table("Core", mr_core_config_table, sizeof(mr_core_config_t), format);
-        print_table("Flow control", mr_flowctl_config_table, sizeof(mr_flowctl_config_t), format);
-        for (int i = 0; mr_flowctl_names[i] != NULL; i++) {
-            const mr_flowctl_ops_t *ops = mr_flowctl_find(mr_flowctl_names[i]);
+        print_table("Core", mr__core_config_table, sizeof(mr_core_config_t), format);
+        print_table("Flow control", mr__flowctl_config_table, sizeof(mr_flowctl_config_t), format);
+        for (int i = 0; mr__flowctl_names[i] != NULL; i++) {
+            const mr_flowctl_ops_t *ops = mr__flowctl_find(mr__flowctl_names[i]);
             char owner[128];
             if (ops == NULL) continue;
             snprintf(owner, sizeof(owner), "Flow control %s", ops->name);
             print_table(owner, ops->config_table, ops->config_size, format);
         }
         info_walk_t walk = {.config = true, .format = format};
-        mr_plugin_list_substrates(dirs, visit_substrate, &walk);
+        mr__plugin_list_substrates(dirs, visit_substrate, &walk);
     }
     free(dirs);
     return 0;

@@ -58,9 +58,9 @@ struct mr_flowctl {
 
 static void node_finalize(mr_flowctl_t *fc)
 {
-    mr_node_segment_unmap(fc->seg);
-    mr_credit_owed_fini(&fc->owed);
-    mr_credit_clock_fini(&fc->clock);
+    mr__node_segment_unmap(fc->seg);
+    mr__credit_owed_fini(&fc->owed);
+    mr__credit_clock_fini(&fc->clock);
     free(fc);
 }
 
@@ -101,28 +101,28 @@ static mr_status_t node_attach(mr_flowctl_t *fc, const mr_flowctl_params_t *para
 
     while (params->node_of_rank[leader] != fc->node) leader++;
     fc->creator = leader == fc->rank;
-    mr_node_segment_name(fc->segment_name, sizeof(fc->segment_name), params->job_id, fc->node);
+    mr__node_segment_name(fc->segment_name, sizeof(fc->segment_name), params->job_id, fc->node);
     if (fc->creator) {
-        mr_node_segment_cleanup_stale();
-        status = mr_node_segment_create(fc->segment_name, params->job_id, fc->node,
+        mr__node_segment_cleanup_stale();
+        status = mr__node_segment_create(fc->segment_name, params->job_id, fc->node,
                                         params->size, fc->per_node, &fc->seg);
         /* Receivers on other hosts grant little to start; on this host, all at once. */
         int my_host = params->host_of_rank[fc->rank];
         for (int r = 0; status == MR_OK && r < params->size; r++) {
             uint32_t n = params->host_of_rank[r] == my_host
                              ? fc->per_node
-                             : mr_credit_initial(fc->per_node, fc->adaptive);
+                             : mr__credit_initial(fc->per_node, fc->adaptive);
             atomic_store(&fc->seg->credits[r].n, n);
         }
     }
     barrier = params->barrier(params->core);
     if (!fc->creator && status == MR_OK && barrier == MR_OK) {
-        status = mr_node_segment_open(fc->segment_name, params->job_id, fc->node, params->size,
+        status = mr__node_segment_open(fc->segment_name, params->job_id, fc->node, params->size,
                                       fc->per_node, &fc->seg);
     }
     if (barrier == MR_OK) barrier = params->barrier(params->core);
     /* Every rank of the node has mapped it (or failed): the name is no longer needed. */
-    if (fc->creator && fc->seg != NULL) mr_node_segment_unlink(fc->segment_name);
+    if (fc->creator && fc->seg != NULL) mr__node_segment_unlink(fc->segment_name);
     return status != MR_OK ? status : barrier;
 }
 
@@ -145,7 +145,7 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     fc->per_node = per_node;
     fc->piggyback = params->piggyback;
     fc->adaptive = ((const node_config_t *)params->config)->credits == 0;
-    fc->local_return_at = mr_credit_return_at(per_node, params->return_threshold);
+    fc->local_return_at = mr__credit_return_at(per_node, params->return_threshold);
     /* Sending nodes on other hosts get adaptive grants, a share per rank; between
        ranks of one host there is no network to protect. A node's ranks share a host. */
     uint32_t *weight = calloc((size_t)params->node_count, sizeof(*weight));
@@ -156,10 +156,10 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     }
     if (weight == NULL) mr_error("Cannot allocate the host map of %d nodes.", params->node_count);
     status = weight == NULL ? MR_ERR_NO_MEMORY
-                            : mr_credit_owed_init(&fc->owed, params->node_count, per_node,
+                            : mr__credit_owed_init(&fc->owed, params->node_count, per_node,
                                                   fc->adaptive, weight, params);
     free(weight);
-    if (status == MR_OK) status = mr_credit_clock_init(&fc->clock, params->size);
+    if (status == MR_OK) status = mr__credit_clock_init(&fc->clock, params->size);
     /* Every rank must reach the barriers in node_attach, even after a local failure. */
     mr_status_t attached = node_attach(fc, params);
     if (status == MR_OK) status = attached;
@@ -182,14 +182,14 @@ static bool node_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
 
     do {
         if (have == 0) {
-            mr_credit_clock_blocked(&fc->clock, dest);
+            mr__credit_clock_blocked(&fc->clock, dest);
             return false;
         }
     } while (!atomic_compare_exchange_weak_explicit(pool, &have, have - 1, memory_order_acq_rel,
                                                     memory_order_relaxed));
-    mr_credit_clock_granted(&fc->clock, dest);
+    mr__credit_clock_granted(&fc->clock, dest);
     /* Credits owed to the destination's node ride along (never to one's own node). */
-    *imm = fc->piggyback && dest_node != fc->node ? mr_credit_owed_take(&fc->owed, dest_node) : 0;
+    *imm = fc->piggyback && dest_node != fc->node ? mr__credit_owed_take(&fc->owed, dest_node) : 0;
     fc->piggybacked += *imm;
     return true;
 }
@@ -209,7 +209,7 @@ static void node_deposit(mr_flowctl_t *fc, int dest, uint32_t n)
 static void node_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
 {
     node_deposit(fc, dest, 1);
-    mr_credit_owed_put_back(&fc->owed, fc->node_of[dest], imm);
+    mr__credit_owed_put_back(&fc->owed, fc->node_of[dest], imm);
     fc->piggybacked -= imm;
 }
 
@@ -217,7 +217,7 @@ static void node_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
 {
     int source_node = fc->node_of[source];
 
-    if (source_node != fc->node) mr_credit_owed_arrived(&fc->owed, source_node, source);
+    if (source_node != fc->node) mr__credit_owed_arrived(&fc->owed, source_node, source);
     if (imm != 0) node_deposit(fc, source, imm);
 }
 
@@ -238,7 +238,7 @@ static void node_on_release(mr_flowctl_t *fc, int source)
             fc->local_owed = 0;
         }
     } else {
-        mr_credit_owed_consume(&fc->owed, source_node, source);
+        mr__credit_owed_consume(&fc->owed, source_node, source);
     }
 }
 
@@ -249,7 +249,7 @@ static void node_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 
 static int node_progress(mr_flowctl_t *fc)
 {
-    return mr_credit_owed_progress(&fc->owed);
+    return mr__credit_owed_progress(&fc->owed);
 }
 
 static void node_stats(mr_flowctl_t *fc, mr_stats_t *stats)
@@ -258,7 +258,7 @@ static void node_stats(mr_flowctl_t *fc, mr_stats_t *stats)
     stats->zero_credit_ns += fc->clock.total_ns;
 }
 
-const mr_flowctl_ops_t mr_flowctl_node_ops = {
+const mr_flowctl_ops_t mr__flowctl_node_ops = {
     .abi_version = MR_FLOWCTL_ABI_VERSION,
     .ops_size = sizeof(mr_flowctl_ops_t),
     .name = "node",

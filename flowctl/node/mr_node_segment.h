@@ -42,26 +42,26 @@ typedef struct mr_node_segment {
 } mr_node_segment_t;
 
 /* The segment's name for a job and node: "/mailrail-<job>-n<node>". */
-void mr_node_segment_name(char *buf, size_t len, const char *job_id, int node);
+void mr__node_segment_name(char *buf, size_t len, const char *job_id, int node);
 
 /* Creates, sizes and fills the segment; sets *out only on MR_OK. */
-mr_status_t mr_node_segment_create(const char *name, const char *job_id, int node, int ranks,
+mr_status_t mr__node_segment_create(const char *name, const char *job_id, int node, int ranks,
                                    uint32_t per_node, mr_node_segment_t **out);
 
 /* Maps a segment another rank created, checking that it is this job's. */
-mr_status_t mr_node_segment_open(const char *name, const char *job_id, int node, int ranks,
+mr_status_t mr__node_segment_open(const char *name, const char *job_id, int node, int ranks,
                                  uint32_t per_node, mr_node_segment_t **out);
 
 /* Removes a segment's name; mappings stay valid. */
-void mr_node_segment_unlink(const char *name);
+void mr__node_segment_unlink(const char *name);
 
 /* Unmaps a segment. */
-void mr_node_segment_unmap(mr_node_segment_t *seg);
+void mr__node_segment_unmap(mr_node_segment_t *seg);
 
 /*
  * Removes the segments of this user whose creator process is dead: what a
  * killed run left behind. Returns how many were removed.
  */
-int mr_node_segment_cleanup_stale(void);
+int mr__node_segment_cleanup_stale(void);
 
 #endif /* MR_NODE_SEGMENT_H */

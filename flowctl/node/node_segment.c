@@ -20,12 +20,12 @@ static size_t segment_bytes(int ranks)
     return sizeof(mr_node_segment_t) + (size_t)ranks * sizeof(mr_node_credit_t);
 }
 
-void mr_node_segment_name(char *buf, size_t len, const char *job_id, int node)
+void mr__node_segment_name(char *buf, size_t len, const char *job_id, int node)
 {
     snprintf(buf, len, "/" MR_NODE_SEGMENT_PREFIX "%s-n%d", job_id, node);
 }
 
-mr_status_t mr_node_segment_create(const char *name, const char *job_id, int node, int ranks,
+mr_status_t mr__node_segment_create(const char *name, const char *job_id, int node, int ranks,
                                    uint32_t per_node, mr_node_segment_t **out)
 {
     size_t bytes = segment_bytes(ranks);
@@ -67,7 +67,7 @@ err_unlink:
     return MR_ERR_SYSTEM;
 }
 
-mr_status_t mr_node_segment_open(const char *name, const char *job_id, int node, int ranks,
+mr_status_t mr__node_segment_open(const char *name, const char *job_id, int node, int ranks,
                                  uint32_t per_node, mr_node_segment_t **out)
 {
     size_t bytes = segment_bytes(ranks);
@@ -105,14 +105,14 @@ mr_status_t mr_node_segment_open(const char *name, const char *job_id, int node,
     return MR_OK;
 }
 
-void mr_node_segment_unlink(const char *name)
+void mr__node_segment_unlink(const char *name)
 {
     if (shm_unlink(name) != 0 && errno != ENOENT) {
         mr_warn("Cannot remove the node credit segment %s: %s.", name, strerror(errno));
     }
 }
 
-void mr_node_segment_unmap(mr_node_segment_t *seg)
+void mr__node_segment_unmap(mr_node_segment_t *seg)
 {
     if (seg != NULL) munmap(seg, segment_bytes(seg->ranks));
 }
@@ -139,7 +139,7 @@ static bool segment_is_stale(const char *name)
     return stale;
 }
 
-int mr_node_segment_cleanup_stale(void)
+int mr__node_segment_cleanup_stale(void)
 {
     DIR *dir = opendir("/dev/shm");
     struct dirent *e;

@@ -69,7 +69,7 @@ static void none_finalize(mr_flowctl_t *fc)
     (void)fc;
 }
 
-const mr_flowctl_ops_t mr_flowctl_none_ops = {
+const mr_flowctl_ops_t mr__flowctl_none_ops = {
     .abi_version = MR_FLOWCTL_ABI_VERSION,
     .ops_size = sizeof(mr_flowctl_ops_t),
     .name = "none",

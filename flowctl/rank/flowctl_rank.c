@@ -44,8 +44,8 @@ struct mr_flowctl {
 
 static void rank_finalize(mr_flowctl_t *fc)
 {
-    mr_credit_owed_fini(&fc->owed);
-    mr_credit_clock_fini(&fc->clock);
+    mr__credit_owed_fini(&fc->owed);
+    mr__credit_clock_fini(&fc->clock);
     free(fc->credits);
     free(fc);
 }
@@ -107,11 +107,11 @@ static mr_status_t rank_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     }
     for (int r = 0; r < params->size; r++) {
         weight[r] = params->host_of_rank[r] != params->host_of_rank[fc->rank];
-        fc->credits[r] = weight[r] != 0 ? mr_credit_initial(per_pair, adaptive) : per_pair;
+        fc->credits[r] = weight[r] != 0 ? mr__credit_initial(per_pair, adaptive) : per_pair;
     }
-    status = mr_credit_owed_init(&fc->owed, params->size, per_pair, adaptive, weight, params);
+    status = mr__credit_owed_init(&fc->owed, params->size, per_pair, adaptive, weight, params);
     free(weight);
-    if (status == MR_OK) status = mr_credit_clock_init(&fc->clock, params->size);
+    if (status == MR_OK) status = mr__credit_clock_init(&fc->clock, params->size);
     if (status != MR_OK) {
         rank_finalize(fc);
         return status;
@@ -125,12 +125,12 @@ static mr_status_t rank_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
 static bool rank_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
 {
     if (fc->credits[dest] == 0) {
-        mr_credit_clock_blocked(&fc->clock, dest);
+        mr__credit_clock_blocked(&fc->clock, dest);
         return false;
     }
-    mr_credit_clock_granted(&fc->clock, dest);
+    mr__credit_clock_granted(&fc->clock, dest);
     fc->credits[dest]--;
-    *imm = fc->piggyback && dest != fc->rank ? mr_credit_owed_take(&fc->owed, dest) : 0;
+    *imm = fc->piggyback && dest != fc->rank ? mr__credit_owed_take(&fc->owed, dest) : 0;
     fc->piggybacked += *imm;
     return true;
 }
@@ -138,7 +138,7 @@ static bool rank_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
 static void rank_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
 {
     fc->credits[dest]++;
-    mr_credit_owed_put_back(&fc->owed, dest, imm);
+    mr__credit_owed_put_back(&fc->owed, dest, imm);
     fc->piggybacked -= imm;
 }
 
@@ -158,14 +158,14 @@ static void rank_refill(mr_flowctl_t *fc, int source, uint32_t n)
 
 static void rank_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
 {
-    if (source != fc->rank) mr_credit_owed_arrived(&fc->owed, source, source);
+    if (source != fc->rank) mr__credit_owed_arrived(&fc->owed, source, source);
     if (imm != 0) rank_refill(fc, source, imm);
 }
 
 static void rank_on_release(mr_flowctl_t *fc, int source)
 {
     if (source == fc->rank) fc->credits[source]++;
-    else mr_credit_owed_consume(&fc->owed, source, source);
+    else mr__credit_owed_consume(&fc->owed, source, source);
 }
 
 static void rank_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
@@ -175,7 +175,7 @@ static void rank_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 
 static int rank_progress(mr_flowctl_t *fc)
 {
-    return mr_credit_owed_progress(&fc->owed);
+    return mr__credit_owed_progress(&fc->owed);
 }
 
 static void rank_stats(mr_flowctl_t *fc, mr_stats_t *stats)
@@ -184,7 +184,7 @@ static void rank_stats(mr_flowctl_t *fc, mr_stats_t *stats)
     stats->zero_credit_ns += fc->clock.total_ns;
 }
 
-const mr_flowctl_ops_t mr_flowctl_rank_ops = {
+const mr_flowctl_ops_t mr__flowctl_rank_ops = {
     .abi_version = MR_FLOWCTL_ABI_VERSION,
     .ops_size = sizeof(mr_flowctl_ops_t),
     .name = "rank",

@@ -1037,20 +1037,20 @@ static int mpi_progress(mr_substrate_t *s, int timeout_ms)
      * MPI has no wait with a timeout that covers all of this, so poll; but
      * let other processes run between polls, since ranks may outnumber cores.
      */
-    deadline = timeout_ms < 0 ? UINT64_MAX : mr_now_ns() + (uint64_t)timeout_ms * MR_NS_PER_MS;
+    deadline = timeout_ms < 0 ? UINT64_MAX : mr__now_ns() + (uint64_t)timeout_ms * MR_NS_PER_MS;
     for (;;) {
         uint64_t now;
         if (rounds < MRMPI_SPIN_YIELDS) {
             sched_yield();
         } else {
-            now = mr_now_ns();
+            now = mr__now_ns();
             if (now >= deadline) return 0;
             nap(deadline - now < (uint64_t)MRMPI_NAP_NS ? (long)(deadline - now) : MRMPI_NAP_NS);
         }
         rounds++;
         events = progress_once(s);
         if (events != 0) return events;
-        if (mr_now_ns() >= deadline) return 0;
+        if (mr__now_ns() >= deadline) return 0;
     }
 }
 
@@ -1070,7 +1070,7 @@ static bool wait_bounded(MPI_Request *req, uint64_t deadline)
             *req = MPI_REQUEST_NULL;
             return rc == MPI_SUCCESS;
         }
-        if (mr_now_ns() >= deadline) {
+        if (mr__now_ns() >= deadline) {
             MPI_Request_free(req);
             *req = MPI_REQUEST_NULL;
             return false;
@@ -1091,7 +1091,7 @@ static unsigned drain_unexpected(mr_substrate_t *s, MPI_Comm comm, uint64_t dead
 {
     unsigned n = 0;
 
-    while (!*leak && mr_now_ns() < deadline) {
+    while (!*leak && mr__now_ns() < deadline) {
         MPI_Message msg;
         MPI_Status st;
         MPI_Request req = MPI_REQUEST_NULL;
@@ -1124,7 +1124,7 @@ static void mpi_close(mr_substrate_t *s)
 
     if (s == NULL) return;
     /* No upcalls here: slots and send buffers go away with the core's pools. */
-    deadline = mr_now_ns() + MRMPI_CLOSE_WAIT_NS;
+    deadline = mr__now_ns() + MRMPI_CLOSE_WAIT_NS;
     if (s->recvs != NULL) {
         for (unsigned i = 0; i < s->nrecv; i++) {
             mpi_recv_t *e = &s->recvs[i];

@@ -638,7 +638,7 @@ static int conn_event(mr_substrate_t *s, tcp_conn_t *c, uint32_t ev)
 /* Whether a dropped connection may be logged: a flood must not flood the log too. */
 static bool drop_log_allowed(mr_substrate_t *s)
 {
-    uint64_t now = mr_now_ns();
+    uint64_t now = mr__now_ns();
 
     if (now - s->drop_log_window >= MR_NS_PER_S) {
         if (s->drop_log_suppressed > 0) {
@@ -835,13 +835,13 @@ static void listener_event(mr_substrate_t *s)
                         "TCP substrate: cannot accept connections (%s); the listener pauses "
                         "for %d ms.",
                         strerror(errno), TCP_LISTEN_PAUSE_MS);
-                listener_pause(s, mr_now_ns());
+                listener_pause(s, mr__now_ns());
                 return;
             }
             MR__LOG(s, MR_LOG_WARN, "TCP substrate: accept failed: %s.", strerror(errno));
             return;
         }
-        now = mr_now_ns();
+        now = mr__now_ns();
         for (unsigned k = 0; k < TCP_MAX_PENDING; k++) {
             if (s->pending[k].fd < 0) {
                 p = &s->pending[k];
@@ -917,7 +917,7 @@ static void connector_retry(mr_substrate_t *s, tcp_conn_t *c, int err, const cha
     c->interest = 0;
     c->state = C_RETRY;
     c->last_err = err;
-    c->retry_at = mr_now_ns() + backoff * MR_NS_PER_MS;
+    c->retry_at = mr__now_ns() + backoff * MR_NS_PER_MS;
     MR__LOG(s, MR_LOG_DEBUG, "TCP substrate: attempt %u to connect to rank %d (%s) failed while "
             "%s: %s; retrying.", c->attempts, c->rank, sin_str(&c->addr, a, sizeof(a)), what,
             err ? strerror(err) : "connection closed by the peer");
@@ -1429,7 +1429,7 @@ static void log_missing(mr_substrate_t *s)
 
 static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
 {
-    uint64_t start = mr_now_ns(), deadline;
+    uint64_t start = mr__now_ns(), deadline;
     struct epoll_event evs[TCP_MAX_EVENTS];
 
     if (s == NULL || s->connect_started) return MR_ERR_INVALID_PARAM;
@@ -1457,7 +1457,7 @@ static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr
     deadline = s->base.timeout_s ? start + (uint64_t)s->base.timeout_s * MR_NS_PER_S : UINT64_MAX;
 
     while (s->nestablished < s->base.size - 1) {
-        uint64_t now = mr_now_ns();
+        uint64_t now = mr__now_ns();
         int n;
 
         if (now >= deadline) {
@@ -1490,7 +1490,7 @@ static mr_status_t tcp_connect(mr_substrate_t *s, const void *addrs, size_t addr
     }
     if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
         MR__LOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d connected to its %d peers in %.3f s.",
-                s->base.rank, s->base.size - 1, (double)(mr_now_ns() - start) / 1e9);
+                s->base.rank, s->base.size - 1, (double)(mr__now_ns() - start) / 1e9);
     }
     return MR_OK;
 }
@@ -1563,7 +1563,7 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
     events += mr__done_drain(s, &s->done, &s->free_reqs);
     events += retry_rx(s);
 
-    now = mr_now_ns();
+    now = mr__now_ns();
     listener_maybe_resume(s, now);
     next = pending_expire(s, now);
     if (s->listen_resume_at != 0 && s->listen_resume_at < next) next = s->listen_resume_at;
@@ -1585,7 +1585,7 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
         n = 0;
     }
     for (int i = 0; i < n; i++) events += dispatch(s, &evs[i]);
-    if (n > 0) pending_expire(s, mr_now_ns());
+    if (n > 0) pending_expire(s, mr__now_ns());
 
     events += drain_failed(s);
     events += mr__done_drain(s, &s->done, &s->free_reqs);

@@ -71,8 +71,8 @@ static void tcp_wire_auth_input(uint8_t msg[TCP_WIRE_NONCE_LEN + 8 + TCP_WIRE_AU
                                 int32_t acceptor)
 {
     memcpy(msg, nonce, TCP_WIRE_NONCE_LEN);
-    mr_put_le32(msg + TCP_WIRE_NONCE_LEN, (uint32_t)connector);
-    mr_put_le32(msg + TCP_WIRE_NONCE_LEN + 4, (uint32_t)acceptor);
+    mr__put_le32(msg + TCP_WIRE_NONCE_LEN, (uint32_t)connector);
+    mr__put_le32(msg + TCP_WIRE_NONCE_LEN + 4, (uint32_t)acceptor);
     memcpy(msg + TCP_WIRE_NONCE_LEN + 8, TCP_WIRE_AUTH_DOMAIN, TCP_WIRE_AUTH_DOMAIN_LEN);
 }
 
@@ -80,12 +80,12 @@ void tcp_wire_auth_encode(uint8_t out[TCP_WIRE_AUTH_LEN], const uint8_t key[TCP_
                           const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
                           int32_t acceptor)
 {
-    mr_put_le32(out, TCP_WIRE_AUTH_MAGIC);
-    mr_put_le16(out + 4, TCP_WIRE_AUTH_VERSION);
-    mr_put_le16(out + 6, 0);
+    mr__put_le32(out, TCP_WIRE_AUTH_MAGIC);
+    mr__put_le16(out + 4, TCP_WIRE_AUTH_VERSION);
+    mr__put_le16(out + 6, 0);
     uint8_t input[TCP_WIRE_NONCE_LEN + 8 + TCP_WIRE_AUTH_DOMAIN_LEN];
 
-    mr_put_le32(out + 8, (uint32_t)connector);
+    mr__put_le32(out + 8, (uint32_t)connector);
     tcp_wire_auth_input(input, nonce, connector, acceptor);
     crypto_auth(out + 12, input, sizeof(input), key);
 }
@@ -98,9 +98,9 @@ mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
     uint8_t input[TCP_WIRE_NONCE_LEN + 8 + TCP_WIRE_AUTH_DOMAIN_LEN];
 
     if (msg == NULL || length < TCP_WIRE_AUTH_LEN) return MR_AGAIN;
-    uint32_t magic = mr_get_le32(msg);
-    uint16_t version = mr_get_le16(msg + 4), reserved = mr_get_le16(msg + 6);
-    int32_t rank = (int32_t)mr_get_le32(msg + 8);
+    uint32_t magic = mr__get_le32(msg);
+    uint16_t version = mr__get_le16(msg + 4), reserved = mr__get_le16(msg + 6);
+    int32_t rank = (int32_t)mr__get_le32(msg + 8);
 
     if (magic != TCP_WIRE_AUTH_MAGIC) {
         return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAGIC, "AUTH magic", magic);
@@ -132,20 +132,20 @@ mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
 void tcp_wire_frame_encode(uint8_t out[TCP_WIRE_HDR_LEN], uint8_t channel, uint8_t kind,
                            uint32_t imm, uint32_t length)
 {
-    mr_put_le32(out, length);
-    mr_put_le32(out + 4, imm);
+    mr__put_le32(out, length);
+    mr__put_le32(out + 4, imm);
     out[8] = kind;
     out[9] = channel;
-    mr_put_le16(out + 10, 0);
+    mr__put_le16(out + 10, 0);
 }
 
 mr_status_t tcp_wire_frame_decode(const uint8_t *buf, size_t avail, size_t max_length,
                                   tcp_wire_frame_t *out, tcp_wire_error_t *err)
 {
     if (buf == NULL || avail < TCP_WIRE_HDR_LEN) return MR_AGAIN;
-    uint32_t length = mr_get_le32(buf), imm = mr_get_le32(buf + 4);
+    uint32_t length = mr__get_le32(buf), imm = mr__get_le32(buf + 4);
     uint8_t kind = buf[8], channel = buf[9];
-    uint16_t reserved = mr_get_le16(buf + 10);
+    uint16_t reserved = mr__get_le16(buf + 10);
 
     if (reserved != 0) {
         return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_RESERVED,

@@ -790,7 +790,7 @@ static bool hdr_parse(mr_substrate_t *s, const char *what, const void *header, s
      * its discovery (rate-limited for failures a pidfd cannot show).
      */
     if (h.failures_seen > s->failures_seen && s->npidfds > 0) {
-        uint64_t now = mr_now_ns();
+        uint64_t now = mr__now_ns();
         if (now >= s->next_hinted_check) {
             s->next_hinted_check = now + UCX_HINTED_CHECK_US * 1000;
             check_events(s, 0);
@@ -1443,7 +1443,7 @@ static mr_status_t round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadlin
             if (!sent || !p->got[kind]) waiting++;
         }
         if (waiting == 0) return MR_OK;
-        if (mr_now_ns() >= deadline) {
+        if (mr__now_ns() >= deadline) {
             char list[512];
             size_t used = 0;
             int listed = 0;
@@ -1532,7 +1532,7 @@ static void peer_watch_process(mr_substrate_t *s, ucx_peer_t *p, uint64_t pidns)
 
 static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
 {
-    uint64_t start = mr_now_ns(), deadline;
+    uint64_t start = mr__now_ns(), deadline;
     mr_status_t st;
 
     if (s == NULL || s->connect_started) return MR_ERR_INVALID_PARAM;
@@ -1573,7 +1573,7 @@ static mr_status_t ucx_connect(mr_substrate_t *s, const void *addrs, size_t addr
     if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
         MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d connected to its %d peers in %.3f s "
                 "(%zu watched through pidfds).", s->base.rank, s->base.size - 1,
-                (double)(mr_now_ns() - start) / 1e9, s->npidfds);
+                (double)(mr__now_ns() - start) / 1e9, s->npidfds);
     }
     return MR_OK;
 }
@@ -1688,7 +1688,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
         for (int i = 0; i < UCX_PROGRESS_BURST && !rx_paused(s); i++) {
             if (ucp_worker_progress(s->worker) == 0) break;
         }
-        if (s->npidfds > 0 && (now = mr_coarse_now_ns()) >= s->next_pidfd_check) {
+        if (s->npidfds > 0 && (now = mr__coarse_now_ns()) >= s->next_pidfd_check) {
             s->next_pidfd_check = now + UCX_PIDFD_CHECK_MS * MR_NS_PER_MS;
             check_events(s, 0);
         }
@@ -1707,7 +1707,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
             ucs_status_t us = ucp_worker_arm(s->worker);
             if (us == UCS_OK) {
                 check_events(s, timeout_ms);
-                s->next_pidfd_check = mr_coarse_now_ns() + UCX_PIDFD_CHECK_MS * MR_NS_PER_MS;
+                s->next_pidfd_check = mr__coarse_now_ns() + UCX_PIDFD_CHECK_MS * MR_NS_PER_MS;
             } else if (us != UCS_ERR_BUSY) {
                 sched_yield();
             }
@@ -1743,7 +1743,7 @@ static void ucx_close(mr_substrate_t *s)
     if (s->worker != NULL) {
         unsigned flush_s = s->base.timeout_s < UCX_CLOSE_FLUSH_S ? s->base.timeout_s
                                                                  : UCX_CLOSE_FLUSH_S;
-        uint64_t deadline = mr_now_ns() + (uint64_t)(flush_s ? flush_s : 1) * MR_NS_PER_S;
+        uint64_t deadline = mr__now_ns() + (uint64_t)(flush_s ? flush_s : 1) * MR_NS_PER_S;
         bool bye_done = false;
 
         /* UCX buffers still held: queued arrivals nobody will receive. */
@@ -1790,7 +1790,7 @@ static void ucx_close(mr_substrate_t *s)
             if (UCS_PTR_IS_PTR(sp)) p->close_req = sp;
         }
         /* Short: after a failure the other ranks may be anywhere, not waiting for us. */
-        deadline = mr_now_ns() + UCX_CLOSE_EP_MS * MR_NS_PER_MS;
+        deadline = mr__now_ns() + UCX_CLOSE_EP_MS * MR_NS_PER_MS;
         for (;;) {
             int left = 0;
             while (ucp_worker_progress(s->worker) != 0) {
@@ -1799,7 +1799,7 @@ static void ucx_close(mr_substrate_t *s)
                 if (!req_done(&s->peers[r].close_req, NULL)) left++;
             }
             if (left == 0 && !rx_any_receiving(s)) break;
-            if (mr_now_ns() >= deadline) {
+            if (mr__now_ns() >= deadline) {
                 /* Destroying the worker releases them by force. */
                 MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %d endpoints did not close within %d ms.",
                         left, UCX_CLOSE_EP_MS);

@@ -33,13 +33,13 @@ uint32_t mr__ucx_wire_hello_token(const uint8_t *job_key, size_t key_len)
 
 size_t mr__ucx_wire_addr_encode(uint8_t *out, const ucx_wire_addr_t *a)
 {
-    mr_put_le32(out, UCX_WIRE_ADDR_MAGIC);
+    mr__put_le32(out, UCX_WIRE_ADDR_MAGIC);
     out[4] = UCX_WIRE_ADDR_VERSION;
     out[5] = out[6] = out[7] = 0;
-    mr_put_le32(out + 8, a->pid);
-    mr_put_le32(out + 12, (uint32_t)a->worker_len);
-    mr_put_le64(out + 16, a->boot_hash);
-    mr_put_le64(out + 24, a->pidns);
+    mr__put_le32(out + 8, a->pid);
+    mr__put_le32(out + 12, (uint32_t)a->worker_len);
+    mr__put_le64(out + 16, a->boot_hash);
+    mr__put_le64(out + 24, a->pidns);
     if (a->worker_len > 0) memcpy(out + UCX_WIRE_ADDR_HDR_LEN, a->worker, a->worker_len);
     return UCX_WIRE_ADDR_HDR_LEN + a->worker_len;
 }
@@ -55,7 +55,7 @@ mr_status_t mr__ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_a
                              "address blob shorter than 32 bytes",
                              b == NULL ? 0 : (long long)length);
     }
-    magic = mr_get_le32(b);
+    magic = mr__get_le32(b);
     if (magic != UCX_WIRE_ADDR_MAGIC) {
         return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_MAGIC, "address magic", magic);
     }
@@ -63,14 +63,14 @@ mr_status_t mr__ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_a
         return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_VERSION, "address version",
                              b[4]);
     }
-    n = mr_get_le32(b + 12);
+    n = mr__get_le32(b + 12);
     if (n == 0 || n > length - UCX_WIRE_ADDR_HDR_LEN) {
         return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_LENGTH,
                              "worker address length", n);
     }
-    out->pid = mr_get_le32(b + 8);
-    out->boot_hash = mr_get_le64(b + 16);
-    out->pidns = mr_get_le64(b + 24);
+    out->pid = mr__get_le32(b + 8);
+    out->boot_hash = mr__get_le64(b + 16);
+    out->pidns = mr__get_le64(b + 24);
     out->worker = b + UCX_WIRE_ADDR_HDR_LEN;
     out->worker_len = n;
     return MR_OK;
@@ -82,8 +82,8 @@ mr_status_t mr__ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_a
 void mr__ucx_wire_hdr_encode(uint8_t out[UCX_WIRE_HDR_LEN], const ucx_wire_hdr_t *h)
 {
     out[0] = h->kind;
-    mr_put_le32(out + 1, h->imm);
-    mr_put_le32(out + 5, (uint32_t)h->source);
+    mr__put_le32(out + 1, h->imm);
+    mr__put_le32(out + 5, (uint32_t)h->source);
     out[9] = h->failures_seen;
 }
 
@@ -97,12 +97,12 @@ mr_status_t mr__ucx_wire_hdr_decode(const void *header, size_t length, int32_t r
         return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_HDR_LEN, "header length",
                              (long long)length);
     }
-    source = (int32_t)mr_get_le32(h + 5);
+    source = (int32_t)mr__get_le32(h + 5);
     if (source < 0 || source >= size || source == rank) {
         return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_SOURCE, "source rank", source);
     }
     out->kind = h[0];
-    out->imm = mr_get_le32(h + 1);
+    out->imm = mr__get_le32(h + 1);
     out->source = source;
     out->failures_seen = h[9];
     return MR_OK;

@@ -18,14 +18,14 @@ static const mr_config_entry_t *fuzz_entry(unsigned pick)
     static size_t count;
 
     if (count == 0) {
-        for (const mr_config_entry_t *e = mr_core_config_table; e->name && count < 64; e++) {
+        for (const mr_config_entry_t *e = mr__core_config_table; e->name && count < 64; e++) {
             all[count++] = e;
         }
-        for (const mr_config_entry_t *e = mr_flowctl_config_table; e->name && count < 64; e++) {
+        for (const mr_config_entry_t *e = mr__flowctl_config_table; e->name && count < 64; e++) {
             all[count++] = e;
         }
-        for (int i = 0; mr_flowctl_names[i] != NULL; i++) {
-            const mr_flowctl_ops_t *ops = mr_flowctl_find(mr_flowctl_names[i]);
+        for (int i = 0; mr__flowctl_names[i] != NULL; i++) {
+            const mr_flowctl_ops_t *ops = mr__flowctl_find(mr__flowctl_names[i]);
             for (const mr_config_entry_t *e = ops && ops->config_table ? ops->config_table : NULL;
                  e != NULL && e->name && count < 64; e++) {
                 all[count++] = e;
@@ -51,13 +51,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(value, data + 1, n);
     value[n] = '\0';
     memset(&cfg, 0, sizeof(cfg));
-    if (mr_config_parse_value(e, value, &cfg, err, sizeof(err)) != MR_OK) {
+    if (mr__config_parse_value(e, value, &cfg, err, sizeof(err)) != MR_OK) {
         if (strstr(err, e->name) == NULL) abort();
         return 0;
     }
-    mr_config_format_value(e, &cfg, printed, sizeof(printed));
+    mr__config_format_value(e, &cfg, printed, sizeof(printed));
     memset(&again, 0, sizeof(again));
-    if (mr_config_parse_value(e, printed, &again, err, sizeof(err)) != MR_OK) abort();
+    if (mr__config_parse_value(e, printed, &again, err, sizeof(err)) != MR_OK) abort();
     if (memcmp(&cfg, &again, sizeof(cfg)) != 0) abort();
     return 0;
 }

@@ -4,7 +4,7 @@
  * and the malformed inputs a hostile or broken peer could send. The files are
  * committed; rerun this after a change of the wire format:
  *
- *     cc -std=c11 -D_GNU_SOURCE -Icore -Icore/include -Isubstrates/common -Isubstrates/tcp \
+ *     cc -std=c11 -D_GNU_SOURCE -Icore/include -Icore/plugin -Isubstrates/common -Isubstrates/tcp \
  *        -Itests/fuzz tests/fuzz/make_tcp_wire_corpus.c substrates/tcp/tcp_wire.c -lsodium \
  *        -o /tmp/make_corpus
  *     /tmp/make_corpus tests/fuzz/corpus/tcp_wire

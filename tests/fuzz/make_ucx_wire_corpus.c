@@ -5,7 +5,7 @@
  * send. The files are committed; rerun this after a change of the wire
  * format:
  *
- *     cc -std=c11 -D_GNU_SOURCE -Icore -Icore/include -Isubstrates/common -Isubstrates/ucx \
+ *     cc -std=c11 -D_GNU_SOURCE -Icore/include -Icore/plugin -Isubstrates/common -Isubstrates/ucx \
  *        -Itests/fuzz tests/fuzz/make_ucx_wire_corpus.c substrates/ucx/ucx_wire.c \
  *        -o /tmp/make_corpus
  *     /tmp/make_corpus tests/fuzz/corpus/ucx_wire

@@ -12,7 +12,7 @@ out=${2:-build-fuzz}
 generated=${3:-build/flowctl}
 mkdir -p "$out"
 cc="clang -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
-inc="-Icore -Icore/include -Iflowctl -Iflowctl/node -I$generated -Itools -Isubstrates/common"
+inc="-Icore -Icore/include -Icore/plugin -Iflowctl -Iflowctl/node -I$generated -Itools -Isubstrates/common"
 core="core/config.c core/log.c flowctl/flowctl_registry.c flowctl/flowctl_settings.c
       flowctl/credit.c flowctl/none/flowctl_none.c
       flowctl/rank/flowctl_rank.c flowctl/node/flowctl_node.c flowctl/node/node_segment.c"

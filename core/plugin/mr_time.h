@@ -11,7 +11,7 @@
 #define MR_NS_PER_S UINT64_C(1000000000)
 
 /* Nanoseconds on CLOCK_MONOTONIC. */
-static inline uint64_t mr_now_ns(void)
+static inline uint64_t mr__now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -23,7 +23,7 @@ static inline uint64_t mr_now_ns(void)
  * but only a memory read, so that periodic checks on the progress path cost
  * next to nothing.
  */
-static inline uint64_t mr_coarse_now_ns(void)
+static inline uint64_t mr__coarse_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);

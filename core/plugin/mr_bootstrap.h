@@ -10,7 +10,7 @@
 #define MR_BOOTSTRAP_H
 
 #include "mailrail.h"
-#include "mr_log.h"
+#include "mr_log_level.h"
 
 #include <stdbool.h>
 #include <stddef.h>

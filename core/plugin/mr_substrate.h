@@ -19,8 +19,8 @@
 #define MR_SUBSTRATE_H
 
 #include "mailrail.h"
-#include "mr_config.h"
-#include "mr_log.h"
+#include "mr_config_entry.h"
+#include "mr_log_level.h"
 
 #include <stdbool.h>
 #include <stddef.h>
