@@ -63,14 +63,6 @@ void mr__substrate_stats(mr_substrate_t *s, mr_stats_t *stats)
     }
 }
 
-void mr__done_push(mr__done_queue_t *q, mr__sreq_t *r)
-{
-    r->next = NULL;
-    if (q->tail != NULL) q->tail->next = r;
-    else q->head = r;
-    q->tail = r;
-}
-
 int mr__done_drain(mr_substrate_t *s, mr__done_queue_t *q, mr__sreq_t **free_list)
 {
     const mr__substrate_base_t *b = mr__base_of(s);

@@ -117,7 +117,13 @@ static inline bool mr__done_empty(const mr__done_queue_t *q)
 }
 
 /* Appends a completed send; no upcall runs (safe inside send()). */
-void mr__done_push(mr__done_queue_t *q, mr__sreq_t *r);
+static inline void mr__done_push(mr__done_queue_t *q, mr__sreq_t *r)
+{
+    r->next = NULL;
+    if (q->tail != NULL) q->tail->next = r;
+    else q->head = r;
+    q->tail = r;
+}
 
 /*
  * Reports the queued completions: each request goes back to `free_list`,

@@ -79,31 +79,4 @@ mr_status_t mr__ucx_wire_addr_decode(const void *blob, size_t length, ucx_wire_a
 /* ------------------------------------------------------------------------ */
 /* The message header.                                                       */
 
-void mr__ucx_wire_hdr_encode(uint8_t out[UCX_WIRE_HDR_LEN], const ucx_wire_hdr_t *h)
-{
-    out[0] = h->kind;
-    mr__put_le32(out + 1, h->imm);
-    mr__put_le32(out + 5, (uint32_t)h->source);
-    out[9] = h->failures_seen;
-}
-
-mr_status_t mr__ucx_wire_hdr_decode(const void *header, size_t length, int32_t rank,
-                                    int32_t size, ucx_wire_hdr_t *out, ucx_wire_error_t *err)
-{
-    const uint8_t *h = header;
-    int32_t source;
-
-    if (h == NULL || length != UCX_WIRE_HDR_LEN) {
-        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_HDR_LEN, "header length",
-                             (long long)length);
-    }
-    source = (int32_t)mr__get_le32(h + 5);
-    if (source < 0 || source >= size || source == rank) {
-        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_SOURCE, "source rank", source);
-    }
-    out->kind = h[0];
-    out->imm = mr__get_le32(h + 1);
-    out->source = source;
-    out->failures_seen = h[9];
-    return MR_OK;
-}
+/* The header's encoder and decoder are inline in ucx_wire.h: they run on every message. */
