@@ -82,20 +82,14 @@ mr_status_t mr_get_stats(mr_stats_t *stats)
 
 mr_status_t mr_check_setting(const char *name, const char *value)
 {
-    const mr_config_entry_t *tables[2 + 8] = {mr__core_config_table, mr__flowctl_config_table};
-    size_t sizes[2 + 8] = {sizeof(mr_core_config_t), sizeof(mr_flowctl_config_t)};
-    size_t ntables = 2;
+    const mr_config_entry_t *tables[RT_SETTING_TABLES_MAX];
+    size_t sizes[RT_SETTING_TABLES_MAX];
+    size_t ntables = rt_setting_tables(tables, sizes, RT_SETTING_TABLES_MAX);
     char err[512];
 
     if (name == NULL || value == NULL) {
         mr_error("mr_check_setting(): the name or the value is NULL.");
         return MR_ERR_INVALID_PARAM;
-    }
-    for (size_t i = 0; mr__flowctl_names[i] != NULL && ntables < 10; i++) {
-        const mr_flowctl_ops_t *policy = mr__flowctl_find(mr__flowctl_names[i]);
-        if (policy == NULL || policy->config_table == NULL) continue;
-        tables[ntables] = policy->config_table;
-        sizes[ntables++] = policy->config_size;
     }
     for (size_t t = 0; t < ntables; t++) {
         const mr_config_entry_t *e = mr__config_find(tables[t], name);

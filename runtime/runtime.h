@@ -148,6 +148,13 @@ mr_status_t rt_exchange_addresses(const uint8_t *addr, size_t len);
 mr_status_t rt_barrier(void *core);
 
 /* settings_check.c: settings no module declares, and those that must agree. */
+#define RT_SETTING_TABLES_MAX 8
+/*
+ * Fills tables[] and sizes[] (their structs' sizes) with the settings tables
+ * of the core, of flow control and of every policy, at most `max`. Returns
+ * how many.
+ */
+size_t rt_setting_tables(const mr_config_entry_t **tables, size_t *sizes, size_t max);
 void rt_warn_unknown_settings(void);
 mr_status_t rt_agree_settings(void);
 

@@ -56,17 +56,29 @@ static bool rt_declared_by_other_substrate(void *arg, const char *name)
  * flow-control policy or of a substrate plugin declares. A substrate may hand
  * a prefix on to a library that checks it (MAILRAIL_UCX_* to UCX).
  */
+size_t rt_setting_tables(const mr_config_entry_t **tables, size_t *sizes, size_t max)
+{
+    size_t n = 0;
+
+    if (n < max) tables[n] = mr__core_config_table, sizes[n++] = sizeof(mr_core_config_t);
+    if (n < max) tables[n] = mr__flowctl_config_table, sizes[n++] = sizeof(mr_flowctl_config_t);
+    for (size_t i = 0; mr__flowctl_names[i] != NULL && n < max; i++) {
+        const mr_flowctl_ops_t *policy = mr__flowctl_find(mr__flowctl_names[i]);
+        if (policy == NULL || policy->config_table == NULL) continue;
+        tables[n] = policy->config_table;
+        sizes[n++] = policy->config_size;
+    }
+    return n;
+}
+
 void rt_warn_unknown_settings(void)
 {
-    const mr_config_entry_t *tables[8] = {mr__core_config_table, mr__flowctl_config_table,
-                                          rt.substrate->config_table};
+    const mr_config_entry_t *tables[RT_SETTING_TABLES_MAX + 1];
+    size_t sizes[RT_SETTING_TABLES_MAX];
     const char *skip[2] = {NULL, NULL};
-    size_t ntables = 3;
+    size_t ntables = rt_setting_tables(tables, sizes, RT_SETTING_TABLES_MAX);
 
-    for (size_t i = 0; mr__flowctl_names[i] != NULL && ntables < 8; i++) {
-        const mr_flowctl_ops_t *policy = mr__flowctl_find(mr__flowctl_names[i]);
-        if (policy != NULL && policy->config_table != NULL) tables[ntables++] = policy->config_table;
-    }
+    tables[ntables++] = rt.substrate->config_table;
     if (MR_SUBSTRATE_OPS_HAS(rt.substrate, settings_passthrough_prefix)) {
         skip[0] = rt.substrate->settings_passthrough_prefix;
     }

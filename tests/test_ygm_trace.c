@@ -402,13 +402,17 @@ START_TEST(ygm_comm_trace_only)
 }
 END_TEST
 
-/* Refuses `w`'s trace, naming the file and offset `at`, with `why` in the message. */
-static void expect_refused(ygm_writer_t *w, ygm_layout_t layout, int nranks, size_t at,
-                           const char *why)
+/*
+ * Finishes the trace in `w` and asserts that it is refused at its last record,
+ * a rank check that names the record and says `why`.
+ */
+static void expect_refused(ygm_writer_t *w, ygm_layout_t layout, int nranks, const char *why)
 {
+    size_t at = w_last(w);
     ygm_trace_t t;
     char err[1024] = "", where[64];
 
+    w_finish(w);
     ck_assert_int_eq(ygm_trace_parse((uint8_t *)w->buf, w->len, layout, nranks, "bad.bin", &t,
                                      err, sizeof(err)), -1);
     snprintf(where, sizeof(where), "bad.bin: record at offset %zu names rank ", at);
@@ -421,36 +425,27 @@ static void expect_refused(ygm_writer_t *w, ygm_layout_t layout, int nranks, siz
 START_TEST(ygm_completion_rule_is_strict)
 {
     ygm_writer_t w;
-    size_t at;
 
     /* Out-of-range ranks in other kinds: refused, whatever came before. */
     w_init(&w, 2, 2);
     w_send(&w, 1, 64);
     w_async(&w, 200004, 64);
-    at = w_last(&w);
-    w_finish(&w);
-    expect_refused(&w, YGM_LAYOUT_OLD, 2, at, "names rank 200004, outside 0..1");
+    expect_refused(&w, YGM_LAYOUT_OLD, 2, "names rank 200004, outside 0..1");
     w_init(&w, 2, 2);
     w_send(&w, 1, 64);
     w_recv(&w, 200004, 64);
-    at = w_last(&w);
-    w_finish(&w);
-    expect_refused(&w, YGM_LAYOUT_OLD, 2, at, "names rank 200004, outside 0..1");
+    expect_refused(&w, YGM_LAYOUT_OLD, 2, "names rank 200004, outside 0..1");
     w_init(&w, 2, 2);
     w_send(&w, 1, 64);
     w_async(&w, -1, 64);
-    at = w_last(&w);
-    w_finish(&w);
-    expect_refused(&w, YGM_LAYOUT_AUTO, 2, at, "names rank -1");
+    expect_refused(&w, YGM_LAYOUT_AUTO, 2, "names rank -1");
 
     /* A type-1 record out of range with no send before it. */
     w_init(&w, 2, 2);
     w_async(&w, 1, 8);
     w.pending_req[0] = 200004, w.pending_size[0] = 64, w.npending = 1; /* A send never logged. */
     w_complete(&w, true);
-    at = w_last(&w);
-    w_finish(&w);
-    expect_refused(&w, YGM_LAYOUT_OLD, 2, at, "no earlier MPI send awaits completion");
+    expect_refused(&w, YGM_LAYOUT_OLD, 2, "no earlier MPI send awaits completion");
 
     /* Two completions of one send. */
     w_init(&w, 2, 2);
@@ -458,18 +453,14 @@ START_TEST(ygm_completion_rule_is_strict)
     w_complete(&w, true);
     w.pending_req[0] = w.completion_req[0], w.pending_size[0] = 64, w.npending = 1;
     w_complete(&w, true);
-    at = w_last(&w);
-    w_finish(&w);
-    expect_refused(&w, YGM_LAYOUT_OLD, 2, at, "no earlier MPI send awaits completion");
+    expect_refused(&w, YGM_LAYOUT_OLD, 2, "no earlier MPI send awaits completion");
 
     /* No send of that size is waiting. */
     w_init(&w, 2, 2);
     w_send(&w, 1, 64);
     w.pending_size[0] = 65;
     w_complete(&w, true);
-    at = w_last(&w);
-    w_finish(&w);
-    expect_refused(&w, YGM_LAYOUT_OLD, 2, at, "no earlier MPI send of that size awaits completion");
+    expect_refused(&w, YGM_LAYOUT_OLD, 2, "no earlier MPI send of that size awaits completion");
 
     /* Sends complete in order: once a later send completed, an earlier one cannot. */
     w_init(&w, 2, 2);
@@ -480,35 +471,27 @@ START_TEST(ygm_completion_rule_is_strict)
     w_complete(&w, true); /* Completes the 200-byte send, so the 100-byte one is done. */
     w.pending_req[0] = 2, w.pending_size[0] = 100; /* The 100-byte send again. */
     w_complete(&w, true);
-    at = w_last(&w);
-    w_finish(&w);
-    expect_refused(&w, YGM_LAYOUT_OLD, 2, at, "no earlier MPI send of that size");
+    expect_refused(&w, YGM_LAYOUT_OLD, 2, "no earlier MPI send of that size");
 
     /* A request id that YGM's counter cannot have produced on this rank. */
     w_init(&w, 2, 2);
     w_send(&w, 1, 64);
     w.pending_req[0] = 200005; /* Odd; every id of this counter is even. */
     w_complete(&w, true);
-    at = w_last(&w);
-    w_finish(&w);
-    expect_refused(&w, YGM_LAYOUT_OLD, 2, at, "not from one YGM id counter");
+    expect_refused(&w, YGM_LAYOUT_OLD, 2, "not from one YGM id counter");
 
     /* Without the number of ranks, a completion cannot be told from a bad send. */
     w_init(&w, 2, 2);
     w_send(&w, 1, 64);
     w.pending_req[0] = -4;
     w_complete(&w, true);
-    at = w_last(&w);
-    w_finish(&w);
-    expect_refused(&w, YGM_LAYOUT_OLD, 0, at, "the number of ranks is not known");
+    expect_refused(&w, YGM_LAYOUT_OLD, 0, "the number of ranks is not known");
 
     /* The newer layout has its own completion type: type 1 out of range is refused. */
     w_init(&w, 2, 2);
     w_send(&w, 1, 64);
     w_complete(&w, true);
-    at = w_last(&w);
-    w_finish(&w);
-    expect_refused(&w, YGM_LAYOUT_NEW, 2, at, "names rank 2, outside 0..1");
+    expect_refused(&w, YGM_LAYOUT_NEW, 2, "names rank 2, outside 0..1");
 }
 END_TEST
 

@@ -41,15 +41,13 @@ for substrate in ${substrates//,/ }; do
                 a+=("$(rate "$before" "$substrate" "$policy" "$size")")
                 b+=("$(rate "$after" "$substrate" "$policy" "$size")")
             done
-            printf '%s\n' "${a[@]}" >/tmp/perf_ab.$$.a
-            printf '%s\n' "${b[@]}" >/tmp/perf_ab.$$.b
-            awk -v s="$substrate" -v p="$policy" -v z="$size" '
-                FNR == 1 { f++ }
-                { v = $1 + 0; if (!(f in hi) || v > hi[f]) hi[f] = v; if (!(f in lo) || v < lo[f]) lo[f] = v }
+            # One line per run: the build (1 before, 2 after), then the rate.
+            { printf '1 %s\n' "${a[@]}"; printf '2 %s\n' "${b[@]}"; } |
+                awk -v s="$substrate" -v p="$policy" -v z="$size" '
+                { f = $1; v = $2 + 0
+                  if (!(f in hi) || v > hi[f]) hi[f] = v; if (!(f in lo) || v < lo[f]) lo[f] = v }
                 END { printf "%-6s %-5s %6s  %10.0f-%-12.0f %10.0f-%-12.0f %.3f\n",
-                      s, p, z, hi[1], lo[1], hi[2], lo[2], hi[2] / hi[1] }' \
-                /tmp/perf_ab.$$.a /tmp/perf_ab.$$.b
+                      s, p, z, hi[1], lo[1], hi[2], lo[2], hi[2] / hi[1] }'
         done
     done
 done
-rm -f /tmp/perf_ab.$$.a /tmp/perf_ab.$$.b
