@@ -38,7 +38,7 @@ static void rt_recv_free(uint32_t idx)
     mr__pool_put(&rt.recv_pool, idx);
 }
 
-static void rt_arrival_push(uint32_t idx, int source, size_t length)
+void rt_queue_push(rt_queue_t *q, uint32_t idx, int source, size_t length)
 {
     rt_recv_t *r = &rt.recvs[idx];
 
@@ -46,18 +46,18 @@ static void rt_arrival_push(uint32_t idx, int source, size_t length)
     r->source = source;
     r->length = (uint32_t)length;
     r->next = MR_NIL;
-    if (rt.arrival_tail == MR_NIL) rt.arrival_head = idx;
-    else rt.recvs[rt.arrival_tail].next = idx;
-    rt.arrival_tail = idx;
+    if (q->tail == MR_NIL) q->head = idx;
+    else rt.recvs[q->tail].next = idx;
+    q->tail = idx;
 }
 
-uint32_t rt_arrival_pop(void)
+uint32_t rt_queue_pop(rt_queue_t *q)
 {
-    uint32_t idx = rt.arrival_head;
+    uint32_t idx = q->head;
 
     if (idx == MR_NIL) return MR_NIL;
-    rt.arrival_head = rt.recvs[idx].next;
-    if (rt.arrival_head == MR_NIL) rt.arrival_tail = MR_NIL;
+    q->head = rt.recvs[idx].next;
+    if (q->head == MR_NIL) q->tail = MR_NIL;
     return idx;
 }
 
@@ -95,7 +95,6 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
     uint32_t idx;
 
     (void)core;
-    (void)kind;
     if (handle == NULL) {
         idx = mr__pool_index(&rt.recv_pool, data);
         if (idx == MR_NIL || rt.recvs[idx].state != RECV_FILLING) {
@@ -111,12 +110,21 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
         rt.recvs[idx].foreign = data;
         mr__ptrmap_put(&rt.foreign, data, idx);
     }
-    rt_arrival_push(idx, source, length);
+    /* The credit was spent whatever the datagram holds. */
+    rt.recvs[idx].source = source;
     rt.flowctl->on_arrival(rt.fc, source, imm);
+    if (kind == MR_KIND_DATA) {
+        rt_queue_push(&rt.arrivals, idx, source, length);
+    } else if (kind == MR_KIND_ITEMS) {
+        rt_items_arrived(idx, source, length);
+    } else {
+        mr_error("Rank %d sent a message of unknown kind %u; it is dropped.", source, kind);
+        rt_recv_release(idx);
+    }
     return MR_OK;
 }
 
-static void rt_send_free(uint32_t idx)
+void rt_send_free(uint32_t idx)
 {
     rt.sends[idx].state = SEND_FREE;
     mr__pool_put(&rt.send_pool, idx);
@@ -174,7 +182,7 @@ static mr_status_t rt_deliver_self(uint32_t idx)
 
     if (r == MR_NIL) return MR_AGAIN;
     memcpy(rt.recvs[r].data, mr__pool_slot(&rt.send_pool, idx), rt.sends[idx].length);
-    rt_arrival_push(r, rt.rank, rt.sends[idx].length);
+    rt_queue_push(&rt.arrivals, r, rt.rank, rt.sends[idx].length);
     rt_send_free(idx);
     return MR_OK;
 }
@@ -195,7 +203,7 @@ static mr_status_t rt_transmit(uint32_t idx)
     if (dest == rt.rank) {
         status = rt_deliver_self(idx);
     } else {
-        status = rt.substrate->send(rt.sub, dest, MR_KIND_DATA, imm,
+        status = rt.substrate->send(rt.sub, dest, s->kind, imm,
                                     mr__pool_slot(&rt.send_pool, idx), s->length, s);
         if (status == MR_OK) {
             s->state = SEND_INFLIGHT;
@@ -292,7 +300,6 @@ static mr_status_t rt_reserved_slot(const char *fn, const void *buffer, uint32_t
 mr_status_t mr_send(void *buffer, size_t length, int dest)
 {
     uint32_t idx;
-    rt_send_t *s;
     mr_status_t status;
 
     RT_CHECK_READY("mr_send()");
@@ -311,9 +318,17 @@ mr_status_t mr_send(void *buffer, size_t length, int dest)
         /* The failure itself was logged once, when it was detected. */
         return MR_ERR_PEER_FAILED;
     }
-    s = &rt.sends[idx];
+    return rt_submit(idx, length, dest, MR_KIND_DATA);
+}
+
+mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
+{
+    rt_send_t *s = &rt.sends[idx];
+    mr_status_t status;
+
     s->dest = dest;
     s->length = (uint32_t)length;
+    s->kind = (uint8_t)kind;
 
     /* Older deferred messages go first; a new one never overtakes them. */
     if (rt.deferq.depth > 0) rt_drain(false);
@@ -336,8 +351,16 @@ mr_status_t mr_send(void *buffer, size_t length, int dest)
     return MR_OK;
 }
 
-/* Reports one not yet reported peer failure. */
-static bool rt_report_failure(void)
+void rt_idle(void)
+{
+    /* When ranks outnumber cores, an idle poll loop must let the others run. */
+    if (++rt.idle_polls >= 64) {
+        rt.idle_polls = 0;
+        sched_yield();
+    }
+}
+
+bool rt_report_failure(void)
 {
     if (rt.failures_unreported == 0) return false;
     for (int r = 0; r < rt.size; r++) {
@@ -361,18 +384,14 @@ mr_status_t mr_receive(mr_message_t *message)
         return MR_ERR_INVALID_PARAM;
     }
     /* Progress on every call while idle, and regularly while messages are queued. */
-    if (rt.arrival_head == MR_NIL || (++rt.receive_calls & 15) == 0) {
+    if (rt.arrivals.head == MR_NIL || (++rt.receive_calls & 15) == 0) {
         events = rt_progress(0);
         if (events < 0) return (mr_status_t)events;
     }
     if (rt_report_failure()) return MR_ERR_PEER_FAILED;
-    idx = rt_arrival_pop();
+    idx = rt_queue_pop(&rt.arrivals);
     if (idx == MR_NIL) {
-        /* When ranks outnumber cores, an idle poll loop must let the others run. */
-        if (++rt.idle_polls >= 64) {
-            rt.idle_polls = 0;
-            sched_yield();
-        }
+        rt_idle();
         return MR_AGAIN;
     }
     rt.idle_polls = 0;
@@ -394,12 +413,12 @@ mr_status_t mr_wait(int timeout_ms)
         mr_error("mr_wait(): the timeout is %d ms; give 0 to 60000.", timeout_ms);
         return MR_ERR_INVALID_PARAM;
     }
-    if (rt.arrival_head != MR_NIL || rt.failures_unreported > 0) return MR_OK;
+    if (rt.arrivals.head != MR_NIL || rt.failures_unreported > 0) return MR_OK;
     /* Deferred sends that found credit count as news: do not sleep on them. */
     int moved = rt.deferq.depth > 0 ? rt_drain(true) : 0;
     events = rt_progress(moved > 0 ? 0 : timeout_ms);
     if (events < 0) return (mr_status_t)events;
-    bool news = events + moved > 0 || rt.arrival_head != MR_NIL || rt.failures_unreported > 0;
+    bool news = events + moved > 0 || rt.arrivals.head != MR_NIL || rt.failures_unreported > 0;
     return news ? MR_OK : MR_AGAIN;
 }
 

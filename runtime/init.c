@@ -136,7 +136,8 @@ static mr_status_t rt_alloc_pools(void)
         rt_free_pools();
         return status;
     }
-    rt.arrival_head = rt.arrival_tail = MR_NIL;
+    rt.arrivals.head = rt.arrivals.tail = MR_NIL;
+    rt_items_init();
     return MR_OK;
 }
 
@@ -308,10 +309,11 @@ mr_status_t mr_init_mpi(const void *mpi_comm, size_t mpi_comm_size)
 /* Discards every arrived message, returning its credit. */
 static void rt_drop_arrivals(void)
 {
-    for (uint32_t idx; (idx = rt_arrival_pop()) != MR_NIL;) {
+    for (uint32_t idx; (idx = rt_queue_pop(&rt.arrivals)) != MR_NIL;) {
         rt.dropped_at_finalize++;
         rt_recv_release(idx);
     }
+    rt.dropped_at_finalize += rt_items_drop_arrivals();
 }
 
 /*
@@ -357,7 +359,8 @@ mr_status_t mr_finalize(void)
         rt.wave_pending = false;
         status = rt_wait_collective(deadline);
     }
-    /* Buffers the application still holds become invalid now. */
+    /* Buffers the application still holds become invalid now, aggregators too. */
+    rt_items_fini();
     for (size_t i = 0; i < rt.cfg.recv_slots; i++) {
         if (rt.recvs[i].state == RECV_HELD) rt_recv_release((uint32_t)i);
     }

@@ -15,6 +15,7 @@
 #define MR_RUNTIME_H
 
 #include "mailrail.h"
+#include "mailrail_items.h"
 #include "mr_bootstrap.h"
 #include "mr_config.h"
 #include "mr_flowctl.h"
@@ -31,13 +32,15 @@ enum rt_state { RT_UNINITIALIZED, RT_READY, RT_FINALIZED };
 /* Where a send slot is in its life. */
 enum send_state { SEND_FREE, SEND_RESERVED, SEND_DEFERRED, SEND_INFLIGHT };
 
-/* Where a receive slot is in its life. */
-enum recv_state { RECV_FREE, RECV_FILLING, RECV_QUEUED, RECV_HELD };
+/* Where a receive slot is in its life (RECV_ITEMS: an aggregator is pulling from it). */
+enum recv_state { RECV_FREE, RECV_FILLING, RECV_QUEUED, RECV_HELD, RECV_ITEMS };
 
 typedef struct rt_send {
     uint8_t state;
+    uint8_t kind;       /* MR_KIND_DATA or MR_KIND_ITEMS. */
     int32_t dest;
     uint32_t length;
+    uint32_t next;      /* Next in an aggregator's queue of datagrams to itself. */
 } rt_send_t;
 
 typedef struct rt_recv {
@@ -51,6 +54,11 @@ typedef struct rt_recv {
                            rt.foreign after release so that a double release is
                            recognised; NULL if none. */
 } rt_recv_t;
+
+/* A FIFO of receive slots, linked through rt_recv_t.next. */
+typedef struct rt_queue {
+    uint32_t head, tail;
+} rt_queue_t;
 
 /* Peer health, per rank. */
 enum peer_state { PEER_OK, PEER_FAILED_UNREPORTED, PEER_FAILED_REPORTED };
@@ -86,7 +94,7 @@ typedef struct rt_runtime {
     rt_send_t *sends;
     rt_recv_t *recvs;
     mr_deferq_t deferq;
-    uint32_t arrival_head, arrival_tail;
+    rt_queue_t arrivals;   /* Datagrams for mr_receive(); aggregators have their own. */
     mr_ptrmap_t foreign;   /* Substrate-owned buffer -> receive slot. */
 
     uint8_t *peer;         /* enum peer_state per rank. */
@@ -135,10 +143,35 @@ extern const mr_substrate_upcalls_t rt_upcalls;
 mr_status_t rt_send_control(void *core, int dest, uint32_t imm);
 /* One round of progress: substrate, flow control, deferred sends. */
 int rt_progress(int timeout_ms);
-/* Takes the oldest arrived message off the arrival queue, or MR_NIL. */
-uint32_t rt_arrival_pop(void);
+/* Appends an arrived receive slot to a queue. */
+void rt_queue_push(rt_queue_t *q, uint32_t idx, int source, size_t length);
+/* Takes the oldest receive slot off a queue, or MR_NIL. */
+uint32_t rt_queue_pop(rt_queue_t *q);
 /* Returns a held or queued receive slot, and its credit, to MailRail. */
 void rt_recv_release(uint32_t idx);
+/* Frees a send slot that will not be sent. */
+void rt_send_free(uint32_t idx);
+/*
+ * Sends a reserved send slot: transmits it, or defers it behind older
+ * messages to `dest` (MR_OK either way), or returns the substrate's error
+ * with the slot still reserved. Counts it as a message sent.
+ */
+mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind);
+/* True, once, for each peer failure mr_receive() has not reported yet. */
+bool rt_report_failure(void);
+/* Called when a poll found nothing: lets other ranks have the core now and then. */
+void rt_idle(void);
+
+/* items.c: aggregators (mailrail_items.h). */
+void rt_items_init(void);
+/* Queues an arrived item datagram for its aggregator, or drops it if malformed. */
+void rt_items_arrived(uint32_t idx, int source, size_t length);
+/* Flushes every aggregator. */
+void rt_items_flush_all(void);
+/* At finalize: destroys every aggregator and drops their queued datagrams. */
+void rt_items_fini(void);
+/* Drops every datagram waiting for an aggregator; returns how many. */
+uint64_t rt_items_drop_arrivals(void);
 
 /* job.c: what the ranks set up together at init, over the bootstrap. */
 mr_status_t rt_agree(mr_status_t local);

@@ -290,9 +290,10 @@ MR_API mr_status_t mr_quiesce(void);
  */
 typedef struct mr_stats {
     size_t size;                      /* Set by the caller: sizeof(mr_stats_t). */
-    uint64_t messages_sent;           /* Accepted by mr_send(). */
+    uint64_t messages_sent;           /* Accepted by mr_send(), or an aggregator's datagrams. */
     uint64_t bytes_sent;
-    uint64_t messages_received;       /* Returned by mr_receive(). */
+    uint64_t messages_received;       /* Returned by mr_receive(), or an aggregator's
+                                         datagrams whose items were all pulled. */
     uint64_t bytes_received;
     uint64_t reserve_failures;        /* mr_reserve() calls that returned MR_AGAIN. */
     uint64_t deferred_sends;          /* Sends that went through the deferred queue. */
@@ -304,6 +305,8 @@ typedef struct mr_stats {
     uint64_t piggybacked_credits;     /* Credits carried on data messages. */
     uint64_t zero_credit_ns;          /* Time spent with a send blocked on credit. */
     uint64_t connections_rejected;    /* Peers dropped for a bad handshake or frame. */
+    uint64_t items_pushed;            /* Accepted by mr_items_push() (mailrail_items.h). */
+    uint64_t items_pulled;            /* Handed out by the mr_items_pull*() calls. */
 } mr_stats_t;
 
 /*

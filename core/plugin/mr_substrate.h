@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MR_SUBSTRATE_ABI_VERSION 1
+#define MR_SUBSTRATE_ABI_VERSION 2
 #define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
 #define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
 
@@ -38,7 +38,9 @@
 
 /* Message kinds carried in the header. */
 enum {
-    MR_KIND_DATA = 1 /* Application payload; imm is owned by flow control. */
+    MR_KIND_DATA = 1,  /* Application payload; imm is owned by flow control. */
+    MR_KIND_ITEMS = 2  /* An aggregator's datagram (mailrail_items.h); imm as for data.
+                          Every substrate carries both kinds (ABI version 2). */
 };
 
 typedef struct mr_substrate mr_substrate_t; /* A plugin's own state. */

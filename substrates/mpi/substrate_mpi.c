@@ -107,6 +107,8 @@ struct mr_substrate {
     MPI_Comm data_comm, ctrl_comm;
     bool have_data_comm, have_ctrl_comm;
     int tag_ub;                /* MPI_TAG_UB of the data and control communicators. */
+    uint32_t kind_bit;         /* Data tags: this bit set for MR_KIND_ITEMS, */
+    uint32_t data_imm_ub;      /* and the immediate in the bits below it. */
     bool connected;
     bool broken;               /* A local MPI failure: progress() only returns an error. */
 
@@ -581,8 +583,10 @@ static int progress_data_recvs(mr_substrate_t *s)
             }
             /* Zero copy: the staging buffer itself, until release_recv(). */
             uint8_t *buf = s->staging + (size_t)e->buf * s->base.datagram_size;
-            mr_status_t st = s->base.up.deliver(s->base.core, src, MR_KIND_DATA,
-                                                (uint32_t)e->status.MPI_TAG, buf, (size_t)count,
+            uint32_t tag = (uint32_t)e->status.MPI_TAG;
+            unsigned kind = (tag & s->kind_bit) ? MR_KIND_ITEMS : MR_KIND_DATA;
+            mr_status_t st = s->base.up.deliver(s->base.core, src, kind, tag & s->data_imm_ub,
+                                                buf, (size_t)count,
                                                 (void *)(uintptr_t)(e->buf + 1));
             /* No receive slot to account for it: the head waits, and everything after. */
             if (st == MR_AGAIN) break;
@@ -720,6 +724,10 @@ static mr_status_t mpi_read_tag_ub(mr_substrate_t *s)
         return MR_ERR_TRANSPORT;
     }
     s->tag_ub = *ub;
+    /* The highest bit that keeps every data tag within the bound tells the kind. */
+    s->kind_bit = 1;
+    while ((uint64_t)s->kind_bit * 4 - 1 <= (uint64_t)s->tag_ub) s->kind_bit *= 2;
+    s->data_imm_ub = s->kind_bit - 1;
     return MR_OK;
 }
 
@@ -953,14 +961,16 @@ static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     int rc;
 
     if (st != MR_OK) return st;
-    if (kind != MR_KIND_DATA || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
+    if ((kind != MR_KIND_DATA && kind != MR_KIND_ITEMS) || (data == NULL && length > 0)) {
+        return MR_ERR_INVALID_PARAM;
+    }
     if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
     if (s->nsend == s->base.max_sends) return MR_AGAIN;
     /* The receiver is a whole window behind: wait for a marker to complete. */
     seq = s->peer_sent[dest] + 1;
     if (s->send_window > 0 && seq - s->peer_matched[dest] > s->send_window) return MR_AGAIN;
     mark = s->send_window > 0 && seq % s->mark_every == 0;
-    if (imm > (uint32_t)s->tag_ub) {
+    if (imm > s->data_imm_ub) {
         /*
          * The credits do not fit in a tag: they go ahead as control messages
          * (credits only add up, so their order relative to the data does not
@@ -973,6 +983,7 @@ static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
         s->split_imm++;
         tag = 0;
     }
+    if (kind == MR_KIND_ITEMS) tag |= s->kind_bit;
     k = s->nsend;
     if (mark) {
         rc = MPI_Issend(data, (int)length, MPI_BYTE, dest, (int)tag, s->data_comm,
