@@ -4,6 +4,7 @@
  * segment.
  * Single process, no MPI.
  */
+#include "items_wire.h"
 #include "mr_config.h"
 #include "mr_credit.h"
 #include "mr_flowctl.h"
@@ -497,6 +498,48 @@ START_TEST(node_segment_owner_only_and_stale_cleanup)
 }
 END_TEST
 
+/* The item datagram's header and its variable-size lengths, at their boundaries. */
+START_TEST(items_wire_known_answers)
+{
+    const size_t lengths[] = {0, 1, 127, 128, 16383, 16384, ITEMS_WIRE_VAR_MAX};
+    const uint8_t want[][3] = {{0x00}, {0x01}, {0x7f}, {0x80, 0x01}, {0xff, 0x7f},
+                               {0x80, 0x80, 0x01}, {0xff, 0xff, 0x7f}};
+    uint8_t hdr[ITEMS_WIRE_HDR_LEN], buf[8];
+    items_wire_hdr_t h;
+
+    items_wire_hdr_encode(hdr, 5, 24);
+    ck_assert_mem_eq(hdr, ((uint8_t[]){5, 0, 0, 0, 24, 0, 0, 0}), ITEMS_WIRE_HDR_LEN);
+    ck_assert(items_wire_hdr_decode(hdr, ITEMS_WIRE_HDR_LEN + 48, &h));
+    ck_assert_uint_eq(h.id, 5);
+    ck_assert_uint_eq(h.item_size, 24);
+    ck_assert(!items_wire_hdr_decode(hdr, ITEMS_WIRE_HDR_LEN + 47, &h)); /* Ragged. */
+    ck_assert(!items_wire_hdr_decode(hdr, ITEMS_WIRE_HDR_LEN - 1, &h));
+    items_wire_hdr_encode(hdr, 1, 0);
+    ck_assert_uint_eq(hdr[1], ITEMS_WIRE_VARIABLE);
+    ck_assert(items_wire_hdr_decode(hdr, ITEMS_WIRE_HDR_LEN + 3, &h));
+    hdr[2] = 1;
+    ck_assert(!items_wire_hdr_decode(hdr, ITEMS_WIRE_HDR_LEN, &h)); /* Reserved. */
+
+    for (size_t i = 0; i < sizeof(lengths) / sizeof(lengths[0]); i++) {
+        size_t n = items_wire_len_size(lengths[i]);
+        ck_assert_ptr_eq(items_wire_len_put(buf, lengths[i]), buf + n);
+        ck_assert_mem_eq(buf, want[i], n);
+    }
+    /* A length in a longer form than needed, cut off, too long, or past the end. */
+    const uint8_t *item;
+    size_t length;
+    const uint8_t overlong[] = {0x81, 0x00}, cut[] = {0x80}, four[] = {0x80, 0x80, 0x80, 0x01},
+                  past[] = {0x03, 'a', 'b'}, good[] = {0x02, 'a', 'b'};
+    ck_assert_ptr_null(items_wire_var_next(overlong, overlong + 2, &item, &length));
+    ck_assert_ptr_null(items_wire_var_next(cut, cut + 1, &item, &length));
+    ck_assert_ptr_null(items_wire_var_next(four, four + 4, &item, &length));
+    ck_assert_ptr_null(items_wire_var_next(past, past + 3, &item, &length));
+    ck_assert_ptr_eq(items_wire_var_next(good, good + 3, &item, &length), good + 3);
+    ck_assert_ptr_eq(item, good + 1);
+    ck_assert_uint_eq(length, 2);
+}
+END_TEST
+
 static Suite *unit_suite(void)
 {
     Suite *s = suite_create("unit");
@@ -522,6 +565,9 @@ static Suite *unit_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("credit");
     tcase_add_test(tc, credit_returns_split_among_a_nodes_senders);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("items_wire");
+    tcase_add_test(tc, items_wire_known_answers);
     suite_add_tcase(s, tc);
     tc = tcase_create("node_segment");
     tcase_add_test(tc, node_segment_owner_only_and_stale_cleanup);

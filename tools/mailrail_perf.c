@@ -11,6 +11,9 @@
  *     -w WINDOW   raw MPI only: sends in flight per MPI_Waitall (default 64)
  *     -l          also measure ping-pong latency
  *     -m          raw MPI baseline: MPI_Isend/MPI_Irecv windows, no MailRail
+ *     -i          the item layer instead (mailrail_items.h): SIZES are item sizes
+ *                 (default 8,16,64) and COUNT items (default 1000000) give the cost
+ *                 per item of push and pull, to oneself and to a peer, in ns
  *     -c FILE     append results as CSV to FILE
  *
  * Rank 0 streams COUNT messages to rank 1 as fast as it can (through
@@ -20,6 +23,7 @@
  * finalize. Prints one line per size and a summary line.
  */
 #include "mailrail.h"
+#include "mailrail_items.h"
 #include "tool_common.h"
 
 #include <mpi.h>
@@ -40,6 +44,7 @@ typedef struct perf_options {
     int window;
     bool latency;
     bool raw_mpi;
+    bool items;
     const char *csv;
 } perf_options_t;
 
@@ -51,30 +56,34 @@ typedef struct perf_result {
 static void perf_usage(void)
 {
     fprintf(stderr, "usage: mpiexec -n 2 mailrail_perf [-s sizes] [-n count] [-r reps] "
-                    "[-w window] [-l] [-m] [-c file.csv]\n");
+                    "[-w window] [-l] [-m | -i] [-c file.csv]\n");
 }
 
 static int perf_parse(int argc, char **argv, perf_options_t *o)
 {
-    const char *sizes = "8,64,512,4096";
+    const char *sizes = NULL;
+    long count = 0;
     bool ok = true;
     int c;
 
-    o->count = 100000;
     o->reps = 3;
     o->window = 64;
-    while ((c = getopt(argc, argv, "s:n:r:w:lmc:h")) != -1) {
+    while ((c = getopt(argc, argv, "s:n:r:w:lmic:h")) != -1) {
         switch (c) {
         case 's': sizes = optarg; break;
-        case 'n': ok &= tool_parse_long(optarg, 1, LONG_MAX, &o->count); break;
+        case 'n': ok &= tool_parse_long(optarg, 1, LONG_MAX, &count); break;
         case 'r': ok &= tool_parse_int(optarg, 1, 1000, &o->reps); break;
         case 'w': ok &= tool_parse_int(optarg, 1, 1 << 20, &o->window); break;
         case 'l': o->latency = true; break;
         case 'm': o->raw_mpi = true; break;
+        case 'i': o->items = true; break;
         case 'c': o->csv = optarg; break;
         default: return -1;
         }
     }
+    if (sizes == NULL) sizes = o->items ? "8,16,64" : "8,64,512,4096";
+    o->count = count > 0 ? count : o->items ? 1000000 : 100000;
+    if (o->items && o->raw_mpi) return -1;
     for (const char *p = sizes; *p != '\0' && o->nsizes < PERF_MAX_SIZES;) {
         char *end;
         o->sizes[o->nsizes++] = strtoul(p, &end, 10);
@@ -191,6 +200,143 @@ static double mpi_pingpong(int rank, size_t size, long rounds, char *buf)
     return (tool_now() - start) / (double)rounds / 2.0;
 }
 
+/* ---- The item layer --------------------------------------------------------------------- */
+
+typedef struct perf_item_costs {
+    double push_self, pull_self, block_self; /* ns per item, to and from oneself. */
+    double stream_peer;                      /* ns per item, rank 0 to rank 1, end to end. */
+} perf_item_costs_t;
+
+static void perf_die(const char *what, mr_status_t st)
+{
+    fprintf(stderr, "mailrail_perf: %s: %s\n", what, mr_status_string(st));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/*
+ * To oneself: pushes until the send pool is full, then pulls everything
+ * back, one call per item or one per block, alternately; the two kinds of
+ * interval add up to the push and pull costs.
+ */
+static void perf_items_self(mr_items_t *a, size_t size, long count, perf_item_costs_t *c)
+{
+    static uint8_t item[64];
+    double push = 0, pull = 0, block = 0;
+    long pulled_one = 0, pulled_block = 0, pushed = 0;
+
+    for (int round = 0; pushed < count; round++) {
+        double t0 = tool_now();
+        long n = 0;
+        mr_status_t st;
+        while (pushed + n < count && (st = mr_items_push(a, item, size, mr_rank())) == MR_OK) n++;
+        double t1 = tool_now();
+        mr_items_flush(a);
+        double t2 = tool_now();
+        long got = 0;
+        if (round % 2 == 0) {
+            mr_item_t it;
+            while (got < n && (st = mr_items_pull(a, &it)) == MR_OK) got++;
+            pulled_one += got;
+            pull += tool_now() - t2;
+        } else {
+            const void *data;
+            size_t k;
+            int source;
+            while (got < n && (st = mr_items_pull_block(a, &data, &k, &source)) == MR_OK) {
+                got += (long)k;
+            }
+            pulled_block += got;
+            block += tool_now() - t2;
+        }
+        if (got != n) perf_die("items to oneself did not come back", MR_ERR_PROTOCOL);
+        push += t1 - t0;
+        pushed += n;
+    }
+    c->push_self = 1e9 * push / (double)pushed;
+    c->pull_self = pulled_one ? 1e9 * pull / (double)pulled_one : 0;
+    c->block_self = pulled_block ? 1e9 * block / (double)pulled_block : 0;
+}
+
+/* Rank 0 streams `count` items to rank 1, which pulls them: time per item, first to last. */
+static double perf_items_peer(mr_items_t *a, int rank, size_t size, long count)
+{
+    static uint8_t item[64];
+    mr_item_t it;
+    mr_status_t st = MR_OK;
+    double start = tool_now();
+
+    if (rank == 0) {
+        for (long i = 0; i < count; i++) {
+            while ((st = mr_items_push(a, item, size, 1)) == MR_AGAIN) {
+                if ((st = mr_items_pull(a, &it)) < 0) perf_die("mr_items_pull", st);
+            }
+            if (st != MR_OK) perf_die("mr_items_push", st);
+        }
+    } else if (rank == 1) {
+        for (long got = 0; got < count;) {
+            st = mr_items_pull(a, &it);
+            if (st == MR_OK) got++;
+            else if (st != MR_AGAIN) perf_die("mr_items_pull", st);
+        }
+    }
+    do {
+        while ((st = mr_items_pull(a, &it)) == MR_OK) {
+        }
+        if (st == MR_AGAIN) st = mr_items_end_phase(a);
+    } while (st == MR_AGAIN);
+    if (st != MR_OK) perf_die("mr_items_end_phase", st);
+    return 1e9 * (tool_now() - start) / (double)count;
+}
+
+/* The best of o->reps for each cost, at one item size. */
+static perf_item_costs_t perf_items(const perf_options_t *o, int rank, size_t size)
+{
+    perf_item_costs_t best = {1e30, 1e30, 1e30, 1e30};
+    mr_items_t *a;
+    mr_status_t st = mr_items_create(size, &a);
+
+    if (st != MR_OK) perf_die("mr_items_create", st);
+    perf_items_peer(a, rank, size, o->count / 10 > 0 ? o->count / 10 : 1); /* Warm-up. */
+    for (int i = 0; i < o->reps; i++) {
+        perf_item_costs_t c;
+        perf_items_self(a, size, o->count, &c);
+        MPI_Barrier(MPI_COMM_WORLD);
+        c.stream_peer = perf_items_peer(a, rank, size, o->count);
+        if (c.push_self < best.push_self) best.push_self = c.push_self;
+        if (c.pull_self < best.pull_self) best.pull_self = c.pull_self;
+        if (c.block_self < best.block_self) best.block_self = c.block_self;
+        if (c.stream_peer < best.stream_peer) best.stream_peer = c.stream_peer;
+    }
+    mr_items_destroy(a);
+    return best;
+}
+
+static void perf_items_report(const perf_options_t *o, int rank, FILE *csv)
+{
+    if (rank == 0) {
+        printf("# mailrail_perf -i: substrate %s, flow control %s, %ld items x %d repetitions "
+               "(best), ns per item\n# %6s %10s %10s %10s %14s\n", mr_substrate_name(),
+               mr_flowctl_name(), o->count, o->reps, "bytes", "push self", "pull self",
+               "block self", "to a peer");
+        if (csv != NULL && ftell(csv) == 0) {
+            fprintf(csv, "substrate,flowctl,item_size,items,push_self_ns,pull_self_ns,"
+                         "pull_block_self_ns,stream_peer_ns\n");
+        }
+    }
+    for (int i = 0; i < o->nsizes; i++) {
+        perf_item_costs_t c = perf_items(o, rank, o->sizes[i]);
+        if (rank != 0) continue;
+        printf("  %6zu %10.2f %10.2f %10.2f %14.2f\n", o->sizes[i], c.push_self, c.pull_self,
+               c.block_self, c.stream_peer);
+        if (csv != NULL) {
+            fprintf(csv, "%s,%s,%zu,%ld,%.3f,%.3f,%.3f,%.3f\n", mr_substrate_name(),
+                    mr_flowctl_name(), o->sizes[i], o->count, c.push_self, c.pull_self,
+                    c.block_self, c.stream_peer);
+        }
+        fflush(stdout);
+    }
+}
+
 /* ---- Driver ---------------------------------------------------------------------------- */
 
 static perf_result_t perf_measure(const perf_options_t *o, int rank, size_t size, char *buf)
@@ -243,8 +389,10 @@ int main(int argc, char **argv)
         substrate = mr_substrate_name();
         flowctl = mr_flowctl_name();
         for (int i = 0; i < o.nsizes; i++) {
-            if (o.sizes[i] > mr_datagram_size()) {
-                if (rank == 0) {
+            if (o.items ? o.sizes[i] == 0 || o.sizes[i] > 64 : o.sizes[i] > mr_datagram_size()) {
+                if (rank == 0 && o.items) {
+                    fprintf(stderr, "mailrail_perf: item sizes are 1 to 64 bytes\n");
+                } else if (rank == 0) {
                     fprintf(stderr, "mailrail_perf: size %zu exceeds MAILRAIL_DATAGRAM_SIZE=%zu\n",
                             o.sizes[i], mr_datagram_size());
                 }
@@ -258,12 +406,17 @@ int main(int argc, char **argv)
         for (int i = 0; i < o.nsizes; i++) largest = o.sizes[i] > largest ? o.sizes[i] : largest;
         buf = calloc((size_t)o.window, largest ? largest : 1);
     }
-    if (rank == 0 && o.csv != NULL) {
-        csv = fopen(o.csv, "a");
-        if (csv != NULL && ftell(csv) == 0) {
-            fprintf(csv, "substrate,flowctl,size,messages,seconds,msg_rate,mbytes_per_s,"
-                         "latency_us\n");
-        }
+    if (rank == 0 && o.csv != NULL) csv = fopen(o.csv, "a");
+    if (o.items) {
+        perf_items_report(&o, rank, csv);
+        if (csv != NULL) fclose(csv);
+        mr_finalize();
+        MPI_Finalize();
+        return 0;
+    }
+    if (csv != NULL && ftell(csv) == 0) {
+        fprintf(csv, "substrate,flowctl,size,messages,seconds,msg_rate,mbytes_per_s,"
+                     "latency_us\n");
     }
     if (rank == 0) {
         printf("# mailrail_perf: substrate %s, flow control %s, %ld messages x %d repetitions "
