@@ -2,7 +2,8 @@
 # Builds the graph kernel as a user's code would: against an installed copy of
 # MailRail found with `pkg-config mailrail`, compiled with mpicc outside the
 # source tree. Then runs it on the known graph over TCP, which also checks that
-# the installed library finds its plugins next to itself.
+# the installed library finds its plugins next to itself. Last, the complete
+# example of docs/items.md, built the same way.
 #
 #   tests/run_embed.sh BUILD_DIR SOURCE_DIR MPIEXEC
 set -eu
@@ -33,3 +34,18 @@ LD_LIBRARY_PATH="$libdir" ldd "$dir/my_graph" | grep -q "$libdir/libmailrail.so"
 grep -q "result: vertices=14 edges=15 triangles=5" "$dir/out"
 grep -q "the serial reference agrees" "$dir/out"
 echo "embedding check passed"
+
+# The complete example of docs/items.md, as a user would build it, on 3 ranks:
+# the amounts held must add up to the amounts sent.
+sed -n '/^## A complete example/,/^## How it works/p' "$src/docs/items.md" |
+    sed -n '/^```c$/,/^```$/p' | sed '1d;$d' > "$dir/items_example.c"
+# shellcheck disable=SC2086
+mpicc -std=c11 -D_GNU_SOURCE -O2 -Wall -Werror -o "$dir/items_example" "$dir/items_example.c" $flags
+env -u MAILRAIL_PLUGIN_PATH LD_LIBRARY_PATH="$libdir" MAILRAIL_SUBSTRATE=tcp MPIEXEC_TIMEOUT=60 \
+    timeout -k 5 90 "$mpiexec" -n 3 "$dir/items_example" > "$dir/items_out" 2>&1 ||
+    { cat "$dir/items_out"; exit 1; }
+cat "$dir/items_out"
+awk '/^rank [0-9]+: sent/ { sent += $4; held += $6; ranks++ }
+     END { if (ranks != 3 || sent != held || sent == 0) { print "FAIL: sums", ranks, sent, held; exit 1 } }' \
+    "$dir/items_out"
+echo "the items example of docs/items.md passed"
