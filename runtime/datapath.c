@@ -413,7 +413,9 @@ mr_status_t mr_wait(int timeout_ms)
         mr_error("mr_wait(): the timeout is %d ms; give 0 to 60000.", timeout_ms);
         return MR_ERR_INVALID_PARAM;
     }
-    if (rt.arrivals.head != MR_NIL || rt.failures_unreported > 0) return MR_OK;
+    if (rt.arrivals.head != MR_NIL || rt.failures_unreported > 0 || rt_items_waiting()) {
+        return MR_OK;
+    }
     /* Deferred sends that found credit count as news: do not sleep on them. */
     int moved = rt.deferq.depth > 0 ? rt_drain(true) : 0;
     events = rt_progress(moved > 0 ? 0 : timeout_ms);

@@ -552,6 +552,14 @@ void rt_items_fini(void)
     }
 }
 
+bool rt_items_waiting(void)
+{
+    for (int i = 0; i < MR_ITEMS_MAX; i++) {
+        if (items_arrivals[i].head != MR_NIL || items_table[i].self_head != MR_NIL) return true;
+    }
+    return false;
+}
+
 uint64_t rt_items_drop_arrivals(void)
 {
     uint64_t dropped = 0;

@@ -170,6 +170,8 @@ void rt_items_arrived(uint32_t idx, int source, size_t length);
 void rt_items_flush_all(void);
 /* At finalize: destroys every aggregator and drops their queued datagrams. */
 void rt_items_fini(void);
+/* True when an item datagram waits to be pulled. */
+bool rt_items_waiting(void);
 /* Drops every datagram waiting for an aggregator; returns how many. */
 uint64_t rt_items_drop_arrivals(void);
 

@@ -81,10 +81,13 @@ static void item_check(items_tally_t *t, const mr_item_t *it)
         ck_assert_uint_eq(h.dest, (uint32_t)world_rank);
         ck_assert_uint_eq(h.length, it->length);
         ck_assert_uint_lt(h.seq, t->per_source);
-        for (size_t k = sizeof(h); k < it->length; k++) {
-            ck_assert_msg(((const uint8_t *)it->data)[k] == item_byte(&h, k),
-                          "item %u from %d: byte %zu corrupt", h.seq, it->source, k);
+        /* A plain loop: a Check assertion per byte would dominate the test's time. */
+        size_t bad = it->length;
+        for (size_t k = it->length; k-- > sizeof(h);) {
+            if (((const uint8_t *)it->data)[k] != item_byte(&h, k)) bad = k;
         }
+        ck_assert_msg(bad == it->length, "item %u from %d: byte %zu corrupt", h.seq, it->source,
+                      bad);
         uint8_t *slot = &t->seen[(size_t)it->source * t->per_source + h.seq];
         ck_assert_msg(*slot == 0, "item %u from %d pulled twice", h.seq, it->source);
         *slot = 1;
@@ -95,7 +98,11 @@ static void item_check(items_tally_t *t, const mr_item_t *it)
         uint8_t base = item_byte(&h, 0);
         uint32_t seq7 = (uint32_t)(uint8_t)(b[0] - base) * 183u; /* 7 * 183 = 1 mod 256 */
         h.seq = seq7 & 0xff;
-        for (size_t k = 0; k < it->length; k++) ck_assert_uint_eq(b[k], item_byte(&h, k));
+        size_t bad = it->length;
+        for (size_t k = it->length; k-- > 0;) {
+            if (b[k] != item_byte(&h, k)) bad = k;
+        }
+        ck_assert_msg(bad == it->length, "short item from %d: byte %zu corrupt", it->source, bad);
     }
     t->from[it->source]++;
     t->count++;
@@ -616,22 +623,28 @@ START_TEST(mismatched_aggregators_are_named)
 }
 END_TEST
 
+/* One case per test, so that CK_RUN_CASE=name runs one alone. */
+#define ITEMS_CASE(s, test)                                                                  \
+    do {                                                                                     \
+        TCase *tc = tcase_create(#test);                                                     \
+        tcase_set_timeout(tc, 120);                                                          \
+        tcase_add_test(tc, test);                                                            \
+        suite_add_tcase(s, tc);                                                              \
+    } while (0)
+
 static Suite *items_suite(void)
 {
     Suite *s = suite_create("items");
-    TCase *tc = tcase_create("items");
 
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, fixed_items_exactly_once);
-    tcase_add_test(tc, sizes_from_one_byte_to_the_datagram);
-    tcase_add_test(tc, variable_sizes);
-    tcase_add_test(tc, items_to_self_in_blocks);
-    tcase_add_test(tc, backpressure_with_one_send_slot);
-    tcase_add_test(tc, end_phase_waits_for_chains);
-    tcase_add_test(tc, items_beside_datagrams);
-    tcase_add_test(tc, bad_input_is_refused);
-    tcase_add_test(tc, mismatched_aggregators_are_named);
-    suite_add_tcase(s, tc);
+    ITEMS_CASE(s, fixed_items_exactly_once);
+    ITEMS_CASE(s, sizes_from_one_byte_to_the_datagram);
+    ITEMS_CASE(s, variable_sizes);
+    ITEMS_CASE(s, items_to_self_in_blocks);
+    ITEMS_CASE(s, backpressure_with_one_send_slot);
+    ITEMS_CASE(s, end_phase_waits_for_chains);
+    ITEMS_CASE(s, items_beside_datagrams);
+    ITEMS_CASE(s, bad_input_is_refused);
+    ITEMS_CASE(s, mismatched_aggregators_are_named);
     return s;
 }
 

@@ -232,12 +232,12 @@ MR_API mr_status_t mr_receive(mr_message_t *message);
 
 /*
  * Makes progress like mr_receive(), but when nothing is ready, sleeps until
- * the substrate has news (a message, a credit return, a completed send) or
+ * the substrate has news (a message or items, a credit return, a completed send) or
  * `timeout_ms` milliseconds have passed. For ranks that outnumber cores: a
  * rank with nothing to do gives its core to the others instead of spinning.
  * Credits that neighbours on the same node return through shared memory
  * (MAILRAIL_FLOWCTL=node) do not wake it, so keep the timeout short (1 ms)
- * while sends are deferred. Takes no message: call mr_receive() next.
+ * while sends are deferred. Takes no message: call mr_receive() (or pull items) next.
  *
  * Returns:
  *   MR_OK                   something may be ready (a message is waiting, a
