@@ -44,12 +44,19 @@ const mr_config_entry_t mr__core_config_table[] = {
     {"MAILRAIL_NUMA", "yes", MR_CONFIG_BOOL, offsetof(mr_core_config_t, numa), 0, 0, NULL,
      "Allocates the pools on the local NUMA node through libnuma, when the library was built "
      "with it and the system has NUMA support."},
+    {"MAILRAIL_YIELD", "auto", MR_CONFIG_ENUM, offsetof(mr_core_config_t, yield), 0, 0,
+     mr__yield_names,
+     "Whether a poll that finds nothing now and then gives the core away (sched_yield): "
+     "auto does when this host runs more ranks than the CPUs this process may use, so that "
+     "oversubscribed ranks let each other run, and spins otherwise, as MPI libraries do."},
     {"MAILRAIL_TIMEOUT", "60", MR_CONFIG_UINT, offsetof(mr_core_config_t, timeout_s), 1, 86400,
      NULL,
      "Seconds that init may wait for peers to connect and finalize may wait for in-flight "
      "sends, before giving up with MR_ERR_TIMEOUT."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
+
+const char *const mr__yield_names[] = {"auto", "always", "never", NULL};
 
 static const char *const config_bool_true[] = {"1", "yes", "on", "true", "y", NULL};
 static const char *const config_bool_false[] = {"0", "no", "off", "false", "n", NULL};

@@ -354,7 +354,7 @@ mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
 void rt_idle(void)
 {
     /* When ranks outnumber cores, an idle poll loop must let the others run. */
-    if (++rt.idle_polls >= 64) {
+    if (rt.idle_yield && ++rt.idle_polls >= 64) {
         rt.idle_polls = 0;
         sched_yield();
     }

@@ -141,6 +141,25 @@ static mr_status_t rt_alloc_pools(void)
     return MR_OK;
 }
 
+/*
+ * Whether idle polls give the core away: with MAILRAIL_YIELD=auto, when this
+ * host runs more ranks than the CPUs this process may run on, so that the
+ * ranks waiting for each other let each other run. Otherwise spinning is
+ * cheaper: a yield is a system call.
+ */
+static bool rt_idle_yields(void)
+{
+    cpu_set_t cpus;
+    int ncpus = 0;
+
+    if (rt.cfg.yield != MR_YIELD_AUTO) return rt.cfg.yield == MR_YIELD_ALWAYS;
+    if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) ncpus = CPU_COUNT(&cpus);
+    if (ncpus <= 0) return true;
+    mr_debug("%d ranks on this host, %d CPUs: idle polls %s.", rt.host_ranks, ncpus,
+             rt.host_ranks > ncpus ? "yield" : "spin");
+    return rt.host_ranks > ncpus;
+}
+
 static mr_status_t rt_open_flowctl(void)
 {
     mr_flowctl_params_t params = {
@@ -239,6 +258,7 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
      */
     status = rt_map_nodes();
     if (status != MR_OK) goto err_nodes;
+    rt.idle_yield = rt_idle_yields();
     status = rt_share_job_key();
     if (status != MR_OK) goto err_nodes;
     /*

@@ -128,6 +128,7 @@ mr_status_t rt_map_nodes(void)
         if (node[slot] < 0) node[slot] = rt.node_count++;
         rt.node_of[r] = node[slot];
     }
+    rt.host_ranks = count[first[rt.rank]];
     status = MR_OK;
 out:
     free(hosts);
