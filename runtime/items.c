@@ -555,7 +555,8 @@ void rt_items_fini(void)
 bool rt_items_waiting(void)
 {
     for (int i = 0; i < MR_ITEMS_MAX; i++) {
-        if (items_arrivals[i].head != MR_NIL || items_table[i].self_head != MR_NIL) return true;
+        if (items_arrivals[i].head != MR_NIL) return true;
+        if (items_table[i].live && items_table[i].self_head != MR_NIL) return true;
     }
     return false;
 }

@@ -340,6 +340,10 @@ START_TEST(items_to_self_in_blocks)
         }
     }
     ck_assert_int_eq(mr_items_flush(a), MR_OK);
+    /* Items waiting to be pulled are news: mr_wait() does not sleep on them. */
+    double before_wait = now_s();
+    ck_assert_int_eq(mr_wait(5000), MR_OK);
+    ck_assert(now_s() - before_wait < 1.0);
     while (got < count) {
         if (mr_items_pull_block(a, &data, &n, &source) == MR_OK) {
             ck_assert_int_eq(source, world_rank);
