@@ -76,8 +76,9 @@ typedef struct replay_rank {
      * shorter last piece, perhaps empty: an item shorter than piece_max ends a
      * message. An item does not straddle datagrams, so a piece that does not
      * fit the room left sends the datagram partly filled: pieces of an eighth
-     * of the largest item keep that waste small (9% more datagrams than bytes
-     * need on the generated traces, against 29% with the largest).
+     * of the largest item keep that waste small (on generated traces, about
+     * 10% more datagrams than datagrams filled to the byte, against 29% with
+     * pieces of the largest size).
      */
     mr_items_t *items;
     size_t piece_max;
