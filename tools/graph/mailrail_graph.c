@@ -19,12 +19,14 @@
  *     -q          only the result lines
  *     -P          one MailRail session per phase instead of one for the whole kernel
  *
- * Vertices are owned by hash. The kernel has three phases, each ended by
- * MailRail's quiescence:
- *   degree    every edge (u, v) goes to the owners of u and v, coalesced per
- *             owner into datagram-size messages; owners build sorted,
- *             de-duplicated adjacency lists. A hub's owner receives one record
- *             per edge of the hub: it is the incast phase.
+ * Vertices are owned by hash. Records go to their owners through
+ * aggregators of MailRail's item layer (mailrail_items.h), which pack them
+ * per owner into datagrams; records for this rank go through them too,
+ * without touching the network. The kernel has three phases, each ended by
+ * mr_items_end_phase(), which includes MailRail's quiescence:
+ *   degree    every edge (u, v) goes to the owners of u and v; owners build
+ *             sorted, de-duplicated adjacency lists. A hub's owner receives
+ *             one record per edge of the hub: it is the incast phase.
  *   orient    every vertex tells its neighbours' owners its degree, so that each
  *             edge can be oriented from the lower (degree, id) to the higher.
  *   triangle  every vertex u sends, for each pair v < w of its higher
@@ -32,13 +34,14 @@
  *             counts a triangle when it is. Each triangle is counted once.
  * One MailRail session (mr_init to mr_finalize) carries all three phases, as
  * in an application: a rank starts the next phase as soon as it has seen
- * quiescence and built what it needs, and messages of a phase that reach a
- * rank still finishing the previous one are held, zero copy, until it gets
- * there (each message carries its phase). Per-phase counters are differences
- * of mr_get_stats(), but bytes received are counted by the phase they belong
- * to; the peak receive slots are exact when a phase sets a new high for the
- * session, and otherwise sampled whenever the kernel drains. With -P,
- * MailRail is initialized afresh for each phase instead (not timed) and the
+ * quiescence and built what it needs. Each phase has its own aggregator, so
+ * records of a phase that reach a rank still finishing the previous one wait,
+ * zero copy, in that aggregator until the rank gets there. Messages and bytes
+ * are the datagrams between ranks, counted by the phase they belong to when
+ * their records are handled; credit returns are differences of
+ * mr_get_stats(). The peak receive slots are exact when a phase sets a new
+ * high for the session, and otherwise sampled whenever the kernel drains.
+ * With -P, MailRail is initialized afresh for each phase instead (not timed) and the
  * ranks start each phase together, so the peaks are exact.
  *
  * Checked every run: the owners received exactly two arcs per edge that is not
@@ -49,6 +52,7 @@
 #include "graph_edges.h"
 #include "graph_serial.h"
 #include "mailrail.h"
+#include "mailrail_items.h"
 #include "tool_common.h"
 
 #include <limits.h>
@@ -63,6 +67,8 @@
 #define GRAPH_MAX_TRIALS 64
 /* Larger than any vertex id, and below 2^63 (see graph_reduce). */
 #define GRAPH_NO_VERTEX ((uint64_t)GRAPH_MAX_VERTEX_ID)
+/* The header in front of the items of every datagram (mailrail_items.h). */
+#define GRAPH_DATAGRAM_HEADER 8
 
 typedef struct graph_options {
     const char *file;
@@ -80,16 +86,6 @@ typedef struct graph_options {
 
 typedef enum graph_phase { GRAPH_DEGREE, GRAPH_ORIENT, GRAPH_TRIANGLE, GRAPH_PHASES } graph_phase_t;
 static const char *const graph_phase_names[GRAPH_PHASES] = {"degree", "orient", "triangle"};
-
-/*
- * A message that arrived for the next phase while this rank was still
- * finishing the current one (another rank saw quiescence first): it stays in
- * MailRail's receive buffer until the next phase begins.
- */
-typedef struct graph_early {
-    void *data;
-    size_t length;
-} graph_early_t;
 
 /* This rank's part of the graph. */
 typedef struct graph_local {
@@ -109,32 +105,26 @@ typedef struct graph_local {
     uint64_t queries_answered;
     uint64_t triangles;
     uint64_t bad_records;      /* Records naming a vertex or arc that is not here. */
-    uint64_t phase;            /* The phase this rank is in: the tag of its messages. */
-    graph_early_t *early;      /* Messages for the next phase, held until it starts. */
-    size_t nearly, early_capacity;
+    /*
+     * One aggregator per phase, created in phase order by every rank at the
+     * start of a session, so that records of the next phase wait in their
+     * own aggregator until this rank gets there.
+     */
+    mr_items_t *items[GRAPH_PHASES];
     bool sample_slots;         /* One session for all phases: sample the receive slots. */
     uint64_t sampled_peak_slots;
-    uint64_t bytes_received[GRAPH_PHASES]; /* By the phase the messages belong to. */
+    /* Datagrams from other ranks and their bytes, by the phase they belong to. */
+    uint64_t datagrams_received[GRAPH_PHASES], bytes_received[GRAPH_PHASES];
 } graph_local_t;
 
 typedef void (*graph_handler_t)(graph_local_t *g, const uint64_t *record);
 
-/* Coalescing of fixed-size records per owner into datagram-size messages. */
-typedef struct graph_xch {
-    graph_local_t *g;
-    size_t record_words;
-    size_t per_message;    /* Records per datagram, after the phase tag. */
-    uint64_t **staging;    /* Per owner. */
-    size_t *staged;        /* Records staged per owner. */
-    graph_handler_t handle;
-} graph_xch_t;
-
 /* What one phase measured on this rank. */
 typedef struct graph_phase_local {
     double seconds;
-    uint64_t messages, bytes_sent, bytes_received, credit_returns;
+    uint64_t messages, bytes_received, credit_returns;
     uint64_t peak_slots, peak_rss_kb;
-    uint64_t early;            /* Messages that were here before this rank began the phase. */
+    uint64_t early;            /* Messages that were here when this rank began the phase. */
 } graph_phase_local_t;
 
 /* What one phase measured, reduced over ranks. */
@@ -187,27 +177,27 @@ static void graph_die(const graph_local_t *g, const char *what, mr_status_t st)
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-/* ---- The exchange: records coalesced per owner. ---- */
+/* ---- The exchange: records through one aggregator per phase. ---- */
+
+static void graph_on_arc(graph_local_t *g, const uint64_t *r);
+static void graph_on_degree(graph_local_t *g, const uint64_t *r);
+static void graph_on_query(graph_local_t *g, const uint64_t *r);
+
+/* The records of each phase: their words, and what their owner does with them. */
+static const size_t graph_record_words[GRAPH_PHASES] = {2, 3, 2};
+static const graph_handler_t graph_handlers[GRAPH_PHASES] = {graph_on_arc, graph_on_degree,
+                                                             graph_on_query};
 
 /*
- * A message is the sender's phase (one 64-bit word) followed by records of
- * record_words words each.
+ * Handles every record of `phase` that has arrived, a datagram at a time.
+ * Records of the next phase stay in their own aggregator.
  */
-static void xch_handle(graph_xch_t *x, const void *data, size_t length)
+static void graph_drain(graph_local_t *g, graph_phase_t phase)
 {
-    size_t record_bytes = x->record_words * sizeof(uint64_t);
-    const uint64_t *words = (const uint64_t *)data + 1;
-    size_t records = (length - sizeof(uint64_t)) / record_bytes;
-
-    if ((length - sizeof(uint64_t)) % record_bytes != 0) x->g->bad_records++;
-    for (size_t r = 0; r < records; r++) x->handle(x->g, words + r * x->record_words);
-}
-
-/* Handles every message that has arrived; keeps those for the next phase. */
-static void xch_drain(graph_xch_t *x)
-{
-    graph_local_t *g = x->g;
-    mr_message_t m;
+    size_t words = graph_record_words[phase];
+    const void *data;
+    size_t count;
+    int source;
     mr_status_t st;
 
     if (g->sample_slots) {
@@ -216,82 +206,47 @@ static void xch_drain(graph_xch_t *x)
             g->sampled_peak_slots = now.recv_slots_in_use;
         }
     }
-    while ((st = mr_receive(&m)) == MR_OK) {
-        uint64_t tag = UINT64_MAX;
-        if (m.length >= sizeof(tag)) memcpy(&tag, m.data, sizeof(tag));
-        if (tag < GRAPH_PHASES) g->bytes_received[tag] += m.length;
-        if (tag == g->phase + 1) {
-            if (g->nearly == g->early_capacity) {
-                size_t capacity = g->early_capacity ? 2 * g->early_capacity : 64;
-                graph_early_t *grown = realloc(g->early, capacity * sizeof(*grown));
-                if (grown == NULL) graph_die(g, "holding early messages", MR_ERR_NO_MEMORY);
-                g->early = grown;
-                g->early_capacity = capacity;
-            }
-            g->early[g->nearly++] = (graph_early_t){m.data, m.length};
+    for (;;) {
+        st = mr_items_pull_block(g->items[phase], &data, &count, &source);
+        /* MailRail dropped (and logged) a datagram that did not match: the check fails. */
+        if (st == MR_ERR_PROTOCOL) {
+            g->bad_records++;
             continue;
         }
-        if (tag == g->phase) xch_handle(x, m.data, m.length);
-        else g->bad_records++;
-        mr_release(m.data);
+        if (st != MR_OK) break;
+        /* Items of a multiple of 8 bytes are 8-byte aligned (mailrail_items.h). */
+        const uint64_t *records = data;
+        for (size_t r = 0; r < count; r++) graph_handlers[phase](g, records + r * words);
+        if (source != g->rank) {
+            g->datagrams_received[phase]++;
+            g->bytes_received[phase] += GRAPH_DATAGRAM_HEADER + count * words * sizeof(uint64_t);
+        }
     }
-    if (st != MR_AGAIN) graph_die(g, "mr_receive", st);
+    if (st != MR_AGAIN) graph_die(g, "mr_items_pull_block", st);
 }
 
-/* Handles and gives back the messages that arrived early for the phase now starting. */
-static void xch_take_early(graph_xch_t *x)
+/* Queues one record of `phase` for `owner`, handling records while MailRail pushes back. */
+static void graph_push(graph_local_t *g, graph_phase_t phase, int owner, const uint64_t *record)
 {
-    graph_local_t *g = x->g;
-
-    for (size_t i = 0; i < g->nearly; i++) {
-        xch_handle(x, g->early[i].data, g->early[i].length);
-        mr_release(g->early[i].data);
-    }
-    g->nearly = 0;
-}
-
-static void xch_flush(graph_xch_t *x, int owner)
-{
-    size_t bytes = x->staged[owner] * x->record_words * sizeof(uint64_t);
-    void *buf;
+    size_t bytes = graph_record_words[phase] * sizeof(uint64_t);
     mr_status_t st;
 
-    if (bytes == 0) return;
-    while ((st = mr_reserve(&buf)) == MR_AGAIN) xch_drain(x);
-    if (st != MR_OK) graph_die(x->g, "mr_reserve", st);
-    memcpy(buf, &x->g->phase, sizeof(uint64_t));
-    memcpy((uint64_t *)buf + 1, x->staging[owner], bytes);
-    x->staged[owner] = 0;
-    st = mr_send(buf, bytes + sizeof(uint64_t), owner);
-    if (st != MR_OK) graph_die(x->g, "mr_send", st);
+    while ((st = mr_items_push(g->items[phase], record, bytes, owner)) == MR_AGAIN) {
+        graph_drain(g, phase);
+    }
+    if (st != MR_OK) graph_die(g, "mr_items_push", st);
 }
 
-/* Queues one record for `owner`; records for this rank are handled at once. */
-static void xch_push(graph_xch_t *x, int owner, const uint64_t *record)
-{
-    if (owner == x->g->rank) {
-        x->handle(x->g, record);
-        return;
-    }
-    memcpy(x->staging[owner] + x->staged[owner] * x->record_words, record,
-           x->record_words * sizeof(uint64_t));
-    if (++x->staged[owner] == x->per_message) {
-        xch_flush(x, owner);
-        xch_drain(x);
-    }
-}
-
-/* Sends what is staged and handles messages until global quiescence. */
-static void xch_finish(graph_xch_t *x)
+/* Handles records until every rank has handled every record of the phase. */
+static void graph_end_phase(graph_local_t *g, graph_phase_t phase)
 {
     mr_status_t st;
 
-    for (int owner = 0; owner < x->g->size; owner++) xch_flush(x, owner);
     do {
-        xch_drain(x);
-        st = mr_quiesce();
+        graph_drain(g, phase);
+        st = mr_items_end_phase(g->items[phase]);
     } while (st == MR_AGAIN);
-    if (st != MR_OK) graph_die(x->g, "mr_quiesce", st);
+    if (st != MR_OK) graph_die(g, "mr_items_end_phase", st);
 }
 
 /* ---- Phase handlers and generators. ---- */
@@ -304,7 +259,7 @@ static void graph_on_arc(graph_local_t *g, const uint64_t *r)
     }
 }
 
-static void graph_send_arcs(graph_local_t *g, graph_xch_t *x)
+static void graph_send_arcs(graph_local_t *g)
 {
     g->self_loops = 0;
     for (size_t e = 0; e < g->input.count; e++) {
@@ -313,8 +268,8 @@ static void graph_send_arcs(graph_local_t *g, graph_xch_t *x)
             g->self_loops++;
             continue;
         }
-        xch_push(x, graph_owner(g, u), (const uint64_t[]){u, v});
-        xch_push(x, graph_owner(g, v), (const uint64_t[]){v, u});
+        graph_push(g, GRAPH_DEGREE, graph_owner(g, u), (const uint64_t[]){u, v});
+        graph_push(g, GRAPH_DEGREE, graph_owner(g, v), (const uint64_t[]){v, u});
     }
 }
 
@@ -332,12 +287,13 @@ static void graph_on_degree(graph_local_t *g, const uint64_t *r)
     g->nbr_degrees_set++;
 }
 
-static void graph_send_degrees(graph_local_t *g, graph_xch_t *x)
+static void graph_send_degrees(graph_local_t *g)
 {
     for (size_t i = 0; i < g->nv; i++) {
         uint64_t degree = g->offs[i + 1] - g->offs[i];
         for (size_t k = g->offs[i]; k < g->offs[i + 1]; k++) {
-            xch_push(x, graph_owner(g, g->adj[k]), (const uint64_t[]){g->adj[k], g->ids[i], degree});
+            graph_push(g, GRAPH_ORIENT, graph_owner(g, g->adj[k]),
+                       (const uint64_t[]){g->adj[k], g->ids[i], degree});
         }
     }
 }
@@ -367,7 +323,7 @@ static int graph_compare_ranked(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
-static void graph_send_queries(graph_local_t *g, graph_xch_t *x)
+static void graph_send_queries(graph_local_t *g)
 {
     size_t max_degree = 0;
     graph_ranked_t *higher;
@@ -388,7 +344,8 @@ static void graph_send_queries(graph_local_t *g, graph_xch_t *x)
         for (size_t a = 0; a < n; a++) {
             for (size_t b = a + 1; b < n; b++) {
                 g->queries_sent++;
-                xch_push(x, graph_owner(g, higher[a].id), (const uint64_t[]){higher[a].id, higher[b].id});
+                graph_push(g, GRAPH_TRIANGLE, graph_owner(g, higher[a].id),
+                           (const uint64_t[]){higher[a].id, higher[b].id});
             }
         }
     }
@@ -443,7 +400,8 @@ static void graph_build_adjacency(graph_local_t *g)
 
 /* ---- One phase, measured. ---- */
 
-static void graph_session_begin(const graph_local_t *g, const char *policy)
+/* Initializes MailRail and creates the aggregators of the phases, in phase order on every rank. */
+static void graph_session_begin(graph_local_t *g, const char *policy)
 {
     MPI_Comm comm = MPI_COMM_WORLD;
     mr_status_t st;
@@ -451,11 +409,18 @@ static void graph_session_begin(const graph_local_t *g, const char *policy)
     setenv("MAILRAIL_FLOWCTL", policy, 1);
     st = mr_init_mpi(&comm, sizeof(comm));
     if (st != MR_OK) graph_die(g, "mr_init", st);
+    for (int p = 0; p < GRAPH_PHASES; p++) {
+        st = mr_items_create(graph_record_words[p] * sizeof(uint64_t), &g->items[p]);
+        if (st != MR_OK) graph_die(g, "mr_items_create", st);
+    }
 }
 
-static void graph_session_end(const graph_local_t *g)
+static void graph_session_end(graph_local_t *g)
 {
-    mr_status_t st = mr_finalize();
+    mr_status_t st;
+
+    for (int p = 0; p < GRAPH_PHASES; p++) mr_items_destroy(g->items[p]);
+    st = mr_finalize();
     if (st != MR_OK) graph_die(g, "mr_finalize", st);
 }
 
@@ -463,7 +428,7 @@ static void graph_session_end(const graph_local_t *g)
 static void graph_measure(const graph_local_t *g, const graph_phase_local_t *mine,
                           graph_phase_result_t *out)
 {
-    uint64_t counts[4] = {mine->messages, mine->bytes_sent, mine->credit_returns, mine->early};
+    uint64_t counts[4] = {mine->messages, mine->bytes_received, mine->credit_returns, mine->early};
     uint64_t sum[4];
     uint64_t busiest[2] = {mine->peak_slots, mine->peak_rss_kb};
     struct {
@@ -496,44 +461,27 @@ static void graph_measure(const graph_local_t *g, const graph_phase_local_t *min
 static void graph_run_phase(graph_local_t *g, const graph_options_t *o, const char *policy,
                             graph_phase_t phase, graph_phase_local_t *out)
 {
-    static const size_t record_words[GRAPH_PHASES] = {2, 3, 2};
-    static const graph_handler_t handlers[GRAPH_PHASES] = {graph_on_arc, graph_on_degree,
-                                                            graph_on_query};
-    graph_xch_t x = {.g = g, .record_words = record_words[phase], .handle = handlers[phase]};
     mr_stats_t before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
     double start;
 
     if (o->session_per_phase) graph_session_begin(g, policy);
-    if (mr_datagram_size() < sizeof(uint64_t)) graph_die(g, "datagram", MR_ERR_CONFIG);
-    x.per_message = (mr_datagram_size() - sizeof(uint64_t)) / (x.record_words * sizeof(uint64_t));
-    if (x.per_message == 0) graph_die(g, "MAILRAIL_DATAGRAM_SIZE is smaller than one record",
-                                      MR_ERR_CONFIG);
-    x.staging = calloc((size_t)g->size, sizeof(*x.staging));
-    x.staged = calloc((size_t)g->size, sizeof(*x.staged));
-    if (x.staging == NULL || x.staged == NULL) graph_die(g, "staging", MR_ERR_NO_MEMORY);
-    for (int owner = 0; owner < g->size; owner++) {
-        x.staging[owner] = malloc(x.per_message * x.record_words * sizeof(uint64_t));
-        if (x.staging[owner] == NULL) graph_die(g, "staging", MR_ERR_NO_MEMORY);
-    }
     tool_reset_peak_rss();
     g->sample_slots = !o->session_per_phase;
     g->sampled_peak_slots = 0;
     mr_get_stats(&before);
     if (o->session_per_phase) MPI_Barrier(MPI_COMM_WORLD); /* MailRail is idle: no progress lost. */
     start = tool_now();
-    g->phase = (uint64_t)phase;
-    out->early = g->nearly;
-    xch_take_early(&x);
+    /* Between phases, only datagrams of this phase waiting in its aggregator hold receive slots. */
+    out->early = before.recv_slots_in_use;
     switch (phase) {
-    case GRAPH_DEGREE: graph_send_arcs(g, &x); break;
-    case GRAPH_ORIENT: graph_send_degrees(g, &x); break;
-    default: graph_send_queries(g, &x); break;
+    case GRAPH_DEGREE: graph_send_arcs(g); break;
+    case GRAPH_ORIENT: graph_send_degrees(g); break;
+    default: graph_send_queries(g); break;
     }
-    xch_finish(&x);
+    graph_end_phase(g, phase);
     out->seconds = tool_now() - start;
     mr_get_stats(&after);
-    out->messages = after.messages_sent - before.messages_sent;
-    out->bytes_sent = after.bytes_sent - before.bytes_sent;
+    out->messages = g->datagrams_received[phase];
     out->bytes_received = g->bytes_received[phase];
     out->credit_returns = after.credit_returns_sent - before.credit_returns_sent;
     /*
@@ -545,9 +493,6 @@ static void graph_run_phase(graph_local_t *g, const graph_options_t *o, const ch
                           ? after.peak_recv_slots_in_use
                           : g->sampled_peak_slots;
     out->peak_rss_kb = tool_peak_rss_kb();
-    for (int owner = 0; owner < g->size; owner++) free(x.staging[owner]);
-    free(x.staging);
-    free(x.staged);
     if (o->session_per_phase) graph_session_end(g);
 }
 
@@ -650,8 +595,7 @@ static bool graph_kernel(graph_local_t *g, const graph_options_t *o, const char 
     graph_free_adjacency(g);
     g->nbr_degrees_set = g->queries_sent = g->queries_answered = 0;
     g->triangles = g->bad_records = g->duplicate_arcs = g->arcs_received = 0;
-    g->phase = 0;
-    g->nearly = 0;
+    memset(g->datagrams_received, 0, sizeof(g->datagrams_received));
     memset(g->bytes_received, 0, sizeof(g->bytes_received));
 
     if (!o->session_per_phase) graph_session_begin(g, policy);
@@ -659,8 +603,6 @@ static bool graph_kernel(graph_local_t *g, const graph_options_t *o, const char 
     graph_build_adjacency(g);
     graph_run_phase(g, o, policy, GRAPH_ORIENT, &mine[GRAPH_ORIENT]);
     graph_run_phase(g, o, policy, GRAPH_TRIANGLE, &mine[GRAPH_TRIANGLE]);
-    /* Nothing can arrive after the last quiescence. */
-    if (g->nearly != 0) g->bad_records += g->nearly;
     if (!o->session_per_phase) graph_session_end(g);
     for (int p = 0; p < GRAPH_PHASES; p++) graph_measure(g, &mine[p], &results[p]);
     return graph_reduce(g, summary);
@@ -984,7 +926,6 @@ int main(int argc, char **argv)
     graph_edges_free(&g.input);
     graph_edges_free(&g.arcs);
     graph_free_adjacency(&g);
-    free(g.early);
     MPI_Finalize();
     return ok ? 0 : 1;
 }
