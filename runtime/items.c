@@ -24,7 +24,8 @@ typedef struct items_stage {
 
 struct mr_items {
     bool live;
-    uint8_t id;
+    uint8_t id;              /* Its place in items_table and items_arrivals. */
+    uint16_t number;         /* The order of its creation: what peers address. */
     uint32_t item_size;      /* 0: variable. */
     size_t max_item;
     items_stage_t *stage;    /* Per destination. */
@@ -44,8 +45,12 @@ struct mr_items {
 
 /* Aggregators live here, so that a handle is checked without dereferencing it. */
 static mr_items_t items_table[MR_ITEMS_MAX];
-/* Item datagrams that arrived, per aggregator id, whether or not it exists yet. */
+/* Item datagrams that arrived, per place in items_table. */
 static rt_queue_t items_arrivals[MR_ITEMS_MAX];
+/* Item datagrams for aggregators this rank has not created yet. */
+static rt_queue_t items_future;
+/* Aggregators created since mr_init(): the next one's number. */
+static uint16_t items_created;
 
 static bool items_valid(const mr_items_t *a)
 {
@@ -68,23 +73,60 @@ void rt_items_init(void)
 {
     memset(items_table, 0, sizeof(items_table));
     for (int i = 0; i < MR_ITEMS_MAX; i++) items_arrivals[i].head = items_arrivals[i].tail = MR_NIL;
+    items_future.head = items_future.tail = MR_NIL;
+    items_created = 0;
+}
+
+/* The live aggregator created as `number`, or NULL. */
+static mr_items_t *items_by_number(uint16_t number)
+{
+    for (int i = 0; i < MR_ITEMS_MAX; i++) {
+        if (items_table[i].live && items_table[i].number == number) return &items_table[i];
+    }
+    return NULL;
 }
 
 /* ---- Receiving ------------------------------------------------------------------------ */
 
+/*
+ * Queues an item datagram for the aggregator it names: a live one, or one
+ * this rank has yet to create. One created and destroyed here already gets
+ * nothing: its items are dropped with a warning.
+ */
 void rt_items_arrived(uint32_t idx, int source, size_t length)
 {
     const uint8_t *data = rt.recvs[idx].data;
+    uint16_t number = length >= ITEMS_WIRE_HDR_LEN ? mr__get_le16(data) : 0;
+    mr_items_t *a = length >= ITEMS_WIRE_HDR_LEN ? items_by_number(number) : NULL;
 
-    if (length < ITEMS_WIRE_HDR_LEN || data[0] >= MR_ITEMS_MAX) {
-        mr_error("Rank %d sent an item datagram of %zu bytes for aggregator %d (at most %d "
-                 "exist); it is dropped.", source, length,
-                 length > 0 ? (int)data[0] : -1, MR_ITEMS_MAX);
+    if (a != NULL) {
+        rt_queue_push(&items_arrivals[a->id], idx, source, length);
+    } else if (length >= ITEMS_WIRE_HDR_LEN && (int16_t)(number - items_created) >= 0) {
+        rt_queue_push(&items_future, idx, source, length);
+    } else {
+        if (length < ITEMS_WIRE_HDR_LEN) {
+            mr_error("Rank %d sent an item datagram of %zu bytes, shorter than its header; it "
+                     "is dropped.", source, length);
+        } else {
+            mr_warn("Rank %d sent items to aggregator %u, which this rank has destroyed; they "
+                    "are dropped.", source, number);
+        }
         rt.stats.messages_received++;
         rt_recv_release(idx);
-        return;
     }
-    rt_queue_push(&items_arrivals[data[0]], idx, source, length);
+}
+
+/* Moves the datagrams that came early for a new aggregator into its queue. */
+static void items_adopt_early(mr_items_t *a)
+{
+    rt_queue_t keep = {MR_NIL, MR_NIL};
+
+    for (uint32_t idx; (idx = rt_queue_pop(&items_future)) != MR_NIL;) {
+        const uint8_t *data = rt.recvs[idx].data;
+        rt_queue_t *q = mr__get_le16(data) == a->number ? &items_arrivals[a->id] : &keep;
+        rt_queue_push(q, idx, rt.recvs[idx].source, rt.recvs[idx].length);
+    }
+    items_future = keep;
 }
 
 /* Counts the current datagram as received and gives its slot back. */
@@ -111,13 +153,13 @@ static bool items_header_ok(const mr_items_t *a, const uint8_t *data, size_t len
 
     if (!items_wire_hdr_decode(data, length, &h)) {
         mr_error("Rank %d sent a malformed datagram of %zu bytes to aggregator %u; its items "
-                 "are dropped.", source, length, a->id);
+                 "are dropped.", source, length, a->number);
         return false;
     }
-    if (h.item_size != a->item_size) {
+    if (h.number != a->number || h.item_size != a->item_size) {
         mr_error("Rank %d sent items of size %u to aggregator %u, which takes items of size %u "
                  "here (0: variable); create aggregators in the same order, with the same "
-                 "sizes, on every rank. Its items are dropped.", source, h.item_size, a->id,
+                 "sizes, on every rank. Its items are dropped.", source, h.item_size, h.number,
                  a->item_size);
         return false;
     }
@@ -200,7 +242,7 @@ static mr_status_t items_next(mr_items_t *a, mr_item_t *item)
         a->pos = items_wire_var_next(a->pos, a->end, &data, &length);
         if (a->pos == NULL) {
             mr_error("Rank %d sent a malformed variable-size item to aggregator %u; the rest "
-                     "of its datagram is dropped.", a->cur_source, a->id);
+                     "of its datagram is dropped.", a->cur_source, a->number);
             items_release_current(a);
             return MR_ERR_PROTOCOL;
         }
@@ -312,6 +354,33 @@ static void items_flush(mr_items_t *a)
     a->nstaged = 0;
 }
 
+/*
+ * Partly filled datagrams hold send slots, and with more destinations than
+ * slots they may hold them all: sends the fullest datagram of any aggregator,
+ * so that its slot frees up while the others go on filling.
+ */
+static void items_send_fullest(void)
+{
+    mr_items_t *best = NULL;
+    int best_dest = -1;
+    size_t best_fill = 0;
+
+    for (int i = 0; i < MR_ITEMS_MAX; i++) {
+        mr_items_t *a = &items_table[i];
+        if (!a->live) continue;
+        for (int k = 0; k < a->nstaged; k++) {
+            const items_stage_t *st = &a->stage[a->staged[k]];
+            size_t fill = st->pos == NULL ? 0 : rt.cfg.datagram_size - (size_t)(st->end - st->pos);
+            if (fill > best_fill) {
+                best = a;
+                best_dest = a->staged[k];
+                best_fill = fill;
+            }
+        }
+    }
+    if (best != NULL) items_send_staged(best, best_dest);
+}
+
 /* Starts a datagram for `dest` in a free send slot; MR_AGAIN when none is free. */
 static mr_status_t items_stage_open(mr_items_t *a, int dest)
 {
@@ -320,13 +389,12 @@ static mr_status_t items_stage_open(mr_items_t *a, int dest)
 
     if (idx == MR_NIL) {
         rt.stats.reserve_failures++;
-        /* Partly filled datagrams hold send slots: let them go so that slots free up. */
-        items_flush(a);
+        items_send_fullest();
         return MR_AGAIN;
     }
     rt.sends[idx].state = SEND_RESERVED;
     base = mr__pool_slot(&rt.send_pool, idx);
-    items_wire_hdr_encode(base, a->id, a->item_size);
+    items_wire_hdr_encode(base, a->number, a->item_size);
     a->stage[dest].pos = base + ITEMS_WIRE_HDR_LEN;
     a->stage[dest].end = base + rt.cfg.datagram_size;
     if (!a->listed[dest]) {
@@ -431,8 +499,14 @@ void rt_items_flush_all(void)
 mr_status_t mr_items_end_phase(mr_items_t *a)
 {
     ITEMS_CHECK("mr_items_end_phase()", a);
-    /* The last item pulled may have been handled: its datagram counts as received. */
-    if (a->pos == a->end) items_release_current(a);
+    /*
+     * The last item pulled from each aggregator may have been handled: its
+     * datagram counts as received now.
+     */
+    for (int i = 0; i < MR_ITEMS_MAX; i++) {
+        mr_items_t *b = &items_table[i];
+        if (b->live && b->pos == b->end) items_release_current(b);
+    }
     rt_items_flush_all();
     return mr_quiesce();
 }
@@ -487,7 +561,9 @@ mr_status_t mr_items_create(size_t item_size, mr_items_t **items)
     }
     a->cur = MR_NIL;
     a->self_head = a->self_tail = MR_NIL;
+    a->number = items_created++;
     a->live = true;
+    items_adopt_early(a);
     *items = a;
     return MR_OK;
 }
@@ -535,11 +611,11 @@ static uint64_t items_discard(mr_items_t *a)
 mr_status_t mr_items_destroy(mr_items_t *a)
 {
     ITEMS_CHECK("mr_items_destroy()", a);
-    unsigned id = a->id;
+    unsigned number = a->number;
     uint64_t discarded = items_discard(a);
     if (discarded > 0) {
         mr_warn("mr_items_destroy(): aggregator %u still had %llu datagrams of items staged, "
-                "arrived or being pulled; they are discarded.", id,
+                "arrived or being pulled; they are discarded.", number,
                 (unsigned long long)discarded);
     }
     return MR_OK;
@@ -565,8 +641,9 @@ uint64_t rt_items_drop_arrivals(void)
 {
     uint64_t dropped = 0;
 
-    for (int i = 0; i < MR_ITEMS_MAX; i++) {
-        for (uint32_t idx; (idx = rt_queue_pop(&items_arrivals[i])) != MR_NIL;) {
+    for (int i = 0; i <= MR_ITEMS_MAX; i++) {
+        rt_queue_t *q = i < MR_ITEMS_MAX ? &items_arrivals[i] : &items_future;
+        for (uint32_t idx; (idx = rt_queue_pop(q)) != MR_NIL;) {
             rt_recv_release(idx);
             dropped++;
         }

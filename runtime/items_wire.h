@@ -5,8 +5,9 @@
  *
  * A datagram is an 8-byte header, then the items back to back:
  *
- *   u8 aggregator id (< MR_ITEMS_MAX), u8 format (0 fixed, 1 variable),
- *   u16 reserved (0), u32 item size (fixed; 0 when variable), little-endian.
+ *   u16 aggregator number (the order of its creation, from 0, wrapping),
+ *   u8 format (0 fixed, 1 variable), u8 reserved (0), u32 item size (fixed;
+ *   0 when variable), little-endian.
  *
  * A fixed-size item is its bytes alone. A variable-size item is its length as
  * an unsigned LEB128 number of at most 3 bytes, in its shortest form, and then
@@ -29,40 +30,40 @@
 #define ITEMS_WIRE_VAR_MAX ((1u << 21) - 1)
 
 typedef struct items_wire_hdr {
-    uint8_t id;
+    uint16_t number;
     uint8_t format;
     uint32_t item_size;
 } items_wire_hdr_t;
 
-static inline void items_wire_hdr_encode(uint8_t out[ITEMS_WIRE_HDR_LEN], unsigned id,
+static inline void items_wire_hdr_encode(uint8_t out[ITEMS_WIRE_HDR_LEN], uint16_t number,
                                          uint32_t item_size)
 {
-    out[0] = (uint8_t)id;
-    out[1] = item_size == 0 ? ITEMS_WIRE_VARIABLE : ITEMS_WIRE_FIXED;
-    mr__put_le16(out + 2, 0);
+    mr__put_le16(out, number);
+    out[2] = item_size == 0 ? ITEMS_WIRE_VARIABLE : ITEMS_WIRE_FIXED;
+    out[3] = 0;
     mr__put_le32(out + 4, item_size);
 }
 
 /*
  * Reads a header; false when it is too short or not well formed (unknown
  * format, nonzero reserved field, a size that contradicts the format, or a
- * fixed size that does not divide the items' bytes). Only the id is checked
+ * fixed size that does not divide the items' bytes). The number is checked
  * against nothing: the caller matches it.
  */
 static inline bool items_wire_hdr_decode(const uint8_t *buf, size_t length,
                                          items_wire_hdr_t *out)
 {
     if (length < ITEMS_WIRE_HDR_LEN) return false;
-    uint8_t format = buf[1];
+    uint8_t format = buf[2];
     uint32_t size = mr__get_le32(buf + 4);
 
-    if (mr__get_le16(buf + 2) != 0) return false;
+    if (buf[3] != 0) return false;
     if (format == ITEMS_WIRE_FIXED) {
         if (size == 0 || (length - ITEMS_WIRE_HDR_LEN) % size != 0) return false;
     } else if (format != ITEMS_WIRE_VARIABLE || size != 0) {
         return false;
     }
-    out->id = buf[0];
+    out->number = mr__get_le16(buf);
     out->format = format;
     out->item_size = size;
     return true;

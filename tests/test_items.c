@@ -511,6 +511,98 @@ START_TEST(items_beside_datagrams)
 }
 END_TEST
 
+/*
+ * Two aggregators, each with the last item of a datagram pulled and nothing
+ * pulled after it: ending the phase through either one counts both
+ * datagrams as received, so the phase ends.
+ */
+START_TEST(end_phase_releases_every_aggregator)
+{
+    mr_items_t *a, *b;
+    mr_item_t it;
+    uint64_t v = 11;
+    uint32_t w = 12;
+    int dest = (world_rank + 1) % world_size, got_a = 0, got_b = 0;
+    double start = now_s();
+    mr_status_t st;
+
+    setup_env(NULL, NULL, "256");
+    init_on_world();
+    ck_assert_int_eq(mr_items_create(sizeof(v), &a), MR_OK);
+    ck_assert_int_eq(mr_items_create(sizeof(w), &b), MR_OK);
+    ck_assert_int_eq(mr_items_push(a, &v, sizeof(v), dest), MR_OK);
+    ck_assert_int_eq(mr_items_push(b, &w, sizeof(w), dest), MR_OK);
+    ck_assert_int_eq(mr_items_flush(a), MR_OK);
+    ck_assert_int_eq(mr_items_flush(b), MR_OK);
+    while (got_a == 0 || got_b == 0) {
+        if (got_a == 0 && mr_items_pull(a, &it) == MR_OK) {
+            ck_assert_uint_eq(*(const uint64_t *)it.data, v);
+            got_a++;
+        }
+        if (got_b == 0 && mr_items_pull(b, &it) == MR_OK) {
+            ck_assert_uint_eq(*(const uint32_t *)it.data, w);
+            got_b++;
+        }
+        ck_assert(now_s() - start < WAIT_LIMIT_S);
+    }
+    do {
+        st = mr_items_end_phase(a);
+        ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "the phase never ended");
+    } while (st == MR_AGAIN);
+    ck_assert_int_eq(st, MR_OK);
+    ck_assert_int_eq(mr_items_destroy(a), MR_OK);
+    ck_assert_int_eq(mr_items_destroy(b), MR_OK);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+}
+END_TEST
+
+/*
+ * An aggregator destroyed and another created in its place between phases,
+ * while a slow rank still pulls the old one: items pushed to the new one
+ * reach only the new one, by its number, even though it takes the old one's
+ * place in the table.
+ */
+START_TEST(recreated_aggregators_keep_their_items)
+{
+    mr_items_t *a, *c;
+    mr_item_t it;
+    uint64_t v = 7;
+    int old_got = 0, new_got = 0;
+    items_tally_t t;
+    double start = now_s();
+    mr_status_t st;
+
+    setup_env(NULL, NULL, "256");
+    init_on_world();
+    items_tally_init(&t, 1);
+    ck_assert_int_eq(mr_items_create(sizeof(v), &a), MR_OK);
+    end_phase(a, &t);
+    if (world_rank == 1) {
+        /* The slow rank still pulls its old aggregator, making progress. */
+        while (now_s() - start < 0.3) old_got += mr_items_pull(a, &it) == MR_OK;
+    }
+    ck_assert_int_eq(mr_items_destroy(a), MR_OK);
+    ck_assert_int_eq(mr_items_create(sizeof(v), &c), MR_OK);
+    ck_assert_ptr_eq(c, a); /* The same place: only the number tells them apart. */
+    if (world_rank == 0) ck_assert_int_eq(mr_items_push(c, &v, sizeof(v), 1), MR_OK);
+    do {
+        while (mr_items_pull(c, &it) == MR_OK) {
+            ck_assert_int_eq(it.source, 0);
+            ck_assert_uint_eq(*(const uint64_t *)it.data, v);
+            new_got++;
+        }
+        st = mr_items_end_phase(c);
+        ck_assert(now_s() - start < WAIT_LIMIT_S);
+    } while (st == MR_AGAIN);
+    ck_assert_int_eq(st, MR_OK);
+    ck_assert_int_eq(old_got, 0);
+    ck_assert_int_eq(new_got, world_rank == 1 ? 1 : 0);
+    ck_assert_int_eq(mr_items_destroy(c), MR_OK);
+    items_tally_free(&t);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+}
+END_TEST
+
 /* ---- Bad input ----------------------------------------------------------------------- */
 
 START_TEST(bad_input_is_refused)
@@ -647,6 +739,8 @@ static Suite *items_suite(void)
     ITEMS_CASE(s, backpressure_with_one_send_slot);
     ITEMS_CASE(s, end_phase_waits_for_chains);
     ITEMS_CASE(s, items_beside_datagrams);
+    ITEMS_CASE(s, end_phase_releases_every_aggregator);
+    ITEMS_CASE(s, recreated_aggregators_keep_their_items);
     ITEMS_CASE(s, bad_input_is_refused);
     ITEMS_CASE(s, mismatched_aggregators_are_named);
     return s;

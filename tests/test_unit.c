@@ -508,17 +508,17 @@ START_TEST(items_wire_known_answers)
     uint8_t hdr[ITEMS_WIRE_HDR_LEN], buf[8];
     items_wire_hdr_t h;
 
-    items_wire_hdr_encode(hdr, 5, 24);
-    ck_assert_mem_eq(hdr, ((uint8_t[]){5, 0, 0, 0, 24, 0, 0, 0}), ITEMS_WIRE_HDR_LEN);
+    items_wire_hdr_encode(hdr, 0x0105, 24);
+    ck_assert_mem_eq(hdr, ((uint8_t[]){5, 1, 0, 0, 24, 0, 0, 0}), ITEMS_WIRE_HDR_LEN);
     ck_assert(items_wire_hdr_decode(hdr, ITEMS_WIRE_HDR_LEN + 48, &h));
-    ck_assert_uint_eq(h.id, 5);
+    ck_assert_uint_eq(h.number, 0x0105);
     ck_assert_uint_eq(h.item_size, 24);
     ck_assert(!items_wire_hdr_decode(hdr, ITEMS_WIRE_HDR_LEN + 47, &h)); /* Ragged. */
     ck_assert(!items_wire_hdr_decode(hdr, ITEMS_WIRE_HDR_LEN - 1, &h));
     items_wire_hdr_encode(hdr, 1, 0);
-    ck_assert_uint_eq(hdr[1], ITEMS_WIRE_VARIABLE);
+    ck_assert_uint_eq(hdr[2], ITEMS_WIRE_VARIABLE);
     ck_assert(items_wire_hdr_decode(hdr, ITEMS_WIRE_HDR_LEN + 3, &h));
-    hdr[2] = 1;
+    hdr[3] = 1;
     ck_assert(!items_wire_hdr_decode(hdr, ITEMS_WIRE_HDR_LEN, &h)); /* Reserved. */
 
     for (size_t i = 0; i < sizeof(lengths) / sizeof(lengths[0]); i++) {

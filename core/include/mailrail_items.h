@@ -24,10 +24,12 @@
  * An item handler may push further items (a traversal's next frontier); the
  * phase ends only when those have been pulled too.
  *
- * Aggregators are matched between ranks by the order of creation: every rank
- * creates its aggregators in the same order, with the same item size. At
- * most MR_ITEMS_MAX exist at once. Like the rest of MailRail, one thread per
- * process.
+ * Aggregators are matched between ranks by the order of creation: the n-th
+ * aggregator a rank creates sends to the n-th of every other rank, so every
+ * rank creates (and destroys) its aggregators in the same order, with the
+ * same item size. Items that reach a rank before it has created their
+ * aggregator wait for it. At most MR_ITEMS_MAX exist at once. Like the rest
+ * of MailRail, one thread per process.
  */
 #ifndef MAILRAIL_ITEMS_H
 #define MAILRAIL_ITEMS_H
@@ -79,7 +81,8 @@ MR_API mr_status_t mr_items_create(size_t item_size, mr_items_t **items);
 /*
  * Destroys an aggregator. Items still staged, in flight to it, or not yet
  * pulled are discarded, and a warning gives their number: end the phase
- * first. mr_finalize() destroys the aggregators that are left.
+ * first. Items that reach it later are dropped with a warning.
+ * mr_finalize() destroys the aggregators that are left.
  *
  * Returns MR_OK, MR_ERR_INVALID_PARAM (not a live aggregator) or
  * MR_ERR_NOT_INITIALIZED.
@@ -97,9 +100,11 @@ MR_API size_t mr_items_max_size(const mr_items_t *items);
  * Returns:
  *   MR_OK                    the item will be delivered once.
  *   MR_AGAIN                 backpressure: no send buffer is free for `dest`'s
- *                            next datagram. The partly filled datagrams of this
- *                            aggregator are sent to free buffers. Pull (which
- *                            makes progress) and push the item again.
+ *                            next datagram. The fullest partly filled datagram
+ *                            (of any aggregator) is sent to free one. Pull
+ *                            (which makes progress) and push the item again.
+ *                            Datagrams fill best with more send slots
+ *                            (MAILRAIL_SEND_SLOTS) than destinations.
  *   MR_ERR_INVALID_RANK      `dest` is not in [0, mr_size()).
  *   MR_ERR_MESSAGE_TOO_LONG  `length` is larger than mr_items_max_size().
  *   MR_ERR_INVALID_PARAM     `length` differs from a fixed item size, `item` is

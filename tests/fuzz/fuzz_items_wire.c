@@ -52,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(buf, data, size);
     if (items_wire_hdr_decode(size ? buf : NULL, size, &h)) {
         uint8_t again[ITEMS_WIRE_HDR_LEN];
-        items_wire_hdr_encode(again, h.id, h.item_size);
+        items_wire_hdr_encode(again, h.number, h.item_size);
         if (size < ITEMS_WIRE_HDR_LEN || memcmp(again, buf, ITEMS_WIRE_HDR_LEN) != 0) abort();
         if (h.format == ITEMS_WIRE_FIXED) {
             if (h.item_size == 0 || (size - ITEMS_WIRE_HDR_LEN) % h.item_size != 0) abort();
