@@ -214,8 +214,9 @@ static void perf_die(const char *what, mr_status_t st)
 }
 
 /*
- * To oneself: pushes until the send pool is full, then pulls everything
- * back, one call per item or one per block, alternately; the two kinds of
+ * To oneself: pushes 8 datagrams' worth of items (so that the send slots
+ * they fill come back warm, as in a steady exchange), then pulls them back,
+ * one call per item or one per block, alternately; the two kinds of
  * interval add up to the push and pull costs.
  */
 static void perf_items_self(mr_items_t *a, size_t size, long count, perf_item_costs_t *c)
@@ -223,12 +224,13 @@ static void perf_items_self(mr_items_t *a, size_t size, long count, perf_item_co
     static uint8_t item[64];
     double push = 0, pull = 0, block = 0;
     long pulled_one = 0, pulled_block = 0, pushed = 0;
+    long round_items = 8 * (long)(mr_items_max_size(a) ? (mr_datagram_size() - 8) / size : 1);
 
     for (int round = 0; pushed < count; round++) {
         double t0 = tool_now();
-        long n = 0;
+        long n = 0, limit = count - pushed < round_items ? count - pushed : round_items;
         mr_status_t st;
-        while (pushed + n < count && (st = mr_items_push(a, item, size, mr_rank())) == MR_OK) n++;
+        while (n < limit && (st = mr_items_push(a, item, size, mr_rank())) == MR_OK) n++;
         double t1 = tool_now();
         mr_items_flush(a);
         double t2 = tool_now();
