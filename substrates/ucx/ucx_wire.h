@@ -33,8 +33,10 @@
 #define UCX_WIRE_ADDR_HDR_LEN 32
 
 /*
- * The header of every active message, little-endian and packed: u8 kind,
- * u32 imm, i32 source rank, u8 failures seen (saturating).
+ * The header of every control message and of data messages that carry
+ * something (credits, failures seen), little-endian and packed: u8 kind,
+ * u32 imm, i32 source rank, u8 failures seen (saturating). Other data
+ * messages have no header: their AM id names the sender and the kind.
  */
 #define UCX_WIRE_HDR_LEN 10
 
