@@ -23,12 +23,10 @@ const mr_config_entry_t mr__core_config_table[] = {
      16, 64u << 20, NULL,
      "The capacity of every send and receive buffer, which is the largest message, in bytes "
      "(suffixes K, M, G)."},
-    {"MAILRAIL_SEND_SLOTS", "0", MR_CONFIG_UINT, offsetof(mr_core_config_t, send_slots), 0,
+    {"MAILRAIL_SEND_SLOTS", "256", MR_CONFIG_UINT, offsetof(mr_core_config_t, send_slots), 1,
      1u << 20, NULL,
      "Buffers in the send pool: the most messages reserved, deferred or in flight at once. "
-     "Beyond it mr_reserve() returns MR_AGAIN (backpressure). 0 sizes the pool to about "
-     "1 MiB, from 16 to 256 slots (256 of 4 KiB, 16 of 64 KiB): a sender far ahead of its "
-     "receiver only makes the transport read cold buffers."},
+     "Beyond it mr_reserve() returns MR_AGAIN (backpressure)."},
     {"MAILRAIL_RECV_SLOTS", "1024", MR_CONFIG_UINT, offsetof(mr_core_config_t, recv_slots), 1,
      1u << 22, NULL,
      "Buffers in the receive pool: the most messages that can have arrived and not yet been "

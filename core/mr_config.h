@@ -77,9 +77,4 @@ extern const char *const mr__yield_names[];
 
 extern const mr_config_entry_t mr__core_config_table[];
 
-/* MAILRAIL_SEND_SLOTS=0: the pool's size in bytes, and its bounds in slots. */
-#define MR_SEND_POOL_AUTO_BYTES (1u << 20)
-#define MR_SEND_SLOTS_AUTO_MIN 16
-#define MR_SEND_SLOTS_AUTO_MAX 256
-
 #endif /* MR_CONFIG_H */

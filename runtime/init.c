@@ -227,12 +227,6 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     if (status == MR_OK) status = mr__config_parse(mr__flowctl_config_table, &rt.fcfg);
     if (status != MR_OK) return status;
     mr__log_threshold = (mr_log_level_t)rt.cfg.log_level;
-    if (rt.cfg.send_slots == 0) {
-        uint64_t slots = MR_SEND_POOL_AUTO_BYTES / rt.cfg.datagram_size;
-        if (slots < MR_SEND_SLOTS_AUTO_MIN) slots = MR_SEND_SLOTS_AUTO_MIN;
-        if (slots > MR_SEND_SLOTS_AUTO_MAX) slots = MR_SEND_SLOTS_AUTO_MAX;
-        rt.cfg.send_slots = slots;
-    }
 
     flowctl_name = mr__flowctl_names[rt.fcfg.policy];
     rt.flowctl = mr__flowctl_find(flowctl_name);

@@ -62,7 +62,7 @@ START_TEST(config_defaults)
     ck_assert_int_eq(mr__config_parse(mr__core_config_table, &cfg), MR_OK);
     ck_assert_str_eq(cfg.substrate, "ucx");
     ck_assert_uint_eq(cfg.datagram_size, 4096);
-    ck_assert_uint_eq(cfg.send_slots, 0); /* Sized at init: about 1 MiB of slots. */
+    ck_assert_uint_eq(cfg.send_slots, 256);
     ck_assert_uint_eq(cfg.recv_slots, 1024);
     ck_assert_str_eq(cfg.plugin_path, "");
     ck_assert_uint_eq(cfg.log_level, MR_LOG_WARN);
@@ -125,8 +125,8 @@ static const struct {
     {"MAILRAIL_DATAGRAM_SIZE", "4KX", "suffixes K, M, G"},
     {"MAILRAIL_DATAGRAM_SIZE", "-4096", "a size from"},
     {"MAILRAIL_DATAGRAM_SIZE", "99999999999999999999999", "a size from"},
-    {"MAILRAIL_SEND_SLOTS", "-1", "an integer from 0 to"},
-    {"MAILRAIL_SEND_SLOTS", "12k", "an integer from 0"},
+    {"MAILRAIL_SEND_SLOTS", "0", "an integer from 1 to"},
+    {"MAILRAIL_SEND_SLOTS", "12k", "an integer from 1"},
     {"MAILRAIL_SEND_SLOTS", " 12", "an integer"},
     {"MAILRAIL_RECV_SLOTS", "1e3", "an integer"},
     {"MAILRAIL_FLOWCTL", "credit", "none|rank|node"},
