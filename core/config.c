@@ -27,6 +27,12 @@ const mr_config_entry_t mr__core_config_table[] = {
      1u << 20, NULL,
      "Buffers in the send pool: the most messages reserved, deferred or in flight at once. "
      "Beyond it mr_reserve() returns MR_AGAIN (backpressure)."},
+    {"MAILRAIL_SEND_BYTES", "1M", MR_CONFIG_SIZE, offsetof(mr_core_config_t, send_bytes), 0,
+     UINT64_C(1) << 40, NULL,
+     "Bytes of messages sent and not yet completed (in flight or deferred) from which "
+     "mr_reserve() returns MR_AGAIN, whatever slots are free; 0: no limit. A sender far ahead "
+     "of its receiver with large messages would otherwise cycle through the whole send pool, "
+     "and the transport would read buffers that have left the cache."},
     {"MAILRAIL_RECV_SLOTS", "1024", MR_CONFIG_UINT, offsetof(mr_core_config_t, recv_slots), 1,
      1u << 22, NULL,
      "Buffers in the receive pool: the most messages that can have arrived and not yet been "

@@ -126,6 +126,9 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
 
 void rt_send_free(uint32_t idx)
 {
+    if (rt.sends[idx].state == SEND_INFLIGHT || rt.sends[idx].state == SEND_DEFERRED) {
+        rt.pending_bytes -= rt.sends[idx].length;
+    }
     rt.sends[idx].state = SEND_FREE;
     mr__pool_put(&rt.send_pool, idx);
 }
@@ -206,6 +209,7 @@ static mr_status_t rt_transmit(uint32_t idx)
         status = rt.substrate->send(rt.sub, dest, s->kind, imm,
                                     mr__pool_slot(&rt.send_pool, idx), s->length, s);
         if (status == MR_OK) {
+            if (s->state != SEND_DEFERRED) rt.pending_bytes += s->length;
             s->state = SEND_INFLIGHT;
             rt.inflight++;
         }
@@ -270,7 +274,7 @@ mr_status_t mr_reserve(void **buffer)
         mr_error("mr_reserve(): the output pointer is NULL.");
         return MR_ERR_INVALID_PARAM;
     }
-    idx = mr__pool_get(&rt.send_pool);
+    idx = rt_send_bytes_full() ? MR_NIL : mr__pool_get(&rt.send_pool);
     if (idx == MR_NIL) {
         rt.stats.reserve_failures++;
         return MR_AGAIN;
@@ -343,6 +347,7 @@ mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
     }
     if (status == MR_AGAIN) {
         s->state = SEND_DEFERRED;
+        rt.pending_bytes += length;
         mr__deferq_push(&rt.deferq, dest, idx);
         rt.stats.deferred_sends++;
     }

@@ -328,7 +328,7 @@ static mr_status_t items_send_staged(mr_items_t *a, int dest)
 
     st->pos = st->end = NULL;
     if (dest == rt.rank) {
-        rt.sends[idx].state = SEND_INFLIGHT;
+        rt.sends[idx].state = SEND_LOCAL;
         rt.sends[idx].length = (uint32_t)length;
         rt.sends[idx].next = MR_NIL;
         if (a->self_tail == MR_NIL) a->self_head = idx;
@@ -385,7 +385,7 @@ static void items_send_fullest(void)
 /* Starts a datagram for `dest` in a free send slot; MR_AGAIN when none is free. */
 static mr_status_t items_stage_open(mr_items_t *a, int dest)
 {
-    uint32_t idx = mr__pool_get(&rt.send_pool);
+    uint32_t idx = rt_send_bytes_full() ? MR_NIL : mr__pool_get(&rt.send_pool);
     uint8_t *base;
 
     if (idx == MR_NIL) {

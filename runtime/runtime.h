@@ -29,8 +29,11 @@
 
 enum rt_state { RT_UNINITIALIZED, RT_READY, RT_FINALIZED };
 
-/* Where a send slot is in its life. */
-enum send_state { SEND_FREE, SEND_RESERVED, SEND_DEFERRED, SEND_INFLIGHT };
+/*
+ * Where a send slot is in its life. SEND_LOCAL: an aggregator's datagram to
+ * itself, waiting in its own queue (never sent).
+ */
+enum send_state { SEND_FREE, SEND_RESERVED, SEND_DEFERRED, SEND_INFLIGHT, SEND_LOCAL };
 
 /* Where a receive slot is in its life (RECV_ITEMS: an aggregator is pulling from it). */
 enum recv_state { RECV_FREE, RECV_FILLING, RECV_QUEUED, RECV_HELD, RECV_ITEMS };
@@ -110,6 +113,7 @@ typedef struct rt_runtime {
     uint64_t last_wave[2];
     bool unclean;          /* A collective was abandoned: MPI cannot be finalized. */
     size_t inflight;       /* Sends accepted by the substrate and not completed. */
+    uint64_t pending_bytes;  /* Of messages deferred or in flight (MAILRAIL_SEND_BYTES). */
     uint64_t dropped_at_finalize;
 
     unsigned receive_calls;
@@ -151,8 +155,13 @@ void rt_queue_push(rt_queue_t *q, uint32_t idx, int source, size_t length);
 uint32_t rt_queue_pop(rt_queue_t *q);
 /* Returns a held or queued receive slot, and its credit, to MailRail. */
 void rt_recv_release(uint32_t idx);
-/* Frees a send slot that will not be sent. */
+/* Frees a send slot: sent, or never to be sent. */
 void rt_send_free(uint32_t idx);
+/* True when messages deferred or in flight hold MAILRAIL_SEND_BYTES or more. */
+static inline bool rt_send_bytes_full(void)
+{
+    return rt.cfg.send_bytes != 0 && rt.pending_bytes >= rt.cfg.send_bytes;
+}
 /*
  * Sends a reserved send slot: transmits it, or defers it behind older
  * messages to `dest` (MR_OK either way), or returns the substrate's error

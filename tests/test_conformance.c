@@ -198,6 +198,44 @@ START_TEST(backpressure)
 END_TEST
 
 /*
+ * MAILRAIL_SEND_BYTES: once the messages in flight hold that many bytes,
+ * reserve says MR_AGAIN although slots are free, until sends complete.
+ */
+START_TEST(send_bytes_backpressure)
+{
+    void *a, *b, *c = (void *)0x1;
+    int dest = (world_rank + 1) % world_size;
+    tally_t t;
+    double start;
+
+    setenv("MAILRAIL_SEND_BYTES", "1K", 1);
+    setup_env("8", NULL, "512");
+    init_on_world();
+    unsetenv("MAILRAIL_SEND_BYTES");
+    tally_init(&t, 8);
+    ck_assert_int_eq(mr_reserve(&a), MR_OK);
+    ck_assert_int_eq(mr_reserve(&b), MR_OK);
+    fill_message(a, 512, world_rank, dest, 0);
+    fill_message(b, 512, world_rank, dest, 1);
+    ck_assert_int_eq(mr_send(a, 512, dest), MR_OK);
+    ck_assert_int_eq(mr_send(b, 512, dest), MR_OK);
+    /* 1 KiB in flight: no completion is seen before progress, so this is certain. */
+    ck_assert_int_eq(mr_reserve(&c), MR_AGAIN);
+    ck_assert_ptr_eq(c, (void *)0x1);
+    start = now_s();
+    while (mr_reserve(&c) == MR_AGAIN) {
+        drain(&t);
+        ck_assert(now_s() - start < WAIT_LIMIT_S);
+    }
+    ck_assert_int_eq(mr_release(c), MR_OK);
+    quiesce(&t);
+    ck_assert_uint_eq(t.count, 2);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
+/*
  * Messages that spawn messages: a token hops `hops` times around the ring.
  * Quiescence may only return once the last hop was received.
  */
@@ -1121,6 +1159,7 @@ static Suite *conformance_suite(void)
         return s;
     }
     tcase_add_test(tc, all_to_all_exactly_once);
+    tcase_add_test(tc, send_bytes_backpressure);
     tcase_add_test(tc, incast_exactly_once);
     tcase_add_test(tc, order_per_destination);
     tcase_add_test(tc, zero_and_max_length);

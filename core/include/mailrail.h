@@ -177,7 +177,8 @@ MR_API size_t mr_datagram_size(void);
  *
  * Returns:
  *   MR_OK                   *buffer is the reserved buffer.
- *   MR_AGAIN                backpressure: every send buffer is in use. Call
+ *   MR_AGAIN                backpressure: every send buffer is in use, or the
+ *                           messages in flight hold MAILRAIL_SEND_BYTES. Call
  *                           mr_receive() and try again. Not an error.
  *   MR_ERR_INVALID_PARAM    `buffer` is NULL.
  *   MR_ERR_NOT_INITIALIZED  called before mr_init() or after mr_finalize().
