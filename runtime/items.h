@@ -1,0 +1,87 @@
+/*
+ * What the files of the item layer share (items.c: the aggregators' table,
+ * their life and the end of a phase; items_push.c: staging and sending;
+ * items_pull.c: arrivals and pulling). Internal to the runtime;
+ * docs/items.md describes the design and items_wire.h the layout.
+ *
+ * A staged datagram is a send-pool slot, so credits and the send pool govern
+ * items exactly as they govern mr_send(). A datagram to oneself never leaves
+ * its send slot: it waits in the aggregator's own queue until pulled.
+ * Quiescence counts a datagram as sent when it leaves staging and as
+ * received only when its last item has been pulled, so that an item handler
+ * that pushes more keeps the phase open.
+ */
+#ifndef MR_ITEMS_H
+#define MR_ITEMS_H
+
+#include "runtime.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Where the items for one destination are being staged. */
+typedef struct items_stage {
+    uint8_t *pos;       /* Next free byte, or NULL when nothing is staged. */
+    uint8_t *end;       /* End of the datagram. */
+} items_stage_t;
+
+/* Aligned to a power of two, so that checking a handle takes no division. */
+struct __attribute__((aligned(128))) mr_items {
+    bool live;
+    uint8_t id;              /* Its place in rt_items_table and rt_items_arrivals. */
+    uint16_t number;         /* The order of its creation: what peers address. */
+    uint32_t item_size;      /* 0: variable. */
+    size_t max_item;
+    items_stage_t *stage;    /* Per destination. */
+    int *staged;             /* Destinations with a staged datagram (maybe sent since). */
+    uint8_t *listed;         /* Per destination: in staged[]. */
+    int nstaged;
+
+    /* The datagram being pulled: a receive slot, or a send slot when to oneself. */
+    uint32_t cur;
+    bool cur_self;
+    int cur_source;
+    const uint8_t *pos, *end;
+
+    uint32_t self_head, self_tail;   /* Datagrams to oneself, linked by rt_send_t.next. */
+    unsigned pulls;                  /* Datagrams taken, to pace progress. */
+};
+
+/* Aggregators live here, so that a handle is checked without dereferencing it. */
+extern mr_items_t rt_items_table[MR_ITEMS_MAX];
+/* Item datagrams that arrived, per place in rt_items_table. */
+extern rt_queue_t rt_items_arrivals[MR_ITEMS_MAX];
+/* Item datagrams for aggregators this rank has not created yet. */
+extern rt_queue_t rt_items_future;
+/* Aggregators created since mr_init(): the next one's number. */
+extern uint16_t rt_items_created;
+
+/* Whether `a` is a live aggregator; never reads memory outside the table. */
+static inline bool rt_items_valid(const mr_items_t *a)
+{
+    uintptr_t off = (uintptr_t)a - (uintptr_t)rt_items_table;
+
+    return a != NULL && off < sizeof(rt_items_table) && off % sizeof(*a) == 0 && a->live;
+}
+
+/* Returns from an API function called before init or with an invalid handle. */
+#define RT_ITEMS_CHECK(fn, a)                                                                \
+    do {                                                                                     \
+        RT_CHECK_READY(fn);                                                                  \
+        if (!rt_items_valid(a)) {                                                            \
+            mr_error("%s: %p is not a live aggregator from mr_items_create().", fn,          \
+                     (const void *)(a));                                                     \
+            return MR_ERR_INVALID_PARAM;                                                     \
+        }                                                                                    \
+    } while (0)
+
+/* items.c: the live aggregator created as `number`, or NULL. */
+mr_items_t *rt_items_by_number(uint16_t number);
+/* items_pull.c: moves the datagrams that came early for a new aggregator into its queue. */
+void rt_items_adopt_early(mr_items_t *a);
+/* items_pull.c: counts the datagram being pulled as received and gives its slot back. */
+void rt_items_release_current(mr_items_t *a);
+/* items_push.c: sends every staged datagram of an aggregator. */
+void rt_items_flush(mr_items_t *a);
+
+#endif /* MR_ITEMS_H */

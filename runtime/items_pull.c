@@ -1,0 +1,230 @@
+/*
+ * The item layer's receive side: item datagrams queued per aggregator as
+ * they arrive, and pulled zero copy, one item, a batch or a block at a time.
+ */
+#include "items.h"
+#include "items_wire.h"
+
+/*
+ * Queues an item datagram for the aggregator it names: a live one, or one
+ * this rank has yet to create. One created and destroyed here already gets
+ * nothing: its items are dropped with a warning.
+ */
+void rt_items_arrived(uint32_t idx, int source, size_t length)
+{
+    const uint8_t *data = rt.recvs[idx].data;
+    uint16_t number = length >= ITEMS_WIRE_HDR_LEN ? mr__get_le16(data) : 0;
+    mr_items_t *a = length >= ITEMS_WIRE_HDR_LEN ? rt_items_by_number(number) : NULL;
+
+    if (a != NULL) {
+        rt_queue_push(&rt_items_arrivals[a->id], idx, source, length);
+    } else if (length >= ITEMS_WIRE_HDR_LEN && (int16_t)(number - rt_items_created) >= 0) {
+        rt_queue_push(&rt_items_future, idx, source, length);
+    } else {
+        if (length < ITEMS_WIRE_HDR_LEN) {
+            mr_error("Rank %d sent an item datagram of %zu bytes, shorter than its header; it "
+                     "is dropped.", source, length);
+        } else {
+            mr_warn("Rank %d sent items to aggregator %u, which this rank has destroyed; they "
+                    "are dropped.", source, number);
+        }
+        rt.stats.messages_received++;
+        rt_recv_release(idx);
+    }
+}
+
+/* Moves the datagrams that came early for a new aggregator into its queue. */
+void rt_items_adopt_early(mr_items_t *a)
+{
+    rt_queue_t keep = {MR_NIL, MR_NIL};
+
+    for (uint32_t idx; (idx = rt_queue_pop(&rt_items_future)) != MR_NIL;) {
+        const uint8_t *data = rt.recvs[idx].data;
+        rt_queue_t *q = mr__get_le16(data) == a->number ? &rt_items_arrivals[a->id] : &keep;
+        rt_queue_push(q, idx, rt.recvs[idx].source, rt.recvs[idx].length);
+    }
+    rt_items_future = keep;
+}
+
+/* Counts the current datagram as received and gives its slot back. */
+void rt_items_release_current(mr_items_t *a)
+{
+    if (a->cur == MR_NIL) return;
+    if (a->cur_self) {
+        rt.stats.messages_received++;
+        rt.stats.bytes_received += rt.sends[a->cur].length;
+        rt_send_free(a->cur);
+    } else {
+        rt.stats.messages_received++;
+        rt.stats.bytes_received += rt.recvs[a->cur].length;
+        rt_recv_release(a->cur);
+    }
+    a->cur = MR_NIL;
+    a->pos = a->end = NULL;
+}
+
+/* Checks a datagram's header against the aggregator; logs a mismatch. */
+static bool items_header_ok(const mr_items_t *a, const uint8_t *data, size_t length, int source)
+{
+    items_wire_hdr_t h;
+
+    if (!items_wire_hdr_decode(data, length, &h)) {
+        mr_error("Rank %d sent a malformed datagram of %zu bytes to aggregator %u; its items "
+                 "are dropped.", source, length, a->number);
+        return false;
+    }
+    if (h.number != a->number || h.item_size != a->item_size) {
+        mr_error("Rank %d sent items of size %u to aggregator %u, which takes items of size %u "
+                 "here (0: variable); create aggregators in the same order, with the same "
+                 "sizes, on every rank. Its items are dropped.", source, h.item_size, h.number,
+                 a->item_size);
+        return false;
+    }
+    return true;
+}
+
+/* Takes the next datagram from the network or from oneself; no progress. */
+static mr_status_t items_take(mr_items_t *a)
+{
+    rt_queue_t *q = &rt_items_arrivals[a->id];
+    const uint8_t *data;
+    size_t length;
+    int source;
+
+    /* Both waiting: alternate, so that neither starves the other. */
+    bool self = a->self_head != MR_NIL && (q->head == MR_NIL || (a->pulls & 1));
+    if (self) {
+        a->cur = a->self_head;
+        a->self_head = rt.sends[a->cur].next;
+        if (a->self_head == MR_NIL) a->self_tail = MR_NIL;
+        data = mr__pool_slot(&rt.send_pool, a->cur);
+        length = rt.sends[a->cur].length;
+        source = rt.rank;
+    } else {
+        a->cur = rt_queue_pop(q);
+        if (a->cur == MR_NIL) return MR_AGAIN;
+        rt.recvs[a->cur].state = RECV_ITEMS;
+        data = rt.recvs[a->cur].data;
+        length = rt.recvs[a->cur].length;
+        source = rt.recvs[a->cur].source;
+    }
+    a->cur_self = self;
+    a->cur_source = source;
+    a->pulls++;
+    if (!items_header_ok(a, data, length, source)) {
+        rt_items_release_current(a);
+        return MR_ERR_PROTOCOL;
+    }
+    a->pos = data + ITEMS_WIRE_HDR_LEN;
+    a->end = data + length;
+    return MR_OK;
+}
+
+/*
+ * Makes sure the current datagram has an item left: releases an exhausted
+ * one and takes the next, making progress when none is waiting (and every
+ * 16 datagrams while they are, so that credits and sends keep moving).
+ */
+static mr_status_t items_ready(mr_items_t *a)
+{
+    mr_status_t status;
+
+    if (a->pos != a->end) return MR_OK;
+    rt_items_release_current(a);
+    bool waiting = rt_items_arrivals[a->id].head != MR_NIL || a->self_head != MR_NIL;
+    if (!waiting || (a->pulls & 15) == 0) {
+        int events = rt_progress(0);
+        if (events < 0) return (mr_status_t)events;
+        if (rt_report_failure()) return MR_ERR_PEER_FAILED;
+    }
+    status = items_take(a);
+    if (status == MR_AGAIN) {
+        rt_idle();
+        return MR_AGAIN;
+    }
+    rt.idle_polls = 0;
+    /* A datagram may hold no item (a flush of nothing sends none, but a peer may). */
+    return status == MR_OK && a->pos == a->end ? MR_AGAIN : status;
+}
+
+/* The next item of the current datagram, which has one. */
+static mr_status_t items_next(mr_items_t *a, mr_item_t *item)
+{
+    const uint8_t *data = a->pos;
+    size_t length = a->item_size;
+
+    if (length != 0) {
+        a->pos += length;
+    } else {
+        a->pos = items_wire_var_next(a->pos, a->end, &data, &length);
+        if (a->pos == NULL) {
+            mr_error("Rank %d sent a malformed variable-size item to aggregator %u; the rest "
+                     "of its datagram is dropped.", a->cur_source, a->number);
+            rt_items_release_current(a);
+            return MR_ERR_PROTOCOL;
+        }
+    }
+    item->data = data;
+    item->length = length;
+    item->source = a->cur_source;
+    rt.stats.items_pulled++;
+    return MR_OK;
+}
+
+mr_status_t mr_items_pull(mr_items_t *a, mr_item_t *item)
+{
+    mr_status_t status;
+
+    RT_ITEMS_CHECK("mr_items_pull()", a);
+    if (item == NULL) {
+        mr_error("mr_items_pull(): the item pointer is NULL.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    status = items_ready(a);
+    return status == MR_OK ? items_next(a, item) : status;
+}
+
+mr_status_t mr_items_pull_batch(mr_items_t *a, mr_item_t *out, size_t max, size_t *count)
+{
+    mr_status_t status;
+    size_t n = 0;
+
+    RT_ITEMS_CHECK("mr_items_pull_batch()", a);
+    if (out == NULL || count == NULL || max == 0) {
+        mr_error("mr_items_pull_batch(): NULL output or a maximum of 0 items.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    *count = 0;
+    status = items_ready(a);
+    while (status == MR_OK && n < max && a->pos != a->end) {
+        status = items_next(a, &out[n]);
+        if (status == MR_OK) n++;
+    }
+    /* A malformed item ends the batch; the items before it are good. */
+    if (n > 0) status = MR_OK;
+    *count = n;
+    return status;
+}
+
+mr_status_t mr_items_pull_block(mr_items_t *a, const void **data, size_t *count, int *source)
+{
+    mr_status_t status;
+
+    RT_ITEMS_CHECK("mr_items_pull_block()", a);
+    if (a->item_size == 0 || data == NULL || count == NULL || source == NULL) {
+        mr_error("mr_items_pull_block(): %s.", a->item_size == 0
+                     ? "the aggregator takes variable-size items; use mr_items_pull_batch()"
+                     : "an output pointer is NULL");
+        return MR_ERR_INVALID_PARAM;
+    }
+    status = items_ready(a);
+    if (status != MR_OK) return status;
+    size_t n = (size_t)(a->end - a->pos) / a->item_size;
+    *data = a->pos;
+    *count = n;
+    *source = a->cur_source;
+    a->pos = a->end;
+    rt.stats.items_pulled += n;
+    return MR_OK;
+}
+
