@@ -53,8 +53,9 @@ const mr_config_entry_t mr__core_config_table[] = {
     {"MAILRAIL_YIELD", "auto", MR_CONFIG_ENUM, offsetof(mr_core_config_t, yield), 0, 0,
      mr__yield_names,
      "Whether a poll that finds nothing now and then gives the core away (sched_yield): "
-     "auto does when this host runs more ranks than the CPUs this process may use, so that "
-     "oversubscribed ranks let each other run, and spins otherwise, as MPI libraries do."},
+     "auto does when this machine (one kernel, whatever the ranks' host names) runs more "
+     "ranks than the CPUs this process may use, so that oversubscribed ranks let each other "
+     "run, and spins otherwise, as MPI libraries do."},
     {"MAILRAIL_TIMEOUT", "60", MR_CONFIG_UINT, offsetof(mr_core_config_t, timeout_s), 1, 86400,
      NULL,
      "Seconds that init may wait for peers to connect and finalize may wait for in-flight "

@@ -143,9 +143,9 @@ static mr_status_t rt_alloc_pools(void)
 
 /*
  * Whether idle polls give the core away: with MAILRAIL_YIELD=auto, when this
- * host runs more ranks than the CPUs this process may run on, so that the
- * ranks waiting for each other let each other run. Otherwise spinning is
- * cheaper: a yield is a system call.
+ * machine (one kernel, even under several host names) runs more ranks than
+ * the CPUs this process may run on, so that the ranks waiting for each other
+ * let each other run. Otherwise spinning is cheaper: a yield is a system call.
  */
 static bool rt_idle_yields(void)
 {
@@ -155,9 +155,9 @@ static bool rt_idle_yields(void)
     if (rt.cfg.yield != MR_YIELD_AUTO) return rt.cfg.yield == MR_YIELD_ALWAYS;
     if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) ncpus = CPU_COUNT(&cpus);
     if (ncpus <= 0) return true;
-    mr_debug("%d ranks on this host, %d CPUs: idle polls %s.", rt.host_ranks, ncpus,
-             rt.host_ranks > ncpus ? "yield" : "spin");
-    return rt.host_ranks > ncpus;
+    mr_debug("%d ranks on this machine, %d CPUs: idle polls %s.", rt.machine_ranks, ncpus,
+             rt.machine_ranks > ncpus ? "yield" : "spin");
+    return rt.machine_ranks > ncpus;
 }
 
 static mr_status_t rt_open_flowctl(void)

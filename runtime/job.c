@@ -64,11 +64,19 @@ mr_status_t rt_agree(mr_status_t local)
 /* Orders ranks by host name, then by rank, for rt_map_nodes(). */
 static const char *rt_sort_hosts;
 
+/*
+ * What each rank tells the others: its host name, then its kernel's boot id,
+ * which tells ranks on one machine apart from ranks on hosts that only have
+ * their own names (emulated hosts in network and UTS namespaces).
+ */
+#define RT_BOOT_ID_MAX 40
+#define RT_HOST_RECORD (RT_HOST_MAX + RT_BOOT_ID_MAX)
+
 static int rt_compare_host(const void *a, const void *b)
 {
     int ra = *(const int *)a, rb = *(const int *)b;
-    int c = strncmp(rt_sort_hosts + (size_t)ra * RT_HOST_MAX,
-                    rt_sort_hosts + (size_t)rb * RT_HOST_MAX, RT_HOST_MAX);
+    int c = strncmp(rt_sort_hosts + (size_t)ra * RT_HOST_RECORD,
+                    rt_sort_hosts + (size_t)rb * RT_HOST_RECORD, RT_HOST_MAX);
     return c != 0 ? c : (ra > rb) - (ra < rb);
 }
 
@@ -77,11 +85,23 @@ static int rt_compare_host(const void *a, const void *b)
  * MAILRAIL_RANKS_PER_NODE consecutive ranks of a host. Both are numbered in
  * the order of their lowest rank. O(P log P): one sort of the ranks by host.
  */
+/* This machine's boot id, or an empty string when it cannot be read. */
+static void rt_boot_id(char out[RT_BOOT_ID_MAX])
+{
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+
+    memset(out, 0, RT_BOOT_ID_MAX);
+    if (f == NULL) return;
+    if (fgets(out, RT_BOOT_ID_MAX, f) == NULL) out[0] = '\0';
+    out[strcspn(out, "\n")] = '\0';
+    fclose(f);
+}
+
 mr_status_t rt_map_nodes(void)
 {
-    char host[RT_HOST_MAX] = {0};
+    char host[RT_HOST_RECORD] = {0};
     size_t n = (size_t)rt.size;
-    char *hosts = calloc(n, RT_HOST_MAX);
+    char *hosts = calloc(n, RT_HOST_RECORD);
     int *order = calloc(n, sizeof(int));
     int *first = calloc(n, sizeof(int));   /* Per rank: the lowest rank of its host. */
     int *local = calloc(n, sizeof(int));   /* Per rank: its place among its host's ranks. */
@@ -98,16 +118,17 @@ mr_status_t rt_map_nodes(void)
         mr_error("Cannot allocate the node map of %d ranks.", rt.size);
         goto out;
     }
-    gethostname(host, sizeof(host) - 1);
-    status = rt.bootstrap->allgather(rt.bs, host, hosts, RT_HOST_MAX);
+    gethostname(host, RT_HOST_MAX - 1);
+    rt_boot_id(host + RT_HOST_MAX);
+    status = rt.bootstrap->allgather(rt.bs, host, hosts, RT_HOST_RECORD);
     if (status != MR_OK) goto out;
     for (int r = 0; r < rt.size; r++) order[r] = r;
     rt_sort_hosts = hosts;
     qsort(order, n, sizeof(int), rt_compare_host);
     for (size_t i = 0; i < n; i++) {
         int r = order[i], prev = i > 0 ? order[i - 1] : -1;
-        bool same = prev >= 0 && strncmp(hosts + (size_t)prev * RT_HOST_MAX,
-                                         hosts + (size_t)r * RT_HOST_MAX, RT_HOST_MAX) == 0;
+        bool same = prev >= 0 && strncmp(hosts + (size_t)prev * RT_HOST_RECORD,
+                                         hosts + (size_t)r * RT_HOST_RECORD, RT_HOST_MAX) == 0;
         first[r] = same ? first[prev] : r;
         local[r] = same ? local[prev] + 1 : 0;
         count[first[r]]++;
@@ -128,7 +149,14 @@ mr_status_t rt_map_nodes(void)
         if (node[slot] < 0) node[slot] = rt.node_count++;
         rt.node_of[r] = node[slot];
     }
-    rt.host_ranks = count[first[rt.rank]];
+    /* Ranks sharing this machine's cores: same boot id, or same host without one. */
+    rt.machine_ranks = 0;
+    for (size_t r = 0; r < n; r++) {
+        const char *mine = host + RT_HOST_MAX, *theirs = hosts + r * RT_HOST_RECORD + RT_HOST_MAX;
+        bool same = mine[0] != '\0' ? strncmp(mine, theirs, RT_BOOT_ID_MAX) == 0
+                                    : rt.host_of[r] == rt.host_of[rt.rank];
+        rt.machine_ranks += same;
+    }
     status = MR_OK;
 out:
     free(hosts);

@@ -75,7 +75,7 @@ typedef struct rt_runtime {
     int rank, size, node_count;
     int *node_of;
     int *host_of;          /* Physical host index per rank. */
-    int host_ranks;        /* Ranks on this rank's host. */
+    int machine_ranks;     /* Ranks sharing this machine's kernel, whatever their host names. */
     bool idle_yield;       /* Idle polls give the core away (MAILRAIL_YIELD). */
     uint8_t job_key[MR_JOB_KEY_LEN];
     char job_id[RT_JOB_ID_MAX];
