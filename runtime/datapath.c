@@ -124,6 +124,16 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
     return MR_OK;
 }
 
+uint32_t rt_send_take(void)
+{
+    bool full = rt.cfg.send_bytes != 0 && rt.pending_bytes >= rt.cfg.send_bytes;
+    uint32_t idx = full ? MR_NIL : mr__pool_get(&rt.send_pool);
+
+    if (idx == MR_NIL) rt.stats.reserve_failures++;
+    else rt.sends[idx].state = SEND_RESERVED;
+    return idx;
+}
+
 void rt_send_free(uint32_t idx)
 {
     if (rt.sends[idx].state == SEND_INFLIGHT || rt.sends[idx].state == SEND_DEFERRED) {
@@ -274,12 +284,8 @@ mr_status_t mr_reserve(void **buffer)
         mr_error("mr_reserve(): the output pointer is NULL.");
         return MR_ERR_INVALID_PARAM;
     }
-    idx = rt_send_bytes_full() ? MR_NIL : mr__pool_get(&rt.send_pool);
-    if (idx == MR_NIL) {
-        rt.stats.reserve_failures++;
-        return MR_AGAIN;
-    }
-    rt.sends[idx].state = SEND_RESERVED;
+    idx = rt_send_take();
+    if (idx == MR_NIL) return MR_AGAIN;
     *buffer = mr__pool_slot(&rt.send_pool, idx);
     return MR_OK;
 }

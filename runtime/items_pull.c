@@ -50,12 +50,11 @@ void rt_items_adopt_early(mr_items_t *a)
 void rt_items_release_current(mr_items_t *a)
 {
     if (a->cur == MR_NIL) return;
+    rt.stats.messages_received++;
     if (a->cur_self) {
-        rt.stats.messages_received++;
         rt.stats.bytes_received += rt.sends[a->cur].length;
         rt_send_free(a->cur);
     } else {
-        rt.stats.messages_received++;
         rt.stats.bytes_received += rt.recvs[a->cur].length;
         rt_recv_release(a->cur);
     }

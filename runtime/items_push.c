@@ -79,15 +79,13 @@ static void items_send_fullest(void)
 /* Starts a datagram for `dest` in a free send slot; MR_AGAIN when none is free. */
 static mr_status_t items_stage_open(mr_items_t *a, int dest)
 {
-    uint32_t idx = rt_send_bytes_full() ? MR_NIL : mr__pool_get(&rt.send_pool);
+    uint32_t idx = rt_send_take();
     uint8_t *base;
 
     if (idx == MR_NIL) {
-        rt.stats.reserve_failures++;
         items_send_fullest();
         return MR_AGAIN;
     }
-    rt.sends[idx].state = SEND_RESERVED;
     base = mr__pool_slot(&rt.send_pool, idx);
     items_wire_hdr_encode(base, a->number, a->item_size);
     a->stage[dest].pos = base + ITEMS_WIRE_HDR_LEN;

@@ -157,11 +157,11 @@ uint32_t rt_queue_pop(rt_queue_t *q);
 void rt_recv_release(uint32_t idx);
 /* Frees a send slot: sent, or never to be sent. */
 void rt_send_free(uint32_t idx);
-/* True when messages deferred or in flight hold MAILRAIL_SEND_BYTES or more. */
-static inline bool rt_send_bytes_full(void)
-{
-    return rt.cfg.send_bytes != 0 && rt.pending_bytes >= rt.cfg.send_bytes;
-}
+/*
+ * Reserves a send slot, or returns MR_NIL (counted as a reserve failure) when
+ * none is free or the messages deferred or in flight hold MAILRAIL_SEND_BYTES.
+ */
+uint32_t rt_send_take(void);
 /*
  * Sends a reserved send slot: transmits it, or defers it behind older
  * messages to `dest` (MR_OK either way), or returns the substrate's error

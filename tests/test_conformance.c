@@ -159,6 +159,28 @@ END_TEST
 
 /* ---- Backpressure and quiescence ----------------------------------------------------- */
 
+/* Sends messages 0 and 1 of `length` bytes to `dest` from two reserved buffers. */
+static void send_pair(void *a, void *b, size_t length, int dest)
+{
+    fill_message(a, length, world_rank, dest, 0);
+    fill_message(b, length, world_rank, dest, 1);
+    ck_assert_int_eq(mr_send(a, length, dest), MR_OK);
+    ck_assert_int_eq(mr_send(b, length, dest), MR_OK);
+}
+
+/*
+ * Progress gives the buffers back once the substrate is done with them: a
+ * reserve succeeds again, and both messages of send_pair() arrive, once.
+ */
+static void backpressure_ends(tally_t *t)
+{
+    ck_assert_int_eq(mr_release(reserve_or_progress(t)), MR_OK);
+    quiesce(t);
+    ck_assert_uint_eq(t->count, 2);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t->seen);
+}
+
 START_TEST(backpressure)
 {
     void *a, *b, *c;
@@ -178,16 +200,8 @@ START_TEST(backpressure)
     ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
     ck_assert_uint_eq(stats.reserve_failures, 1);
 
-    fill_message(a, 64, world_rank, dest, 0);
-    fill_message(b, 64, world_rank, dest, 1);
-    ck_assert_int_eq(mr_send(a, 64, dest), MR_OK);
-    ck_assert_int_eq(mr_send(b, 64, dest), MR_OK);
-    /* Progress gives the buffers back once the substrate is done with them. */
-    ck_assert_int_eq(mr_release(reserve_or_progress(&t)), MR_OK);
-    quiesce(&t);
-    ck_assert_uint_eq(t.count, 2);
-    ck_assert_int_eq(mr_finalize(), MR_OK);
-    free(t.seen);
+    send_pair(a, b, 64, dest);
+    backpressure_ends(&t);
 }
 END_TEST
 
@@ -208,18 +222,11 @@ START_TEST(send_bytes_backpressure)
     tally_init(&t, 8);
     ck_assert_int_eq(mr_reserve(&a), MR_OK);
     ck_assert_int_eq(mr_reserve(&b), MR_OK);
-    fill_message(a, 512, world_rank, dest, 0);
-    fill_message(b, 512, world_rank, dest, 1);
-    ck_assert_int_eq(mr_send(a, 512, dest), MR_OK);
-    ck_assert_int_eq(mr_send(b, 512, dest), MR_OK);
+    send_pair(a, b, 512, dest);
     /* 1 KiB in flight: no completion is seen before progress, so this is certain. */
     ck_assert_int_eq(mr_reserve(&c), MR_AGAIN);
     ck_assert_ptr_eq(c, (void *)0x1);
-    ck_assert_int_eq(mr_release(reserve_or_progress(&t)), MR_OK);
-    quiesce(&t);
-    ck_assert_uint_eq(t.count, 2);
-    ck_assert_int_eq(mr_finalize(), MR_OK);
-    free(t.seen);
+    backpressure_ends(&t);
 }
 END_TEST
 

@@ -224,7 +224,7 @@ static void perf_items_self(mr_items_t *a, size_t size, long count, perf_item_co
     static uint8_t item[64];
     double push = 0, pull = 0, block = 0;
     long pulled_one = 0, pulled_block = 0, pushed = 0;
-    long round_items = 8 * (long)(mr_items_max_size(a) ? (mr_datagram_size() - 8) / size : 1);
+    long round_items = 8 * (long)((mr_datagram_size() - 8) / size);
 
     for (int round = 0; pushed < count; round++) {
         double t0 = tool_now();
