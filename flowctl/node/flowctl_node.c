@@ -54,11 +54,33 @@ struct mr_flowctl {
     bool adaptive;
     mr_credit_clock_t clock;
     uint64_t piggybacked;
+    /*
+     * Credits taken from the shared pools ahead of need, per receiving rank:
+     * one atomic operation per batch instead of per message. Every progress
+     * call puts what is left back (node_stash_return), so neighbours never
+     * wait long on credits this rank is not using. Listed ranks have a stash.
+     */
+    uint32_t *stash;
+    bool *listed;
+    int *stashed;
+    int nstashed;
 };
+
+/*
+ * The most credits one acquire takes from a shared pool: a quarter of what
+ * is there, so that a scarce pool still goes round the node's ranks.
+ */
+#define NODE_STASH_MAX 32
+
+static void node_stash_return(mr_flowctl_t *fc);
 
 static void node_finalize(mr_flowctl_t *fc)
 {
+    if (fc->seg != NULL) node_stash_return(fc);
     mr__node_segment_unmap(fc->seg);
+    free(fc->stash);
+    free(fc->listed);
+    free(fc->stashed);
     mr__credit_owed_fini(&fc->owed);
     mr__credit_clock_fini(&fc->clock);
     free(fc);
@@ -160,6 +182,15 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
                                                   fc->adaptive, weight, params);
     free(weight);
     if (status == MR_OK) status = mr__credit_clock_init(&fc->clock, params->size);
+    if (status == MR_OK) {
+        fc->stash = calloc((size_t)params->size, sizeof(*fc->stash));
+        fc->listed = calloc((size_t)params->size, sizeof(*fc->listed));
+        fc->stashed = calloc((size_t)params->size, sizeof(*fc->stashed));
+        if (fc->stash == NULL || fc->listed == NULL || fc->stashed == NULL) {
+            mr_error("Cannot allocate the credit stash of %d ranks.", params->size);
+            status = MR_ERR_NO_MEMORY;
+        }
+    }
     /* Every rank must reach the barriers in node_attach, even after a local failure. */
     mr_status_t attached = node_attach(fc, params);
     if (status == MR_OK) status = attached;
@@ -174,19 +205,50 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     return MR_OK;
 }
 
-static bool node_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
+/* Moves credits for `dest` from the shared pool into this rank's stash; false when it is empty. */
+static bool node_stash_fill(mr_flowctl_t *fc, int dest)
 {
     _Atomic uint32_t *pool = &fc->seg->credits[dest].n;
-    uint32_t have = atomic_load_explicit(pool, memory_order_relaxed);
-    int dest_node = fc->node_of[dest];
+    uint32_t have = atomic_load_explicit(pool, memory_order_relaxed), take;
 
     do {
-        if (have == 0) {
-            mr__credit_clock_blocked(&fc->clock, dest);
-            return false;
-        }
-    } while (!atomic_compare_exchange_weak_explicit(pool, &have, have - 1, memory_order_acq_rel,
+        if (have == 0) return false;
+        take = have / 4;
+        take = take < 1 ? 1 : take > NODE_STASH_MAX ? NODE_STASH_MAX : take;
+    } while (!atomic_compare_exchange_weak_explicit(pool, &have, have - take, memory_order_acq_rel,
                                                     memory_order_relaxed));
+    if (take > 1 && !fc->listed[dest]) {
+        fc->listed[dest] = true;
+        fc->stashed[fc->nstashed++] = dest;
+    }
+    fc->stash[dest] = take;
+    return true;
+}
+
+/* Puts every stashed credit back into the shared pools. */
+static void node_stash_return(mr_flowctl_t *fc)
+{
+    for (int i = 0; i < fc->nstashed; i++) {
+        int dest = fc->stashed[i];
+        if (fc->stash[dest] > 0) {
+            atomic_fetch_add_explicit(&fc->seg->credits[dest].n, fc->stash[dest],
+                                      memory_order_acq_rel);
+            fc->stash[dest] = 0;
+        }
+        fc->listed[dest] = false;
+    }
+    fc->nstashed = 0;
+}
+
+static bool node_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
+{
+    int dest_node = fc->node_of[dest];
+
+    if (fc->stash[dest] == 0 && !node_stash_fill(fc, dest)) {
+        mr__credit_clock_blocked(&fc->clock, dest);
+        return false;
+    }
+    fc->stash[dest]--;
     mr__credit_clock_granted(&fc->clock, dest);
     /* Credits owed to the destination's node ride along (never to one's own node). */
     *imm = fc->piggyback && dest_node != fc->node ? mr__credit_owed_take(&fc->owed, dest_node) : 0;
@@ -249,6 +311,7 @@ static void node_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 
 static int node_progress(mr_flowctl_t *fc)
 {
+    if (fc->nstashed > 0) node_stash_return(fc);
     return mr__credit_owed_progress(&fc->owed);
 }
 
