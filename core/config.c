@@ -27,7 +27,7 @@ const mr_config_entry_t mr__core_config_table[] = {
      1u << 20, NULL,
      "Buffers in the send pool: the most messages reserved, deferred or in flight at once. "
      "Beyond it mr_reserve() returns MR_AGAIN (backpressure)."},
-    {"MAILRAIL_SEND_BYTES", "1M", MR_CONFIG_SIZE, offsetof(mr_core_config_t, send_bytes), 0,
+    {"MAILRAIL_SEND_BYTES", "256K", MR_CONFIG_SIZE, offsetof(mr_core_config_t, send_bytes), 0,
      UINT64_C(1) << 40, NULL,
      "Bytes of messages sent and not yet completed (in flight or deferred) from which "
      "mr_reserve() returns MR_AGAIN, whatever slots are free; 0: no limit. A sender far ahead "

@@ -60,7 +60,7 @@ static const mr_config_entry_t mpi_config_table[] = {
             "received messages in them (zero copy). Messages beyond the posted receives wait "
             "inside MPI."},
     {.name = "MAILRAIL_MPI_SEND_WINDOW",
-     .default_value = "64",
+     .default_value = "256",
      .type = MR_CONFIG_UINT,
      .offset = offsetof(mpi_config_t, send_window),
      .min = 0,
