@@ -98,7 +98,13 @@ uint32_t mr__credit_owed_take(mr_credit_owed_t *o, int key)
 {
     uint32_t n = mr__credit_owed_returnable(o, key);
 
-    if (n != 0) credit_granted(o, key, n);
+    /*
+     * Only from half a return's worth on: most data messages then carry no
+     * credits, which lets a substrate send them without a header (UCX), and
+     * the credits still leave before a control message would take them.
+     */
+    if (n == 0 || n < (mr__credit_owed_return_at(o, key) + 1) / 2) return 0;
+    credit_granted(o, key, n);
     return n;
 }
 

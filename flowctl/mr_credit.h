@@ -130,7 +130,7 @@ static inline uint32_t mr__credit_owed_return_at(const mr_credit_owed_t *o, int 
                                 : o->static_return_at;
 }
 
-/* Takes what may be granted back to `key`, to piggyback it on a data message. */
+/* Takes what may be granted back to `key`, to piggyback it on a data message: 0 below half a return. */
 uint32_t mr__credit_owed_take(mr_credit_owed_t *o, int key);
 
 /* Puts back credits taken with mr__credit_owed_take() that did not travel. */
