@@ -31,6 +31,10 @@
 #define MRMPI_NAP_NS 50000L          /* Sleep between polls while waiting (50 us). */
 #define MRMPI_CLOSE_WAIT_NS UINT64_C(2000000000) /* Bound on close() waiting for MPI. */
 #define MRMPI_MARKS_PER_WINDOW 4     /* Synchronous sends per send window. */
+/* MAILRAIL_MAX_RECVS=0: posted receives holding this many bytes, within these bounds. */
+#define MRMPI_AUTO_RECV_BYTES (2u << 20)
+#define MRMPI_AUTO_RECVS_MIN 16u
+#define MRMPI_AUTO_RECVS_MAX 256u
 /*
  * Receives tested by one MPI_Testsome. MPICH 4.0 runs its progress engine
  * before testing and again after every MPIR_CVAR_REQUEST_POLL_FREQ (8)
@@ -49,18 +53,20 @@ typedef struct mpi_config {
 
 static const mr_config_entry_t mpi_config_table[] = {
     {.name = "MAILRAIL_MAX_RECVS",
-     .default_value = "64",
+     .default_value = "0",
      .type = MR_CONFIG_UINT,
      .offset = offsetof(mpi_config_t, max_recvs),
-     .min = 1,
+     .min = 0,
      .max = 65536,
      .doc = "The most receives the MPI substrate keeps posted at once (at most "
             "MAILRAIL_RECV_SLOTS), each into a staging buffer of MAILRAIL_DATAGRAM_SIZE bytes; "
             "twice this many buffers are allocated at init, since the application holds "
             "received messages in them (zero copy). Messages beyond the posted receives wait "
-            "inside MPI."},
+            "inside MPI. 0: as many as 2 MiB of datagrams, at least 16 and at most 256 (256 "
+            "with 4 KiB datagrams). Keep it at least twice MAILRAIL_MPI_SEND_WINDOW, or a fast "
+            "sender's small messages land in MPI's unexpected queue and are copied twice."},
     {.name = "MAILRAIL_MPI_SEND_WINDOW",
-     .default_value = "256",
+     .default_value = "128",
      .type = MR_CONFIG_UINT,
      .offset = offsetof(mpi_config_t, send_window),
      .min = 0,
@@ -736,6 +742,11 @@ static void mpi_apply_settings(mr_substrate_t *s, const mr_substrate_params_t *p
 {
     memcpy(&s->cfg, p->config, sizeof(s->cfg));
     s->nrecv = (unsigned)s->cfg.max_recvs;
+    if (s->nrecv == 0) {
+        size_t n = MRMPI_AUTO_RECV_BYTES / p->datagram_size;
+        s->nrecv = n < MRMPI_AUTO_RECVS_MIN ? MRMPI_AUTO_RECVS_MIN
+                   : n > MRMPI_AUTO_RECVS_MAX ? MRMPI_AUTO_RECVS_MAX : (unsigned)n;
+    }
     s->send_window = s->cfg.send_window;
     s->mark_every = s->send_window / MRMPI_MARKS_PER_WINDOW;
     if (s->mark_every == 0) s->mark_every = 1;
