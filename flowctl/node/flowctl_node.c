@@ -205,6 +205,15 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     return MR_OK;
 }
 
+/* Makes sure node_stash_return() visits `dest`. */
+static void node_stash_list(mr_flowctl_t *fc, int dest)
+{
+    if (!fc->listed[dest]) {
+        fc->listed[dest] = true;
+        fc->stashed[fc->nstashed++] = dest;
+    }
+}
+
 /* Moves credits for `dest` from the shared pool into this rank's stash; false when it is empty. */
 static bool node_stash_fill(mr_flowctl_t *fc, int dest)
 {
@@ -217,11 +226,8 @@ static bool node_stash_fill(mr_flowctl_t *fc, int dest)
         take = take < 1 ? 1 : take > NODE_STASH_MAX ? NODE_STASH_MAX : take;
     } while (!atomic_compare_exchange_weak_explicit(pool, &have, have - take, memory_order_acq_rel,
                                                     memory_order_relaxed));
-    if (take > 1 && !fc->listed[dest]) {
-        fc->listed[dest] = true;
-        fc->stashed[fc->nstashed++] = dest;
-    }
     fc->stash[dest] = take;
+    if (take > 1) node_stash_list(fc, dest);
     return true;
 }
 
@@ -270,7 +276,9 @@ static void node_deposit(mr_flowctl_t *fc, int dest, uint32_t n)
 
 static void node_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
 {
-    node_deposit(fc, dest, 1);
+    /* Into the stash: a substrate that refuses now (MPI's send window) is asked again soon. */
+    fc->stash[dest]++;
+    node_stash_list(fc, dest);
     mr__credit_owed_put_back(&fc->owed, fc->node_of[dest], imm);
     fc->piggybacked -= imm;
 }
