@@ -130,7 +130,10 @@ static inline uint32_t mr__credit_owed_return_at(const mr_credit_owed_t *o, int 
                                 : o->static_return_at;
 }
 
-/* Takes what may be granted back to `key`, to piggyback it on a data message: 0 below half a return. */
+/*
+ * Takes what may be granted back to `key`, to piggyback it on a data message;
+ * 0 while that is less than half a return's worth.
+ */
 uint32_t mr__credit_owed_take(mr_credit_owed_t *o, int key);
 
 /* Puts back credits taken with mr__credit_owed_take() that did not travel. */

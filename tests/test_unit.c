@@ -15,6 +15,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -432,6 +433,117 @@ START_TEST(credit_returns_split_among_a_nodes_senders)
 }
 END_TEST
 
+/*
+ * A debt rides on a data message only from half a return's worth on (here 2
+ * of a return threshold of 4): below that most data messages carry no
+ * credits, which UCX sends without a header.
+ */
+START_TEST(credit_piggyback_from_half_a_return)
+{
+    credit_calls_t calls = {.failed_rank = -1};
+    mr_flowctl_params_t params = {.return_threshold = 4, .core = &calls,
+                                  .send_control = credit_record};
+    const uint32_t weight[1] = {0};
+    mr_credit_owed_t o;
+
+    ck_assert_int_eq(mr__credit_owed_init(&o, 1, 16, false, weight, &params), MR_OK);
+    ck_assert_uint_eq(mr__credit_owed_return_at(&o, 0), 4);
+    mr__credit_owed_arrived(&o, 0, 5);
+    mr__credit_owed_consume(&o, 0, 5);
+    ck_assert_uint_eq(mr__credit_owed_take(&o, 0), 0);
+    mr__credit_owed_arrived(&o, 0, 5);
+    mr__credit_owed_consume(&o, 0, 5);
+    ck_assert_uint_eq(mr__credit_owed_take(&o, 0), 2);
+    ck_assert_uint_eq(o.key[0].owed, 0);
+    ck_assert_uint_eq(o.key[0].held, 16);
+    ck_assert_int_eq(calls.n, 0);
+    mr__credit_owed_fini(&o);
+}
+END_TEST
+
+/* ---- Node credit stash ------------------------------------------------------------------- */
+
+/* One rank of a two-rank node, initialised on a thread of its own (init has barriers). */
+typedef struct stash_rank {
+    const mr_flowctl_ops_t *ops;
+    mr_flowctl_params_t params;
+    mr_flowctl_t *fc;
+    mr_status_t status;
+} stash_rank_t;
+
+static pthread_barrier_t stash_barrier;
+
+static mr_status_t stash_barrier_wait(void *core)
+{
+    (void)core;
+    pthread_barrier_wait(&stash_barrier);
+    return MR_OK;
+}
+
+static void *stash_init(void *arg)
+{
+    stash_rank_t *r = arg;
+    r->status = r->ops->init(&r->params, &r->fc);
+    return NULL;
+}
+
+/*
+ * Ranks 0 and 1 share node 0's pool of 8 credits for rank 2. Rank 0 takes a
+ * quarter of it into its stash and spends one; rank 1 gets the rest but not
+ * the stashed credit until rank 0's next progress call. A credit given back
+ * after a refused send goes into the stash, and out at progress, the same way.
+ */
+START_TEST(node_stash_goes_back_at_progress)
+{
+    const int node_of[3] = {0, 0, 1}, host_of[3] = {0, 0, 0};
+    const mr_flowctl_ops_t *ops = mr__flowctl_find("node");
+    credit_calls_t calls = {.failed_rank = -1};
+    stash_rank_t r[2];
+    pthread_t thread[2];
+    char job[64];
+    uint32_t imm;
+    void *config;
+
+    ck_assert_ptr_nonnull(ops);
+    config = calloc(1, ops->config_size);
+    ck_assert_ptr_nonnull(config);
+    snprintf(job, sizeof(job), "unit-stash-%d", (int)getpid());
+    ck_assert_int_eq(pthread_barrier_init(&stash_barrier, NULL, 2), 0);
+    for (int i = 0; i < 2; i++) {
+        r[i] = (stash_rank_t){
+            .ops = ops,
+            .params = {.rank = i, .size = 3, .node_count = 2, .node_of_rank = node_of,
+                       .host_of_rank = host_of, .recv_slots = 16, .return_threshold = 2,
+                       .piggyback = true, .job_id = job, .config = config, .core = &calls,
+                       .send_control = credit_record, .barrier = stash_barrier_wait}};
+        ck_assert_int_eq(pthread_create(&thread[i], NULL, stash_init, &r[i]), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(thread[i], NULL);
+        ck_assert_int_eq(r[i].status, MR_OK);
+    }
+
+    ck_assert(ops->acquire(r[0].fc, 2, &imm));
+    ck_assert_uint_eq(imm, 0);
+    for (int i = 0; i < 6; i++) ck_assert(ops->acquire(r[1].fc, 2, &imm));
+    ck_assert(!ops->acquire(r[1].fc, 2, &imm));
+    ops->progress(r[0].fc);
+    ck_assert(ops->acquire(r[1].fc, 2, &imm));
+    ck_assert(!ops->acquire(r[1].fc, 2, &imm));
+
+    ops->unacquire(r[1].fc, 2, 0);
+    ck_assert(!ops->acquire(r[0].fc, 2, &imm));
+    ops->progress(r[1].fc);
+    ck_assert(ops->acquire(r[0].fc, 2, &imm));
+    ck_assert(!ops->acquire(r[1].fc, 2, &imm));
+    ck_assert_int_eq(calls.n, 0);
+
+    for (int i = 0; i < 2; i++) ops->finalize(r[i].fc);
+    pthread_barrier_destroy(&stash_barrier);
+    free(config);
+}
+END_TEST
+
 /* ---- Node credit segment ------------------------------------------------------------- */
 
 /* Opens a segment by name and returns its fstat(), failing the test if it is not there. */
@@ -566,6 +678,8 @@ static Suite *unit_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("credit");
     tcase_add_test(tc, credit_returns_split_among_a_nodes_senders);
+    tcase_add_test(tc, credit_piggyback_from_half_a_return);
+    tcase_add_test(tc, node_stash_goes_back_at_progress);
     suite_add_tcase(s, tc);
     tc = tcase_create("items_wire");
     tcase_add_test(tc, items_wire_known_answers);
