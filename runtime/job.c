@@ -80,11 +80,6 @@ static int rt_compare_host(const void *a, const void *b)
     return c != 0 ? c : (ra > rb) - (ra < rb);
 }
 
-/*
- * Numbers the hosts, and the nodes: real hosts, split into virtual nodes of
- * MAILRAIL_RANKS_PER_NODE consecutive ranks of a host. Both are numbered in
- * the order of their lowest rank. O(P log P): one sort of the ranks by host.
- */
 /* This machine's boot id, or an empty string when it cannot be read. */
 static void rt_boot_id(char out[RT_BOOT_ID_MAX])
 {
@@ -97,6 +92,11 @@ static void rt_boot_id(char out[RT_BOOT_ID_MAX])
     fclose(f);
 }
 
+/*
+ * Numbers the hosts, and the nodes: real hosts, split into virtual nodes of
+ * MAILRAIL_RANKS_PER_NODE consecutive ranks of a host. Both are numbered in
+ * the order of their lowest rank. O(P log P): one sort of the ranks by host.
+ */
 mr_status_t rt_map_nodes(void)
 {
     char host[RT_HOST_RECORD] = {0};

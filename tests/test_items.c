@@ -133,17 +133,32 @@ static void push_or_pull(mr_items_t *a, const void *item, size_t length, int des
     ck_assert_int_eq(st, MR_OK);
 }
 
-static void end_phase(mr_items_t *a, items_tally_t *t)
+/* What a rank pulls while its phase ends: n aggregators into their tallies, datagrams into d. */
+typedef struct phase_pulls {
+    mr_items_t **a;
+    items_tally_t *t;
+    int n;
+    tally_t *d;           /* NULL: no plain datagrams expected. */
+} phase_pulls_t;
+
+/* Ends the phase through `end`, pulling as `p` says before every attempt, within the time limit. */
+static void end_phase_pulling(mr_items_t *end, const phase_pulls_t *p)
 {
     double start = now_s();
     mr_status_t st;
 
     do {
-        pull_all(a, t);
-        st = mr_items_end_phase(a);
+        if (p->d != NULL) drain(p->d);
+        for (int k = 0; k < p->n; k++) pull_all(p->a[k], &p->t[k]);
+        st = mr_items_end_phase(end);
         ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "the phase never ended");
     } while (st == MR_AGAIN);
     ck_assert_int_eq(st, MR_OK);
+}
+
+static void end_phase(mr_items_t *a, items_tally_t *t)
+{
+    end_phase_pulling(a, &(phase_pulls_t){.a = &a, .t = t, .n = 1});
 }
 
 /* Every (source, seq < per_source) item arrived once, and nothing else. */
@@ -218,14 +233,7 @@ START_TEST(sizes_from_one_byte_to_the_datagram)
             push_or_pull(a[s], item, sizes[s], dest, &t[s], NULL);
         }
     }
-    double start = now_s();
-    mr_status_t st;
-    do {
-        for (int s = 0; s < nsizes; s++) pull_all(a[s], &t[s]);
-        st = mr_items_end_phase(a[0]);
-        ck_assert(now_s() - start < WAIT_LIMIT_S);
-    } while (st == MR_AGAIN);
-    ck_assert_int_eq(st, MR_OK);
+    end_phase_pulling(a[0], &(phase_pulls_t){.a = a, .t = t, .n = nsizes});
     /* Each rank got per_dest items of each size, spread over the sources as sent. */
     for (int s = 0; s < nsizes; s++) {
         uint64_t count = t[s].count, total = 0;
@@ -493,15 +501,7 @@ START_TEST(items_beside_datagrams)
         }
         drain(&d);
     }
-    double start = now_s();
-    mr_status_t st;
-    do {
-        drain(&d);
-        pull_all(a, &t);
-        st = mr_items_end_phase(a);
-        ck_assert(now_s() - start < WAIT_LIMIT_S);
-    } while (st == MR_AGAIN);
-    ck_assert_int_eq(st, MR_OK);
+    end_phase_pulling(a, &(phase_pulls_t){.a = &a, .t = &t, .n = 1, .d = &d});
     expect_all(&t, count);
     ck_assert_uint_eq(d.count, count);
     free(d.seen);
@@ -524,7 +524,6 @@ START_TEST(end_phase_releases_every_aggregator)
     uint32_t w = 12;
     int dest = (world_rank + 1) % world_size, got_a = 0, got_b = 0;
     double start = now_s();
-    mr_status_t st;
 
     setup_env(NULL, NULL, "256");
     init_on_world();
@@ -545,11 +544,7 @@ START_TEST(end_phase_releases_every_aggregator)
         }
         ck_assert(now_s() - start < WAIT_LIMIT_S);
     }
-    do {
-        st = mr_items_end_phase(a);
-        ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "the phase never ended");
-    } while (st == MR_AGAIN);
-    ck_assert_int_eq(st, MR_OK);
+    end_phase_pulling(a, &(phase_pulls_t){.n = 0});
     ck_assert_int_eq(mr_items_destroy(a), MR_OK);
     ck_assert_int_eq(mr_items_destroy(b), MR_OK);
     ck_assert_int_eq(mr_finalize(), MR_OK);
