@@ -18,6 +18,7 @@
 typedef struct mr_pool {
     char *base;
     size_t stride;        /* Slot size rounded up to a cache line. */
+    unsigned stride_log2; /* log2(stride) when stride is a power of two, else 0. */
     size_t count;
     size_t mapped_bytes;
     bool numa_local;      /* Allocated with libnuma. */
@@ -29,23 +30,51 @@ typedef struct mr_pool {
 mr_status_t mr__pool_init(mr_pool_t *pool, size_t count, size_t slot_size, bool numa);
 void mr__pool_fini(mr_pool_t *pool);
 
+/*
+ * The hot-path operations are inline: every message takes and frees slots,
+ * and maps buffers the application passes back to their slots.
+ */
+
 /* Takes a free slot's index, or MR_NIL when none is free. */
-uint32_t mr__pool_get(mr_pool_t *pool);
-void mr__pool_put(mr_pool_t *pool, uint32_t index);
+static inline uint32_t mr__pool_get(mr_pool_t *pool)
+{
+    if (pool->free_top == 0) return MR_NIL;
+    return pool->free_stack[--pool->free_top];
+}
+
+static inline void mr__pool_put(mr_pool_t *pool, uint32_t index)
+{
+    pool->free_stack[pool->free_top++] = index;
+}
 
 static inline void *mr__pool_slot(const mr_pool_t *pool, uint32_t index)
 {
     return pool->base + (size_t)index * pool->stride;
 }
 
+/* True when `ptr` lies anywhere inside the pool's slots. */
+static inline bool mr__pool_contains(const mr_pool_t *pool, const void *ptr)
+{
+    /* One unsigned comparison: addresses below the base wrap around to large offsets. */
+    return (uintptr_t)ptr - (uintptr_t)pool->base < pool->mapped_bytes;
+}
+
 /*
  * The index of the slot that starts at `ptr`, or MR_NIL when `ptr` is not
  * the start of one of this pool's slots.
  */
-uint32_t mr__pool_index(const mr_pool_t *pool, const void *ptr);
+static inline uint32_t mr__pool_index(const mr_pool_t *pool, const void *ptr)
+{
+    uintptr_t offset = (uintptr_t)ptr - (uintptr_t)pool->base;
 
-/* True when `ptr` lies anywhere inside the pool's slots. */
-bool mr__pool_contains(const mr_pool_t *pool, const void *ptr);
+    if (offset >= pool->mapped_bytes) return MR_NIL;
+    if (pool->stride_log2 != 0) {
+        if ((offset & (pool->stride - 1)) != 0) return MR_NIL;
+        return (uint32_t)(offset >> pool->stride_log2);
+    }
+    if (offset % pool->stride != 0) return MR_NIL;
+    return (uint32_t)(offset / pool->stride);
+}
 
 static inline size_t mr__pool_in_use(const mr_pool_t *pool)
 {

@@ -58,6 +58,10 @@ mr_status_t mr__pool_init(mr_pool_t *pool, size_t count, size_t slot_size, bool 
     for (size_t i = 0; i < count; i++) stack[i] = (uint32_t)(count - 1 - i);
     pool->base = base;
     pool->stride = stride;
+    pool->stride_log2 = 0;
+    if ((stride & (stride - 1)) == 0) {
+        while (((size_t)1 << pool->stride_log2) < stride) pool->stride_log2++;
+    }
     pool->count = count;
     pool->mapped_bytes = bytes;
     pool->numa_local = numa_local;
@@ -76,33 +80,6 @@ void mr__pool_fini(mr_pool_t *pool)
         munmap(pool->base, pool->mapped_bytes);
     free(pool->free_stack);
     memset(pool, 0, sizeof(*pool));
-}
-
-uint32_t mr__pool_get(mr_pool_t *pool)
-{
-    if (pool->free_top == 0) return MR_NIL;
-    return pool->free_stack[--pool->free_top];
-}
-
-void mr__pool_put(mr_pool_t *pool, uint32_t index)
-{
-    pool->free_stack[pool->free_top++] = index;
-}
-
-bool mr__pool_contains(const mr_pool_t *pool, const void *ptr)
-{
-    const char *p = ptr;
-    return pool->base != NULL && p >= pool->base && p < pool->base + pool->mapped_bytes;
-}
-
-uint32_t mr__pool_index(const mr_pool_t *pool, const void *ptr)
-{
-    size_t offset;
-
-    if (!mr__pool_contains(pool, ptr)) return MR_NIL;
-    offset = (size_t)((const char *)ptr - pool->base);
-    if (offset % pool->stride != 0) return MR_NIL;
-    return (uint32_t)(offset / pool->stride);
 }
 
 mr_status_t mr__deferq_init(mr_deferq_t *q, int ndest, size_t nslots)

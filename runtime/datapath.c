@@ -89,6 +89,24 @@ static void up_recv_slot_abandon(void *core, void *slot)
     if (idx != MR_NIL && rt.recvs[idx].state == RECV_FILLING) rt_recv_free(idx);
 }
 
+/* A datagram in receive slot `idx` arrived: charge its credit and queue it. */
+static mr_status_t rt_arrived(uint32_t idx, int source, unsigned kind, uint32_t imm,
+                              size_t length)
+{
+    /* The credit was spent whatever the datagram holds. */
+    rt.recvs[idx].source = source;
+    rt.flowctl->on_arrival(rt.fc, source, imm);
+    if (kind == MR_KIND_DATA) {
+        rt_queue_push(&rt.arrivals, idx, source, length);
+    } else if (kind == MR_KIND_ITEMS) {
+        rt_items_arrived(idx, source, length);
+    } else {
+        mr_error("Rank %d sent a message of unknown kind %u; it is dropped.", source, kind);
+        rt_recv_release(idx);
+    }
+    return MR_OK;
+}
+
 static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t imm, void *data,
                               size_t length, void *handle)
 {
@@ -110,18 +128,18 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
         rt.recvs[idx].foreign = data;
         mr__ptrmap_put(&rt.foreign, data, idx);
     }
-    /* The credit was spent whatever the datagram holds. */
-    rt.recvs[idx].source = source;
-    rt.flowctl->on_arrival(rt.fc, source, imm);
-    if (kind == MR_KIND_DATA) {
-        rt_queue_push(&rt.arrivals, idx, source, length);
-    } else if (kind == MR_KIND_ITEMS) {
-        rt_items_arrived(idx, source, length);
-    } else {
-        mr_error("Rank %d sent a message of unknown kind %u; it is dropped.", source, kind);
-        rt_recv_release(idx);
-    }
-    return MR_OK;
+    return rt_arrived(idx, source, kind, imm, length);
+}
+
+static mr_status_t up_deliver_copy(void *core, int source, unsigned kind, uint32_t imm,
+                                   const void *data, size_t length)
+{
+    uint32_t idx = rt_recv_take();
+
+    (void)core;
+    if (idx == MR_NIL) return MR_AGAIN;
+    if (length > 0) memcpy(rt.recvs[idx].data, data, length);
+    return rt_arrived(idx, source, kind, imm, length);
 }
 
 uint32_t rt_send_take(void)
@@ -173,6 +191,7 @@ const mr_substrate_upcalls_t rt_upcalls = {
     .recv_slot_acquire = up_recv_slot_acquire,
     .recv_slot_abandon = up_recv_slot_abandon,
     .deliver = up_deliver,
+    .deliver_copy = up_deliver_copy,
     .send_complete = up_send_complete,
     .control = up_control,
     .peer_failed = up_peer_failed,
@@ -212,6 +231,8 @@ static mr_status_t rt_transmit(uint32_t idx)
     uint32_t imm;
     mr_status_t status;
 
+    /* The substrate refused this rank since the last progress call: it would again. */
+    if (rt.refused_epoch[dest] == rt.progress_epoch) return MR_AGAIN;
     if (!rt.flowctl->acquire(rt.fc, dest, &imm)) return MR_AGAIN;
     if (dest == rt.rank) {
         status = rt_deliver_self(idx);
@@ -222,9 +243,16 @@ static mr_status_t rt_transmit(uint32_t idx)
             if (s->state != SEND_DEFERRED) rt.pending_bytes += s->length;
             s->state = SEND_INFLIGHT;
             rt.inflight++;
+        } else if (status == MR_SUBSTRATE_SENT) {
+            /* Already copied out: the slot is free again, warm for the next reserve. */
+            rt_send_free(idx);
+            status = MR_OK;
         }
     }
-    if (status != MR_OK) rt.flowctl->unacquire(rt.fc, dest, imm);
+    if (status != MR_OK) {
+        rt.flowctl->unacquire(rt.fc, dest, imm);
+        if (status == MR_AGAIN && dest != rt.rank) rt.refused_epoch[dest] = rt.progress_epoch;
+    }
     return status;
 }
 
@@ -241,6 +269,7 @@ static int rt_drain(bool until_stuck)
     do {
         int count = rt.deferq.ring_count;
         int dest = mr__deferq_first(&rt.deferq);
+        bool all_refused = true;
 
         pass = 0;
         for (int i = 0; i < count && dest >= 0; i++) {
@@ -255,10 +284,14 @@ static int rt_drain(bool until_stuck)
                 /* The substrate refused for good (peer failure): drop the message. */
                 mr__deferq_pop(&rt.deferq, dest);
                 rt_send_free(idx);
+            } else if (rt.refused_epoch[dest] != rt.progress_epoch) {
+                all_refused = false; /* Waiting for credit, which may come any time. */
             }
             dest = next;
         }
         moved += pass;
+        /* Only progress can change the substrate's mind: no use trying before it. */
+        if (pass == 0 && all_refused) rt.drain_stuck_epoch = rt.progress_epoch;
     } while (until_stuck && pass > 0 && rt.deferq.depth > 0);
     return moved;
 }
@@ -267,6 +300,7 @@ int rt_progress(int timeout_ms)
 {
     int events = rt.substrate->progress(rt.sub, timeout_ms);
 
+    rt.progress_epoch++;
     if (events < 0) return events;
     events += rt.flowctl->progress(rt.fc);
     if (rt.deferq.depth > 0) events += rt_drain(true);
@@ -341,7 +375,7 @@ mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
     s->kind = (uint8_t)kind;
 
     /* Older deferred messages go first; a new one never overtakes them. */
-    if (rt.deferq.depth > 0) rt_drain(false);
+    if (rt.deferq.depth > 0 && rt.drain_stuck_epoch != rt.progress_epoch) rt_drain(false);
     if (mr__deferq_peek(&rt.deferq, dest) == MR_NIL) {
         status = rt_transmit(idx);
         if (status < 0) {
@@ -352,6 +386,8 @@ mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
         status = MR_AGAIN;
     }
     if (status == MR_AGAIN) {
+        /* Deferred for want of credit: the next send must look at the queue again. */
+        if (rt.refused_epoch[dest] != rt.progress_epoch) rt.drain_stuck_epoch = 0;
         s->state = SEND_DEFERRED;
         rt.pending_bytes += length;
         mr__deferq_push(&rt.deferq, dest, idx);

@@ -103,9 +103,11 @@ static void rt_free_pools(void)
     free(rt.sends);
     free(rt.recvs);
     free(rt.peer);
+    free(rt.refused_epoch);
     rt.sends = NULL;
     rt.recvs = NULL;
     rt.peer = NULL;
+    rt.refused_epoch = NULL;
     mr__ptrmap_fini(&rt.foreign);
     mr__deferq_fini(&rt.deferq);
     mr__pool_fini(&rt.recv_pool);
@@ -127,7 +129,8 @@ static mr_status_t rt_alloc_pools(void)
         rt.sends = calloc(rt.cfg.send_slots, sizeof(*rt.sends));
         rt.recvs = calloc(rt.cfg.recv_slots, sizeof(*rt.recvs));
         rt.peer = calloc((size_t)rt.size, sizeof(*rt.peer));
-        if (!rt.sends || !rt.recvs || !rt.peer) {
+        rt.refused_epoch = calloc((size_t)rt.size, sizeof(*rt.refused_epoch));
+        if (!rt.sends || !rt.recvs || !rt.peer || !rt.refused_epoch) {
             mr_error("Cannot allocate the slot tables.");
             status = MR_ERR_NO_MEMORY;
         }
@@ -137,6 +140,7 @@ static mr_status_t rt_alloc_pools(void)
         return status;
     }
     rt.arrivals.head = rt.arrivals.tail = MR_NIL;
+    rt.progress_epoch = 1; /* refused_epoch starts at 0: nobody has refused yet. */
     rt_items_init();
     return MR_OK;
 }

@@ -103,6 +103,15 @@ typedef struct rt_runtime {
     mr_ptrmap_t foreign;   /* Substrate-owned buffer -> receive slot. */
 
     uint8_t *peer;         /* enum peer_state per rank. */
+    /*
+     * Progress calls so far, and per rank the count when the substrate last
+     * refused a message to it (MR_AGAIN): until the next progress call it
+     * would refuse again, so messages to that rank are deferred at once.
+     */
+    uint32_t progress_epoch;
+    uint32_t *refused_epoch;
+    /* The progress count when a pass over the deferred queue found only such refusals. */
+    uint32_t drain_stuck_epoch;
     bool closing;          /* All ranks finished sending; EOF from peers is expected. */
     int failures_unreported;
     bool any_failure;

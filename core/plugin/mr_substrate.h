@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MR_SUBSTRATE_ABI_VERSION 2
+#define MR_SUBSTRATE_ABI_VERSION 3
 #define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
 #define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
 
@@ -35,6 +35,13 @@
 
 /* Length of the per-job secret distributed by the bootstrap. */
 #define MR_JOB_KEY_LEN 32
+
+/*
+ * What send() returns for a message the transport has already finished
+ * with (UCX copied it out): the buffer is free again at once, and no
+ * send_complete() follows. Positive, like MR_AGAIN: not an error. ABI 3.
+ */
+#define MR_SUBSTRATE_SENT ((mr_status_t)2)
 
 /* Message kinds carried in the header. */
 enum {
@@ -65,6 +72,13 @@ typedef struct mr_substrate_upcalls {
      */
     mr_status_t (*deliver)(void *core, int source, unsigned kind, uint32_t imm, void *data,
                            size_t length, void *handle);
+    /*
+     * Copies `length` bytes at `data` into a fresh receive slot and delivers
+     * them, as recv_slot_acquire(), a copy and deliver() would, in one call.
+     * MR_AGAIN when no slot is free: nothing was taken. ABI 3.
+     */
+    mr_status_t (*deliver_copy)(void *core, int source, unsigned kind, uint32_t imm,
+                                const void *data, size_t length);
     /* A send accepted with MR_OK has left its buffer; the cookie is send()'s. */
     void (*send_complete)(void *core, void *cookie);
     /* A control message from `source` with its immediate. */
@@ -120,8 +134,10 @@ typedef struct mr_substrate_ops {
     /*
      * Starts sending `length` bytes at `data` to `dest` (never this rank).
      * MR_OK: accepted; send_complete(cookie) follows in a later progress call
-     * and until then the bytes must stay untouched. MR_AGAIN: not accepted
-     * now, try again later. Errors: MR_ERR_PEER_FAILED and transport errors.
+     * and until then the bytes must stay untouched. MR_SUBSTRATE_SENT:
+     * accepted and done, the bytes are free now. MR_AGAIN: not accepted now;
+     * the core tries again only after the next progress call. Errors:
+     * MR_ERR_PEER_FAILED and transport errors.
      */
     mr_status_t (*send)(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
                         const void *data, size_t length, void *cookie);

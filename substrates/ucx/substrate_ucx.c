@@ -852,9 +852,8 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
                             "%d (status %d).", source, (int)st);
                     return UCS_OK;
                 }
-            } else if ((slot = s->base.up.recv_slot_acquire(s->base.core)) != NULL) {
-                if (length > 0) memcpy(slot, data, length);
-                deliver_slot(s, source, kind, imm, slot, length);
+            } else if (s->base.up.deliver_copy(s->base.core, source, kind, imm, data, length) ==
+                       MR_OK) {
                 s->cb_events++;
                 return UCS_OK;
             }
@@ -1705,9 +1704,12 @@ static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
         mr__sreq_push(&s->free_sreqs, &r->link);
         return send_error(s, dest, UCS_PTR_STATUS(sp));
     }
-    /* Done at once: the completion is still reported by the next progress call. */
-    if (sp == NULL) mr__done_push(&s->done, &r->link);
-    else r->inflight = true;
+    if (sp == NULL) {
+        /* UCX copied it out already: the core may reuse the buffer now. */
+        mr__sreq_push(&s->free_sreqs, &r->link);
+        return MR_SUBSTRATE_SENT;
+    }
+    r->inflight = true;
     return MR_OK;
 }
 
