@@ -33,6 +33,12 @@ const mr_config_entry_t mr__core_config_table[] = {
      "mr_reserve() returns MR_AGAIN, whatever slots are free; 0: no limit. A sender far ahead "
      "of its receiver with large messages would otherwise cycle through the whole send pool, "
      "and the transport would read buffers that have left the cache."},
+    {"MAILRAIL_COALESCE_BYTES", "1K", MR_CONFIG_SIZE, offsetof(mr_core_config_t, coalesce_bytes),
+     0, 64u << 20, NULL,
+     "Messages of at most this many bytes that follow another to the same rank before the "
+     "next progress call (mr_receive, mr_wait) are packed together into one transport "
+     "message, which leaves when it is full or at that call; the first one leaves at once. "
+     "Each keeps its own credit and receive slot. 0: never. Used by the MPI substrate."},
     {"MAILRAIL_RECV_SLOTS", "1024", MR_CONFIG_UINT, offsetof(mr_core_config_t, recv_slots), 1,
      1u << 22, NULL,
      "Buffers in the receive pool: the most messages that can have arrived and not yet been "

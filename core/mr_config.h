@@ -63,6 +63,7 @@ typedef struct mr_core_config {
     uint64_t datagram_size;
     uint64_t send_slots;
     uint64_t send_bytes;       /* 0: no limit. */
+    uint64_t coalesce_bytes;   /* 0: never. */
     uint64_t recv_slots;
     char plugin_path[MR_CONFIG_STRING_MAX];
     unsigned log_level;        /* mr_log_level_t */

@@ -203,6 +203,7 @@ static mr_status_t rt_open_substrate(uint8_t *addr, size_t *len)
         .upcalls = &rt_upcalls,
         .log = mr__log_write,
         .log_threshold = &mr__log_threshold,
+        .coalesce_bytes = rt.cfg.coalesce_bytes,
     };
     mr_status_t status;
 

@@ -174,10 +174,15 @@ void quiesce(tally_t *t)
     quiesce_with(drain_tally, t);
 }
 
-/* Sends `per_dest` messages from this rank to each rank in `dests` with varying lengths. */
-void exchange(const int *dests, int ndest, uint32_t per_dest, tally_t *t)
+/*
+ * Sends `per_dest` messages from this rank to each rank in `dests` with
+ * varying lengths, receiving after every `burst` of them (and whenever
+ * backpressured).
+ */
+void exchange_bursts(const int *dests, int ndest, uint32_t per_dest, unsigned burst, tally_t *t)
 {
     size_t dgram = mr_datagram_size();
+    unsigned sent = 0;
 
     for (uint32_t seq = 0; seq < per_dest; seq++) {
         for (int k = 0; k < ndest; k++) {
@@ -186,9 +191,14 @@ void exchange(const int *dests, int ndest, uint32_t per_dest, tally_t *t)
                                                     (dgram - sizeof(msg_header_t) + 1);
             fill_message(buf, len, world_rank, dests[k], seq);
             ck_assert_int_eq(mr_send(buf, len, dests[k]), MR_OK);
-            drain(t);
+            if (++sent % burst == 0) drain(t);
         }
     }
+}
+
+void exchange(const int *dests, int ndest, uint32_t per_dest, tally_t *t)
+{
+    exchange_bursts(dests, ndest, per_dest, 1, t);
 }
 
 void expect_all_from(const tally_t *t, const int *sources, int nsrc, uint32_t per_src)

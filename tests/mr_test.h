@@ -77,6 +77,8 @@ void quiesce_with(void (*receive)(void *arg), void *arg);
 
 /* Sends `per_dest` messages of varying lengths to each of `dests`. */
 void exchange(const int *dests, int ndest, uint32_t per_dest, tally_t *t);
+/* The same, receiving only after every `burst` messages (and when backpressured). */
+void exchange_bursts(const int *dests, int ndest, uint32_t per_dest, unsigned burst, tally_t *t);
 
 /* Checks that exactly the messages 0..per_src-1 of each source arrived. */
 void expect_all_from(const tally_t *t, const int *sources, int nsrc, uint32_t per_src);

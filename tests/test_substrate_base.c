@@ -1,8 +1,10 @@
 /*
  * Unit tests of what the substrate plugins share (substrates/common): the
  * open() preamble, the destination check, the closing and stats operations,
- * the done queue and its drain, and random bytes. Single process.
+ * the done queue and its drain, random bytes, and coalescing small messages
+ * (mr_batch.h). Single process.
  */
+#include "mr_batch.h"
 #include "mr_random.h"
 #include "mr_substrate_base.h"
 
@@ -209,6 +211,125 @@ START_TEST(random_bytes)
 }
 END_TEST
 
+/* Coalescing (mr_batch.h): who leaves alone, who is packed, and when a batch is full. */
+START_TEST(batcher_packs_after_the_first_message)
+{
+    mr__batcher_t b;
+    uint8_t payload[32];
+    mr__batch_t *batch;
+
+    for (int i = 0; i < 32; i++) payload[i] = (uint8_t)(i + 1);
+    /* 2 batches of 64 bytes; messages of at most 16 bytes are packed. */
+    ck_assert_int_eq(mr__batcher_init(&b, 3, 2, 64, 16), MR_OK);
+    ck_assert_uint_eq(b.max_frame, 16);
+    /* The first message to each rank since the last progress call leaves alone. */
+    ck_assert_int_eq(mr__batcher_add(&b, 1, MR_KIND_DATA, payload, 8, (void *)1), MR__BATCH_ALONE);
+    ck_assert_int_eq(mr__batcher_add(&b, 1, MR_KIND_DATA, payload, 8, (void *)2), MR__BATCH_ADDED);
+    ck_assert_int_eq(mr__batcher_add(&b, 2, MR_KIND_DATA, payload, 8, (void *)3), MR__BATCH_ALONE);
+    ck_assert_int_eq(mr__batcher_add(&b, 2, MR_KIND_ITEMS, payload, 0, (void *)4),
+                     MR__BATCH_ADDED);
+    /* Both batches are taken: rank 0's second message leaves alone too. */
+    ck_assert_int_eq(mr__batcher_add(&b, 0, MR_KIND_DATA, payload, 8, (void *)5), MR__BATCH_ALONE);
+    ck_assert_int_eq(mr__batcher_add(&b, 0, MR_KIND_DATA, payload, 8, (void *)6), MR__BATCH_ALONE);
+    /* Too long to pack. */
+    ck_assert_int_eq(mr__batcher_add(&b, 1, MR_KIND_DATA, payload, 17, (void *)7),
+                     MR__BATCH_ALONE);
+    ck_assert_uint_eq(b.nopen, 2);
+    /* Rank 1's batch takes frames of 12 bytes until 64 bytes are used: 5 in all. */
+    for (uintptr_t c = 8; c < 12; c++) {
+        ck_assert_int_eq(mr__batcher_add(&b, 1, MR_KIND_DATA, payload + c, 8, (void *)c),
+                         MR__BATCH_ADDED);
+    }
+    ck_assert_int_eq(mr__batcher_add(&b, 1, MR_KIND_DATA, payload, 8, (void *)12),
+                     MR__BATCH_FULL);
+    ck_assert_uint_eq(b.added, 6);
+
+    /* What the receiver reads back: the frames in order, kinds and bytes intact. */
+    batch = mr__batcher_detach(&b, 1);
+    ck_assert_ptr_nonnull(batch);
+    ck_assert_ptr_null(mr__batcher_detach(&b, 1));
+    ck_assert_uint_eq(b.nopen, 1);
+    ck_assert_uint_eq(batch->nframes, 5);
+    ck_assert_uint_eq(batch->used, 60);
+    ck_assert_ptr_eq(batch->cookies[0], (void *)2);
+    ck_assert_ptr_eq(batch->cookies[4], (void *)11);
+    size_t off = 0, len;
+    const uint8_t *data;
+    unsigned kind, n = 0;
+    while (mr__batch_frame_next(batch->data, batch->used, &off, &kind, &data, &len) == 1) {
+        ck_assert_uint_eq(kind, MR_KIND_DATA);
+        ck_assert_uint_eq(len, 8);
+        ck_assert_mem_eq(data, n == 0 ? payload : payload + 7 + n, 8);
+        n++;
+    }
+    ck_assert_uint_eq(n, 5);
+    ck_assert_uint_eq(off, 60);
+    mr__batcher_release(&b, batch);
+
+    /* Rank 2's batch holds one empty item frame. */
+    batch = mr__batcher_detach(&b, 2);
+    off = 0;
+    ck_assert_int_eq(mr__batch_frame_next(batch->data, batch->used, &off, &kind, &data, &len), 1);
+    ck_assert_uint_eq(kind, MR_KIND_ITEMS);
+    ck_assert_uint_eq(len, 0);
+    ck_assert_int_eq(mr__batch_frame_next(batch->data, batch->used, &off, &kind, &data, &len), 0);
+    mr__batcher_release(&b, batch);
+
+    /* After a progress call, the first message leaves alone again. */
+    mr__batcher_next_epoch(&b);
+    ck_assert_int_eq(mr__batcher_add(&b, 1, MR_KIND_DATA, payload, 8, (void *)13),
+                     MR__BATCH_ALONE);
+    ck_assert_int_eq(mr__batcher_add(&b, 1, MR_KIND_DATA, payload, 8, (void *)14),
+                     MR__BATCH_ADDED);
+    mr__batcher_fini(&b);
+
+    /* Off: nothing is packed. */
+    ck_assert_int_eq(mr__batcher_init(&b, 3, 2, 64, 0), MR_OK);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(mr__batcher_add(&b, 1, MR_KIND_DATA, payload, 8, NULL), MR__BATCH_ALONE);
+    }
+    mr__batcher_fini(&b);
+}
+END_TEST
+
+START_TEST(batcher_frame_limit)
+{
+    mr__batcher_t b;
+
+    /* Room for 512 empty frames, but a batch keeps at most MR__BATCH_MAX_FRAMES. */
+    ck_assert_int_eq(mr__batcher_init(&b, 1, 1, 2048, 64), MR_OK);
+    ck_assert_int_eq(mr__batcher_add(&b, 0, MR_KIND_DATA, NULL, 0, NULL), MR__BATCH_ALONE);
+    for (unsigned i = 0; i < MR__BATCH_MAX_FRAMES; i++) {
+        ck_assert_int_eq(mr__batcher_add(&b, 0, MR_KIND_DATA, NULL, 0, NULL), MR__BATCH_ADDED);
+    }
+    ck_assert_int_eq(mr__batcher_add(&b, 0, MR_KIND_DATA, NULL, 0, NULL), MR__BATCH_FULL);
+    mr__batcher_fini(&b);
+}
+END_TEST
+
+START_TEST(batch_frames_that_do_not_add_up)
+{
+    /* One 3-byte frame, then a header that claims more than is left. */
+    const uint8_t wire[] = {3, 0, 0, 0x80, 'a', 'b', 'c', 5, 0, 0, 0, 'x'};
+    size_t off = 0, len;
+    const uint8_t *data;
+    unsigned kind;
+
+    ck_assert_int_eq(mr__batch_frame_next(wire, sizeof(wire), &off, &kind, &data, &len), 1);
+    ck_assert_uint_eq(kind, MR_KIND_ITEMS);
+    ck_assert_uint_eq(len, 3);
+    ck_assert_mem_eq(data, "abc", 3);
+    ck_assert_int_eq(mr__batch_frame_next(wire, sizeof(wire), &off, &kind, &data, &len),
+                     MR_ERR_PROTOCOL);
+    ck_assert_uint_eq(off, 7); /* Not advanced past the bad frame. */
+    /* A header cut short. */
+    off = 0;
+    ck_assert_int_eq(mr__batch_frame_next(wire, 2, &off, &kind, &data, &len), MR_ERR_PROTOCOL);
+    /* An empty batch has no frames. */
+    ck_assert_int_eq(mr__batch_frame_next(wire, 0, &off, &kind, &data, &len), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *suite = suite_create("substrate-base");
@@ -221,6 +342,9 @@ int main(void)
     tcase_add_test(tc, send_target_closing_stats);
     tcase_add_test(tc, done_queue_in_order_and_detached);
     tcase_add_test(tc, random_bytes);
+    tcase_add_test(tc, batcher_packs_after_the_first_message);
+    tcase_add_test(tc, batcher_frame_limit);
+    tcase_add_test(tc, batch_frames_that_do_not_add_up);
     suite_add_tcase(suite, tc);
     sr = srunner_create(suite);
     srunner_run_all(sr, CK_NORMAL);

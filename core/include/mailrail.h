@@ -308,6 +308,8 @@ typedef struct mr_stats {
     uint64_t connections_rejected;    /* Peers dropped for a bad handshake or frame. */
     uint64_t items_pushed;            /* Accepted by mr_items_push() (mailrail_items.h). */
     uint64_t items_pulled;            /* Handed out by the mr_items_pull*() calls. */
+    uint64_t messages_coalesced;      /* Sent packed with others into one transport message
+                                         (MAILRAIL_COALESCE_BYTES). */
 } mr_stats_t;
 
 /*

@@ -105,6 +105,8 @@ typedef struct mr_substrate_params {
     void (*log)(mr_log_level_t level, const char *fmt, ...)
         __attribute__((format(printf, 2, 3)));
     const mr_log_level_t *log_threshold;
+    size_t coalesce_bytes;            /* MAILRAIL_COALESCE_BYTES: 0, or the largest message a
+                                         substrate may pack with others to the same rank. */
 } mr_substrate_params_t;
 
 typedef struct mr_substrate_ops {

@@ -41,15 +41,6 @@ mr_status_t mr__substrate_alloc(const mr_substrate_params_t *p, size_t size, con
     return MR_OK;
 }
 
-mr_status_t mr__send_target_check(const mr_substrate_t *s, int dest)
-{
-    const mr__substrate_base_t *b = (const mr__substrate_base_t *)(const void *)s;
-
-    if (s == NULL) return MR_ERR_INVALID_PARAM;
-    if (dest < 0 || dest >= b->size || dest == b->rank) return MR_ERR_INVALID_RANK;
-    return MR_OK;
-}
-
 void mr__substrate_closing(mr_substrate_t *s)
 {
     if (s != NULL) mr__base_of(s)->closing = true;

@@ -70,7 +70,14 @@ mr_status_t mr__substrate_alloc(const mr_substrate_params_t *p, size_t size, con
  * The checks every send makes of its destination: MR_ERR_INVALID_PARAM
  * without a substrate, MR_ERR_INVALID_RANK outside the job or for this rank.
  */
-mr_status_t mr__send_target_check(const mr_substrate_t *s, int dest);
+static inline mr_status_t mr__send_target_check(const mr_substrate_t *s, int dest)
+{
+    const mr__substrate_base_t *b = (const mr__substrate_base_t *)(const void *)s;
+
+    if (s == NULL) return MR_ERR_INVALID_PARAM;
+    if (dest < 0 || dest >= b->size || dest == b->rank) return MR_ERR_INVALID_RANK;
+    return MR_OK;
+}
 
 /* The closing() operation: only records that every rank finished sending. */
 void mr__substrate_closing(mr_substrate_t *s);

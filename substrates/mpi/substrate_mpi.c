@@ -5,6 +5,7 @@
  * staging buffers, failures and teardown are described in
  * docs/architecture.md, "The MPI substrate" (#the-mpi-substrate).
  */
+#include "mr_batch.h"
 #include "mr_substrate_base.h"
 
 #include <mpi.h>
@@ -42,6 +43,9 @@
  * passes, however few of them completed.
  */
 #define MRMPI_TEST_BATCH 7
+/* Coalescing (mr_batch.h): batches being filled or in flight, and their size at most. */
+#define MRMPI_BATCHES 32u
+#define MRMPI_BATCH_BYTES 8192u
 
 /* ------------------------------------------------------------------------ */
 /* Settings.                                                                 */
@@ -101,6 +105,7 @@ typedef struct mpi_recv {
     bool posted;               /* req is an active MPI_Irecv. */
     bool done;                 /* Completed, status saved, not delivered yet. */
     int rc;                    /* What MPI_Test returned for it. */
+    size_t offset;             /* A batch: where its first frame not yet delivered starts. */
 } mpi_recv_t;
 
 /* A failure found outside progress(), reported by the next progress call. */
@@ -114,7 +119,11 @@ struct mr_substrate {
     bool have_data_comm, have_ctrl_comm;
     int tag_ub;                /* MPI_TAG_UB of the data and control communicators. */
     uint32_t kind_bit;         /* Data tags: this bit set for MR_KIND_ITEMS, */
-    uint32_t data_imm_ub;      /* and the immediate in the bits below it. */
+    uint32_t data_imm_ub;      /* and the immediate in the bits below it, */
+    uint32_t data_imm_max;     /* at most this, since */
+    uint32_t batch_tag;        /* every bit set marks a batch of frames (mr_batch.h). */
+    size_t coalesce_bytes;     /* MAILRAIL_COALESCE_BYTES. */
+    mr__batcher_t batcher;
     bool connected;
     bool broken;               /* A local MPI failure: progress() only returns an error. */
 
@@ -132,6 +141,7 @@ struct mr_substrate {
     unsigned nrecv;
     unsigned head;
     unsigned nposted;
+    unsigned lead_done;          /* Entries from head on known to have completed. */
     uint8_t *staging;            /* nstage buffers of datagram_size bytes. */
     unsigned nstage;
     unsigned *stage_free;        /* Stack of free staging buffers. */
@@ -149,6 +159,7 @@ struct mr_substrate {
     void **send_cookie;
     int *send_dest;
     uint64_t *send_mark;       /* For an MPI_Issend marker, peer_sent after it; else 0. */
+    mr__batch_t **send_batch;  /* The batch it carries (its cookie is unused), or NULL. */
 
     /*
      * The send window, per destination: data messages sent, and how many of
@@ -170,6 +181,7 @@ struct mr_substrate {
     int *indices;
     MPI_Status *statuses;
     void **done_cookie;
+    mr__batch_t **done_batch;
     int *done_dest;
     int *done_err;
 
@@ -308,6 +320,7 @@ static mr_status_t data_post_next(mr_substrate_t *s)
     }
     e->posted = true;
     e->done = false;
+    e->offset = 0;
     s->nposted++;
     return MR_OK;
 }
@@ -353,6 +366,7 @@ static void compact_sends(mr_substrate_t *s)
             s->send_cookie[j] = s->send_cookie[i];
             s->send_dest[j] = s->send_dest[i];
             s->send_mark[j] = s->send_mark[i];
+            s->send_batch[j] = s->send_batch[i];
         }
         j++;
     }
@@ -372,6 +386,16 @@ static void compact_ctrl(mr_substrate_t *s)
         j++;
     }
     s->nctrl = j;
+}
+
+/* Completes every message of a batch that was sent or given up, and frees it. */
+static int batch_complete(mr_substrate_t *s, mr__batch_t *b)
+{
+    unsigned n = b->nframes;
+
+    for (unsigned f = 0; f < n; f++) s->base.up.send_complete(s->base.core, b->cookies[f]);
+    mr__batcher_release(&s->batcher, b);
+    return (int)n;
 }
 
 /* The error of one completion reported by MPI_Testsome. */
@@ -399,6 +423,7 @@ static int progress_sends(mr_substrate_t *s)
     for (int k = 0; k < outcount; k++) {
         int i = s->indices[k];
         s->done_cookie[ndone] = s->send_cookie[i];
+        s->done_batch[ndone] = s->send_batch[i];
         s->done_dest[ndone] = s->send_dest[i];
         s->done_err[ndone] = testsome_err(rc, &s->statuses[k]);
         /* A completed marker: the receiver matched every message up to it. */
@@ -416,8 +441,12 @@ static int progress_sends(mr_substrate_t *s)
             peer_mpi_error(s, s->done_dest[k], s->done_err[k], "a data send to");
             events += drain_failures(s);
         }
-        s->base.up.send_complete(s->base.core, s->done_cookie[k]);
-        events++;
+        if (s->done_batch[k] != NULL) {
+            events += batch_complete(s, s->done_batch[k]);
+        } else {
+            s->base.up.send_complete(s->base.core, s->done_cookie[k]);
+            events++;
+        }
     }
     return events;
 }
@@ -515,6 +544,27 @@ static int progress_ctrl_recvs(mr_substrate_t *s)
 }
 
 /*
+ * Delivers the frames of a received batch from e->offset on, each copied
+ * into a receive slot, until one finds no slot free. Returns the deliveries,
+ * or MR_ERR_PROTOCOL when the frames do not add up.
+ */
+static int deliver_batch(mr_substrate_t *s, mpi_recv_t *e, int src, const uint8_t *buf,
+                         size_t length)
+{
+    size_t off = e->offset, plen;
+    const uint8_t *payload;
+    unsigned kind;
+    int n = 0, r;
+
+    while ((r = mr__batch_frame_next(buf, length, &off, &kind, &payload, &plen)) == 1) {
+        if (s->base.up.deliver_copy(s->base.core, src, kind, 0, payload, plen) != MR_OK) break;
+        e->offset = off;
+        n++;
+    }
+    return r < 0 ? MR_ERR_PROTOCOL : n;
+}
+
+/*
  * Delivers completed data receives in ring (arrival) order, stopping at the
  * first one that has not completed or when no receive slot is free. Returns
  * the number of messages delivered or discarded, or a negative status.
@@ -533,10 +583,11 @@ static int progress_data_recvs(mr_substrate_t *s)
      * costs a progress pass per 8 receives (see MRMPI_TEST_BATCH).
      */
     for (;;) {
-        unsigned skip = 0, first, len = 0, active = 0;
+        unsigned skip = s->lead_done, first, len = 0, active = 0;
         int outcount = 0, rc;
 
         while (skip < s->nposted && s->recvs[(s->head + skip) % s->nrecv].done) skip++;
+        s->lead_done = skip;
         if (skip == s->nposted) break;
         first = (s->head + skip) % s->nrecv;
         /* A batch never wraps: MPI_Testsome takes a contiguous array. */
@@ -587,27 +638,43 @@ static int progress_data_recvs(mr_substrate_t *s)
                 s->broken = true;
                 return MR_ERR_TRANSPORT;
             }
-            /* Zero copy: the staging buffer itself, until release_recv(). */
             uint8_t *buf = s->staging + (size_t)e->buf * s->base.datagram_size;
             uint32_t tag = (uint32_t)e->status.MPI_TAG;
-            unsigned kind = (tag & s->kind_bit) ? MR_KIND_ITEMS : MR_KIND_DATA;
-            mr_status_t st = s->base.up.deliver(s->base.core, src, kind, tag & s->data_imm_ub,
-                                                buf, (size_t)count,
-                                                (void *)(uintptr_t)(e->buf + 1));
-            /* No receive slot to account for it: the head waits, and everything after. */
-            if (st == MR_AGAIN) break;
-            if (st != MR_OK) return MR_ERR_TRANSPORT;
-            e->done = false;
-            s->head = (i + 1) % s->nrecv;
-            s->nposted--;
-            events++;
-            continue;
+            if (tag != s->batch_tag) {
+                /* Zero copy: the staging buffer itself, until release_recv(). */
+                unsigned kind = (tag & s->kind_bit) ? MR_KIND_ITEMS : MR_KIND_DATA;
+                mr_status_t st = s->base.up.deliver(s->base.core, src, kind,
+                                                    tag & s->data_imm_ub, buf, (size_t)count,
+                                                    (void *)(uintptr_t)(e->buf + 1));
+                /* No receive slot to account for it: the head waits, and everything after. */
+                if (st == MR_AGAIN) break;
+                if (st != MR_OK) return MR_ERR_TRANSPORT;
+                e->done = false;
+                s->head = (i + 1) % s->nrecv;
+                s->nposted--;
+                if (s->lead_done > 0) s->lead_done--;
+                events++;
+                continue;
+            }
+            /* A batch: its frames are copied out, and its buffer goes back at once. */
+            int got = deliver_batch(s, e, src, buf, (size_t)count);
+            if (got < 0) {
+                MR__LOG(s, MR_LOG_ERROR, "MPI substrate: rank %d sent a malformed batch of "
+                        "messages; its messages are discarded from now on.", src);
+                peer_mark_failed(s, src, MR_ERR_PROTOCOL);
+                events++;
+            } else {
+                events += got;
+                /* No receive slot for the rest: the head waits, and everything after. */
+                if (e->offset < (size_t)count) break;
+            }
         }
-        /* Discarded or failed: the staging buffer is free again. */
+        /* Discarded, failed or a batch delivered: the staging buffer is free again. */
         s->stage_free[s->nstage_free++] = e->buf;
         e->done = false;
         s->head = (i + 1) % s->nrecv;
         s->nposted--;
+        if (s->lead_done > 0) s->lead_done--;
     }
     if (data_post_all(s) != MR_OK) return MR_ERR_TRANSPORT;
     return events;
@@ -734,6 +801,8 @@ static mr_status_t mpi_read_tag_ub(mr_substrate_t *s)
     s->kind_bit = 1;
     while ((uint64_t)s->kind_bit * 4 - 1 <= (uint64_t)s->tag_ub) s->kind_bit *= 2;
     s->data_imm_ub = s->kind_bit - 1;
+    s->data_imm_max = s->kind_bit - 2;
+    s->batch_tag = s->kind_bit | s->data_imm_ub;
     return MR_OK;
 }
 
@@ -741,6 +810,7 @@ static mr_status_t mpi_read_tag_ub(mr_substrate_t *s)
 static void mpi_apply_settings(mr_substrate_t *s, const mr_substrate_params_t *p)
 {
     memcpy(&s->cfg, p->config, sizeof(s->cfg));
+    s->coalesce_bytes = p->coalesce_bytes;
     s->nrecv = (unsigned)s->cfg.max_recvs;
     if (s->nrecv == 0) {
         size_t n = MRMPI_AUTO_RECV_BYTES / p->datagram_size;
@@ -778,11 +848,13 @@ static mr_status_t mpi_alloc_buffers(mr_substrate_t *s)
     s->send_cookie = malloc(max_sends * sizeof(*s->send_cookie));
     s->send_dest = malloc(max_sends * sizeof(*s->send_dest));
     s->send_mark = malloc(max_sends * sizeof(*s->send_mark));
+    s->send_batch = malloc(max_sends * sizeof(*s->send_batch));
     s->ctrl_req = malloc(s->max_ctrl * sizeof(*s->ctrl_req));
     s->ctrl_dest = malloc(s->max_ctrl * sizeof(*s->ctrl_dest));
     s->indices = malloc(scratch * sizeof(*s->indices));
     s->statuses = malloc(scratch * sizeof(*s->statuses));
     s->done_cookie = malloc(max_sends * sizeof(*s->done_cookie));
+    s->done_batch = malloc(max_sends * sizeof(*s->done_batch));
     s->done_dest = malloc(max_sends * sizeof(*s->done_dest));
     s->done_err = malloc(max_sends * sizeof(*s->done_err));
     s->peer = calloc((size_t)s->base.size, sizeof(*s->peer));
@@ -792,6 +864,7 @@ static mr_status_t mpi_alloc_buffers(mr_substrate_t *s)
     if (s->recvs == NULL || s->recv_req == NULL || s->staging == NULL ||
         s->stage_free == NULL || s->send_req == NULL ||
         s->send_cookie == NULL || s->send_dest == NULL || s->send_mark == NULL ||
+        s->send_batch == NULL || s->done_batch == NULL ||
         s->peer_sent == NULL || s->peer_matched == NULL || s->ctrl_req == NULL ||
         s->ctrl_dest == NULL || s->indices == NULL || s->statuses == NULL ||
         s->done_cookie == NULL || s->done_dest == NULL || s->done_err == NULL ||
@@ -805,6 +878,14 @@ static mr_status_t mpi_alloc_buffers(mr_substrate_t *s)
     for (unsigned b = 0; b < s->nstage; b++) s->stage_free[b] = s->nstage - 1 - b;
     s->nstage_free = s->nstage;
     for (unsigned i = 0; i < MRMPI_CTRL_RECVS; i++) s->ctrl_recv[i] = MPI_REQUEST_NULL;
+    size_t cap = s->base.datagram_size < MRMPI_BATCH_BYTES ? s->base.datagram_size
+                                                            : MRMPI_BATCH_BYTES;
+    if (mr__batcher_init(&s->batcher, s->base.size, MRMPI_BATCHES, cap, s->coalesce_bytes) !=
+        MR_OK) {
+        MR__LOG(s, MR_LOG_ERROR, "MPI substrate: out of memory for %u batches of %zu bytes "
+                "(MAILRAIL_COALESCE_BYTES).", MRMPI_BATCHES, cap);
+        return MR_ERR_NO_MEMORY;
+    }
     return MR_OK;
 }
 
@@ -912,6 +993,7 @@ static mr_status_t mpi_connect(mr_substrate_t *s, const void *addrs, size_t addr
     if (s->base.size > 1) {
         s->head = 0;
         s->nposted = 0;
+        s->lead_done = 0;
         if (data_post_all(s) != MR_OK) return MR_ERR_TRANSPORT;
         s->data_posted = true;
         for (unsigned i = 0; i < MRMPI_CTRL_RECVS; i++) {
@@ -961,41 +1043,28 @@ static mr_status_t ctrl_isend(mr_substrate_t *s, int dest, uint32_t imm)
     return MR_OK;
 }
 
-static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
-                            const void *data, size_t length, void *cookie)
+/* Whether one more data message to `dest` fits the request pool and the send window. */
+static bool data_can_send(const mr_substrate_t *s, int dest)
 {
-    mr_status_t st = send_check(s, dest);
-    uint32_t tag = imm;
-    uint64_t seq;
+    return s->nsend < s->base.max_sends &&
+           (s->send_window == 0 || s->peer_sent[dest] + 1 - s->peer_matched[dest] <= s->send_window);
+}
+
+/*
+ * Starts one data message with `tag`, as a marker (MPI_Issend) every
+ * mark_every-th one to `dest`. It carries `batch`, or the single message of
+ * `cookie` when `batch` is NULL. MR_AGAIN when data_can_send() says no.
+ */
+static mr_status_t data_isend(mr_substrate_t *s, int dest, uint32_t tag, const void *data,
+                              size_t length, void *cookie, mr__batch_t *batch)
+{
+    uint64_t seq = s->peer_sent[dest] + 1;
+    size_t k = s->nsend;
     bool mark;
-    size_t k;
     int rc;
 
-    if (st != MR_OK) return st;
-    if ((kind != MR_KIND_DATA && kind != MR_KIND_ITEMS) || (data == NULL && length > 0)) {
-        return MR_ERR_INVALID_PARAM;
-    }
-    if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
-    if (s->nsend == s->base.max_sends) return MR_AGAIN;
-    /* The receiver is a whole window behind: wait for a marker to complete. */
-    seq = s->peer_sent[dest] + 1;
-    if (s->send_window > 0 && seq - s->peer_matched[dest] > s->send_window) return MR_AGAIN;
+    if (!data_can_send(s, dest)) return MR_AGAIN;
     mark = s->send_window > 0 && seq % s->mark_every == 0;
-    if (imm > s->data_imm_ub) {
-        /*
-         * The credits do not fit in a tag: they go ahead as control messages
-         * (credits only add up, so their order relative to the data does not
-         * matter) and the data leaves with tag 0. Both or neither: refuse if
-         * the control pool cannot take the whole split now.
-         */
-        if (s->nctrl + split_count(s, imm) > s->max_ctrl) return MR_AGAIN;
-        st = ctrl_isend(s, dest, imm);
-        if (st != MR_OK) return st;
-        s->split_imm++;
-        tag = 0;
-    }
-    if (kind == MR_KIND_ITEMS) tag |= s->kind_bit;
-    k = s->nsend;
     if (mark) {
         rc = MPI_Issend(data, (int)length, MPI_BYTE, dest, (int)tag, s->data_comm,
                         &s->send_req[k]);
@@ -1011,9 +1080,85 @@ static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     s->send_cookie[k] = cookie;
     s->send_dest[k] = dest;
     s->send_mark[k] = mark ? seq : 0;
+    s->send_batch[k] = batch;
     s->peer_sent[dest] = seq;
     s->nsend++;
     return MR_OK;
+}
+
+/* Sends the batch being filled for `dest` as one message (MR_AGAIN: it stays open). */
+static mr_status_t batch_send(mr_substrate_t *s, int dest)
+{
+    mr__batch_t *b = s->batcher.open[dest];
+    mr_status_t st = data_isend(s, dest, s->batch_tag, b->data, b->used, NULL, b);
+
+    if (st == MR_OK) mr__batcher_detach(&s->batcher, dest);
+    return st;
+}
+
+/*
+ * At the start of a progress call: sends every batch being filled that the
+ * window lets go; those to failed ranks complete unsent. Returns the events.
+ */
+static int flush_batches(mr_substrate_t *s)
+{
+    int events = 0;
+
+    /* Backwards: detaching moves the last open rank into the slot just visited. */
+    for (unsigned i = s->batcher.nopen; i-- > 0;) {
+        int dest = s->batcher.open_ranks[i];
+        if (peer_usable(s, dest)) {
+            batch_send(s, dest); /* Refused: it waits for the next call. */
+        } else {
+            events += batch_complete(s, mr__batcher_detach(&s->batcher, dest));
+        }
+    }
+    return events;
+}
+
+static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
+                            const void *data, size_t length, void *cookie)
+{
+    mr_status_t st = send_check(s, dest);
+    uint32_t tag = imm;
+
+    if (st != MR_OK) return st;
+    if ((kind != MR_KIND_DATA && kind != MR_KIND_ITEMS) || (data == NULL && length > 0)) {
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
+    if (imm == 0) {
+        /* A small message after another to the same rank joins a batch (mr_batch.h). */
+        mr__batch_add_t how = mr__batcher_add(&s->batcher, dest, kind, data, length, cookie);
+        if (how == MR__BATCH_FULL) {
+            st = batch_send(s, dest);
+            if (st != MR_OK) return st;
+            how = mr__batcher_add(&s->batcher, dest, kind, data, length, cookie);
+        }
+        if (how == MR__BATCH_ADDED) return MR_OK;
+    }
+    /* A message that leaves alone does not overtake the batch before it. */
+    if (s->batcher.open[dest] != NULL) {
+        st = batch_send(s, dest);
+        if (st != MR_OK) return st;
+    }
+    /* The receiver is a whole window behind: wait for a marker to complete. */
+    if (!data_can_send(s, dest)) return MR_AGAIN;
+    if (imm > s->data_imm_max) {
+        /*
+         * The credits do not fit in a tag: they go ahead as control messages
+         * (credits only add up, so their order relative to the data does not
+         * matter) and the data leaves with tag 0. Both or neither: refuse if
+         * the control pool cannot take the whole split now.
+         */
+        if (s->nctrl + split_count(s, imm) > s->max_ctrl) return MR_AGAIN;
+        st = ctrl_isend(s, dest, imm);
+        if (st != MR_OK) return st;
+        s->split_imm++;
+        tag = 0;
+    }
+    if (kind == MR_KIND_ITEMS) tag |= s->kind_bit;
+    return data_isend(s, dest, tag, data, length, cookie, NULL);
 }
 
 static mr_status_t mpi_send_control(mr_substrate_t *s, int dest, uint32_t imm)
@@ -1049,11 +1194,16 @@ static int mpi_progress(mr_substrate_t *s, int timeout_ms)
 {
     uint64_t deadline;
     unsigned rounds = 0;
-    int events;
+    int events, n;
 
     if (s == NULL) return MR_ERR_INVALID_PARAM;
     if (s->broken) return MR_ERR_TRANSPORT;
-    events = progress_once(s);
+    /* Batches leave now, and the next message to each rank leaves alone again. */
+    mr__batcher_next_epoch(&s->batcher);
+    events = s->batcher.nopen > 0 ? flush_batches(s) : 0;
+    n = progress_once(s);
+    if (n < 0) return n;
+    events += n;
     if (events != 0 || timeout_ms == 0) return events;
     /*
      * MPI has no wait with a timeout that covers all of this, so poll; but
@@ -1141,7 +1291,7 @@ static unsigned drain_unexpected(mr_substrate_t *s, MPI_Comm comm, uint64_t dead
 static void mpi_close(mr_substrate_t *s)
 {
     uint64_t deadline;
-    bool leak_staging = false;
+    bool leak_staging = false, leak_batches = false;
     unsigned stuck = 0, dropped = 0;
 
     if (s == NULL) return;
@@ -1173,7 +1323,9 @@ static void mpi_close(mr_substrate_t *s)
     }
     s->nctrl = 0;
     for (size_t i = 0; i < s->nsend; i++) {
-        if (!wait_bounded(&s->send_req[i], deadline)) stuck++;
+        if (wait_bounded(&s->send_req[i], deadline)) continue;
+        stuck++;
+        if (s->send_batch[i] != NULL) leak_batches = true; /* MPI may still read it. */
     }
     s->nsend = 0;
     /*
@@ -1206,11 +1358,14 @@ static void mpi_close(mr_substrate_t *s)
     free(s->send_cookie);
     free(s->send_dest);
     free(s->send_mark);
+    free(s->send_batch);
+    if (!leak_batches) mr__batcher_fini(&s->batcher);
     free(s->ctrl_req);
     free(s->ctrl_dest);
     free(s->indices);
     free(s->statuses);
     free(s->done_cookie);
+    free(s->done_batch);
     free(s->done_dest);
     free(s->done_err);
     free(s->peer);
@@ -1218,6 +1373,14 @@ static void mpi_close(mr_substrate_t *s)
     free(s->peer_sent);
     free(s->peer_matched);
     free(s);
+}
+
+static void mpi_stats(mr_substrate_t *s, mr_stats_t *stats)
+{
+    mr__substrate_stats(s, stats);
+    if (stats->size >= offsetof(mr_stats_t, messages_coalesced) + sizeof(uint64_t)) {
+        stats->messages_coalesced += s->batcher.added;
+    }
 }
 
 static const mr_substrate_ops_t mpi_ops = {
@@ -1236,7 +1399,7 @@ static const mr_substrate_ops_t mpi_ops = {
     .release_recv = mpi_release_recv,
     .format_address = mpi_format_address,
     .closing = mr__substrate_closing, /* Nothing to flush: the core waited for every data send. */
-    .stats = mr__substrate_stats,
+    .stats = mpi_stats,
     .close = mpi_close,
 };
 

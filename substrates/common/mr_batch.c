@@ -1,0 +1,138 @@
+/*
+ * Coalescing small messages into one transport message (mr_batch.h).
+ */
+#include "mr_batch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+mr_status_t mr__batcher_init(mr__batcher_t *b, int nranks, unsigned nbatches, size_t cap,
+                             size_t max_bytes)
+{
+    memset(b, 0, sizeof(*b));
+    if (max_bytes == 0 || nbatches == 0 || cap <= MR__BATCH_FRAME_HDR || nranks <= 0) {
+        return MR_OK; /* Off. */
+    }
+    b->cap = cap;
+    b->max_frame = max_bytes < cap - MR__BATCH_FRAME_HDR ? max_bytes : cap - MR__BATCH_FRAME_HDR;
+    b->nbatches = nbatches;
+    b->batches = calloc(nbatches, sizeof(*b->batches));
+    b->memory = malloc((size_t)nbatches * cap);
+    b->open = calloc((size_t)nranks, sizeof(*b->open));
+    b->open_ranks = malloc((size_t)nranks * sizeof(*b->open_ranks));
+    b->last_epoch = calloc((size_t)nranks, sizeof(*b->last_epoch));
+    if (b->batches == NULL || b->memory == NULL || b->open == NULL || b->open_ranks == NULL ||
+        b->last_epoch == NULL) {
+        mr__batcher_fini(b);
+        return MR_ERR_NO_MEMORY;
+    }
+    for (unsigned i = nbatches; i-- > 0;) {
+        mr__batch_t *batch = &b->batches[i];
+        batch->cookies = malloc(MR__BATCH_MAX_FRAMES * sizeof(*batch->cookies));
+        if (batch->cookies == NULL) {
+            mr__batcher_fini(b);
+            return MR_ERR_NO_MEMORY;
+        }
+        batch->data = b->memory + (size_t)i * cap;
+        batch->dest = -1;
+        batch->next_free = b->free_list;
+        b->free_list = batch;
+    }
+    b->epoch = 1; /* last_epoch starts at 0: no rank has had a message yet. */
+    return MR_OK;
+}
+
+void mr__batcher_fini(mr__batcher_t *b)
+{
+    if (b->batches != NULL) {
+        for (unsigned i = 0; i < b->nbatches; i++) free(b->batches[i].cookies);
+    }
+    free(b->batches);
+    free(b->memory);
+    free(b->open);
+    free(b->open_ranks);
+    free(b->last_epoch);
+    memset(b, 0, sizeof(*b));
+}
+
+mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const void *data,
+                                size_t length, void *cookie)
+{
+    mr__batch_t *batch;
+    uint32_t hdr;
+
+    if (length > b->max_frame) return MR__BATCH_ALONE; /* Also when coalescing is off. */
+    batch = b->open[dest];
+    if (batch != NULL) {
+        if (batch->nframes == MR__BATCH_MAX_FRAMES ||
+            b->cap - batch->used < MR__BATCH_FRAME_HDR + length) {
+            return MR__BATCH_FULL;
+        }
+    } else {
+        /* The first message since the last progress call leaves at once. */
+        if (b->last_epoch[dest] != b->epoch || b->free_list == NULL) {
+            b->last_epoch[dest] = b->epoch;
+            return MR__BATCH_ALONE;
+        }
+        batch = b->free_list;
+        b->free_list = batch->next_free;
+        batch->dest = dest;
+        batch->used = 0;
+        batch->nframes = 0;
+        b->open[dest] = batch;
+        b->open_ranks[b->nopen++] = dest;
+    }
+    hdr = (uint32_t)length | (kind == MR_KIND_ITEMS ? MR__BATCH_ITEMS_BIT : 0);
+    uint8_t *p = batch->data + batch->used;
+    p[0] = (uint8_t)hdr;
+    p[1] = (uint8_t)(hdr >> 8);
+    p[2] = (uint8_t)(hdr >> 16);
+    p[3] = (uint8_t)(hdr >> 24);
+    if (length > 0) memcpy(p + MR__BATCH_FRAME_HDR, data, length);
+    batch->used += MR__BATCH_FRAME_HDR + length;
+    batch->cookies[batch->nframes++] = cookie;
+    b->added++;
+    return MR__BATCH_ADDED;
+}
+
+mr__batch_t *mr__batcher_detach(mr__batcher_t *b, int dest)
+{
+    mr__batch_t *batch = b->open[dest];
+
+    if (batch == NULL) return NULL;
+    b->open[dest] = NULL;
+    for (unsigned i = 0; i < b->nopen; i++) {
+        if (b->open_ranks[i] == dest) {
+            b->open_ranks[i] = b->open_ranks[--b->nopen];
+            break;
+        }
+    }
+    return batch;
+}
+
+void mr__batcher_release(mr__batcher_t *b, mr__batch_t *batch)
+{
+    batch->dest = -1;
+    batch->next_free = b->free_list;
+    b->free_list = batch;
+}
+
+int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, unsigned *kind,
+                         const uint8_t **payload, size_t *payload_len)
+{
+    size_t off = *offset;
+    uint32_t hdr;
+    size_t n;
+
+    if (off == length) return 0;
+    if (length - off < MR__BATCH_FRAME_HDR) return MR_ERR_PROTOCOL;
+    hdr = (uint32_t)batch[off] | (uint32_t)batch[off + 1] << 8 | (uint32_t)batch[off + 2] << 16 |
+          (uint32_t)batch[off + 3] << 24;
+    n = hdr & ~MR__BATCH_ITEMS_BIT;
+    if (n > length - off - MR__BATCH_FRAME_HDR) return MR_ERR_PROTOCOL;
+    *kind = (hdr & MR__BATCH_ITEMS_BIT) ? MR_KIND_ITEMS : MR_KIND_DATA;
+    *payload = batch + off + MR__BATCH_FRAME_HDR;
+    *payload_len = n;
+    *offset = off + MR__BATCH_FRAME_HDR + n;
+    return 1;
+}

@@ -1,0 +1,95 @@
+/*
+ * Coalescing small messages into one transport message. Internal, shared by
+ * the substrate plugins that use it (MPI). docs/architecture.md, "Coalescing
+ * small messages", has the why.
+ *
+ * The rule: the first message to a rank after a progress call leaves alone,
+ * at once, so a lone message (a ping-pong, a request) is never held back.
+ * Further messages of at most max_frame bytes to that rank before the next
+ * progress call are packed into a batch, which leaves when it is full or at
+ * the next progress call. Every message keeps its own credit, receive slot
+ * and completion: a batch only saves the transport's per-message cost.
+ *
+ * The wire form of a batch: frames back to back, each a 4-byte little-endian
+ * header (bits 0-30 the payload length, bit 31 set for MR_KIND_ITEMS) and
+ * the payload. The transport tells batches from single messages itself (MPI:
+ * a reserved tag).
+ */
+#ifndef MR_BATCH_H
+#define MR_BATCH_H
+
+#include "mr_substrate.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MR__BATCH_FRAME_HDR 4u
+#define MR__BATCH_ITEMS_BIT UINT32_C(0x80000000)
+/* Frames per batch at most, which bounds the memory kept for completions. */
+#define MR__BATCH_MAX_FRAMES 256u
+
+typedef struct mr__batch {
+    uint8_t *data;             /* cap bytes of frames. */
+    size_t used;
+    unsigned nframes;
+    int dest;                  /* -1 while free. */
+    void **cookies;            /* send()'s cookie of each frame, for its completion. */
+    struct mr__batch *next_free;
+} mr__batch_t;
+
+typedef struct mr__batcher {
+    size_t max_frame;          /* Largest payload packed; 0: coalescing is off. */
+    size_t cap;                /* Bytes of frames per batch. */
+    unsigned nbatches;
+    mr__batch_t *batches;
+    uint8_t *memory;           /* The batches' data, in one allocation. */
+    mr__batch_t *free_list;
+    mr__batch_t **open;        /* Per rank: the batch being filled, or NULL. */
+    int *open_ranks;           /* The ranks with one, in no order. */
+    unsigned nopen;
+    uint32_t *last_epoch;      /* Per rank: the epoch of the last message that left alone. */
+    uint32_t epoch;            /* Progress calls so far. */
+    uint64_t added;            /* Messages packed so far (mr_stats_t.messages_coalesced). */
+} mr__batcher_t;
+
+/*
+ * Sets up `nbatches` batches of at most `cap` bytes of frames for `nranks`
+ * ranks; messages of at most `max_bytes` are packed (clipped to what a batch
+ * holds; 0 turns coalescing off and allocates nothing).
+ */
+mr_status_t mr__batcher_init(mr__batcher_t *b, int nranks, unsigned nbatches, size_t cap,
+                             size_t max_bytes);
+void mr__batcher_fini(mr__batcher_t *b);
+
+/* What mr__batcher_add() did with a message. */
+typedef enum {
+    MR__BATCH_ALONE,           /* Not packed: the caller sends it as a message of its own. */
+    MR__BATCH_ADDED,           /* Packed: it completes with its batch. */
+    MR__BATCH_FULL             /* The rank's open batch has no room: send it, then add again. */
+} mr__batch_add_t;
+
+mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const void *data,
+                                size_t length, void *cookie);
+
+/* Takes the open batch of `dest` (NULL if none) off the open list, to send it. */
+mr__batch_t *mr__batcher_detach(mr__batcher_t *b, int dest);
+
+/* A batch that was sent (or given up) is free again. */
+void mr__batcher_release(mr__batcher_t *b, mr__batch_t *batch);
+
+/* A progress call starts: the next message to every rank leaves alone again. */
+static inline void mr__batcher_next_epoch(mr__batcher_t *b)
+{
+    b->epoch++;
+}
+
+/*
+ * Reads the frame at *offset of a received batch of `length` bytes. Returns
+ * 1 and the frame (advancing *offset), 0 at the end, or MR_ERR_PROTOCOL when
+ * the frames do not add up to the batch.
+ */
+int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, unsigned *kind,
+                         const uint8_t **payload, size_t *payload_len);
+
+#endif /* MR_BATCH_H */
