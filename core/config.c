@@ -38,7 +38,8 @@ const mr_config_entry_t mr__core_config_table[] = {
      "Messages of at most this many bytes that follow another to the same rank before the "
      "next progress call (mr_receive, mr_wait) are packed together into one transport "
      "message, which leaves when it is full or at that call; the first one leaves at once. "
-     "Each keeps its own credit and receive slot. 0: never. Used by the MPI substrate."},
+     "Each keeps its own credit and receive slot. 0: never. Used by the MPI and UCX "
+     "substrates."},
     {"MAILRAIL_RECV_SLOTS", "1024", MR_CONFIG_UINT, offsetof(mr_core_config_t, recv_slots), 1,
      1u << 22, NULL,
      "Buffers in the receive pool: the most messages that can have arrived and not yet been "

@@ -1,7 +1,7 @@
 /*
  * Coalescing small messages into one transport message. Internal, shared by
- * the substrate plugins that use it (MPI). docs/architecture.md, "Coalescing
- * small messages", has the why.
+ * the substrate plugins that use it (MPI, UCX). docs/architecture.md,
+ * "Coalescing small messages" under the MPI substrate, has the why.
  *
  * The rule: the first message to a rank after a progress call leaves alone,
  * at once, so a lone message (a ping-pong, a request) is never held back.
@@ -13,7 +13,7 @@
  * The wire form of a batch: frames back to back, each a 4-byte little-endian
  * header (bits 0-30 the payload length, bit 31 set for MR_KIND_ITEMS) and
  * the payload. The transport tells batches from single messages itself (MPI:
- * a reserved tag).
+ * a reserved tag; UCX: a kind in the header).
  */
 #ifndef MR_BATCH_H
 #define MR_BATCH_H

@@ -5,6 +5,7 @@
  * docs/architecture.md, "The UCX substrate" (#the-ucx-substrate); ucx_wire.c
  * reads and writes its address blob and message headers.
  */
+#include "mr_batch.h"
 #include "mr_substrate_base.h"
 #include "ucx_wire.h"
 
@@ -58,6 +59,9 @@
 #define UCX_CLOSE_EP_MS 1000      /* Longest wait for the endpoints to close after it. */
 #define UCX_PROTO_LOG_BURST 10    /* Protocol errors logged before going quiet. */
 #define UCX_MAX_EVENTS 32
+/* Coalescing (mr_batch.h): batches being filled or in flight, and their size at most. */
+#define UCX_BATCHES 32u
+#define UCX_BATCH_BYTES 4096u
 
 /* ------------------------------------------------------------------------ */
 /* Settings.                                                                 */
@@ -129,6 +133,7 @@ typedef struct ucx_sreq {
     bool inflight;              /* Handed to UCX, not completed yet. */
     bool retired;               /* Given up on (its peer died): UCX may still hold it. */
     uint8_t hdr[UCX_WIRE_HDR_LEN];   /* Stays valid until completion (no COPY_HEADER in 1.13). */
+    mr__batch_t *batch;         /* The batch it carries (the cookie is unused), or NULL. */
 } ucx_sreq_t;
 
 /* A block of send states: the first at open, one more for each set retired. */
@@ -221,6 +226,8 @@ struct mr_substrate {
     size_t nsreq_blocks, sreq_stride, nctrl;
     mr__sreq_t *free_sreqs, *free_ctrl;
     mr__done_queue_t done;
+    mr__batcher_t batcher;     /* Small messages packed together (MAILRAIL_COALESCE_BYTES). */
+    mr__batch_t *batches_done; /* Sent batches whose messages await send_complete(). */
 
     /* Rendezvous receives. */
     uint8_t *rreq_mem;
@@ -480,6 +487,30 @@ static void peer_fail(mr_substrate_t *s, int rank, ucs_status_t why)
     s->failq_count++;
 }
 
+/* A sent batch: its messages complete at the next progress call. */
+static void batch_done_push(mr_substrate_t *s, mr__batch_t *b)
+{
+    b->next_free = s->batches_done;
+    s->batches_done = b;
+}
+
+/* Completes every message of the batches sent (or given up); returns how many. */
+static int batches_complete(mr_substrate_t *s)
+{
+    int n = 0;
+
+    while (s->batches_done != NULL) {
+        mr__batch_t *b = s->batches_done;
+        s->batches_done = b->next_free;
+        for (unsigned f = 0; f < b->nframes; f++) {
+            s->base.up.send_complete(s->base.core, b->cookies[f]);
+        }
+        n += (int)b->nframes;
+        mr__batcher_release(&s->batcher, b);
+    }
+    return n;
+}
+
 static void send_cb(void *request, ucs_status_t status, void *user_data)
 {
     ucx_sreq_t *r = request;
@@ -493,6 +524,12 @@ static void send_cb(void *request, ucs_status_t status, void *user_data)
     }
     if (r->ctrl) {
         ctrl_free(s, r);
+        return;
+    }
+    if (r->batch != NULL) {
+        batch_done_push(s, r->batch);
+        r->batch = NULL;
+        mr__sreq_push(&s->free_sreqs, &r->link);
         return;
     }
     mr__done_push(&s->done, &r->link);
@@ -818,6 +855,52 @@ static bool hdr_parse(mr_substrate_t *s, const char *what, const void *header, s
     return true;
 }
 
+/*
+ * A batch of small messages (mr_batch.h): each frame is copied into a
+ * receive slot of its own, or, behind earlier arrivals or with no slot free,
+ * into the spill area to wait in the arrival queue like any message.
+ */
+static ucs_status_t batch_recv(mr_substrate_t *s, int source, const uint8_t *data, size_t length,
+                               const ucp_am_recv_param_t *param)
+{
+    bool direct = s->upcalls_ok && s->rxq_count == 0;
+    size_t off = 0, plen;
+    const uint8_t *payload;
+    unsigned kind;
+    int r;
+
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        proto_error(s, "a batch from rank %d sent by rendezvous", source);
+        return UCS_OK;
+    }
+    while ((r = mr__batch_frame_next(data, length, &off, &kind, &payload, &plen)) == 1) {
+        if (direct &&
+            s->base.up.deliver_copy(s->base.core, source, kind, 0, payload, plen) == MR_OK) {
+            s->cb_events++;
+            continue;
+        }
+        direct = false; /* The rest queue behind this one, in order. */
+        ucx_rx_t *e = rxq_push(s);
+        if (e == NULL) {
+            MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for the arrival queue; a "
+                    "%zu-byte message from rank %d is lost.", plen, source);
+            continue;
+        }
+        e->kind = (uint8_t)kind;
+        e->imm = 0;
+        e->source = source;
+        e->length = plen;
+        if (!spill_store(s, e, payload, plen)) {
+            s->rxq_count--; /* Undo the push. */
+            MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for a %zu-byte message from "
+                    "rank %d arriving while every receive slot is taken; it is lost.", plen,
+                    source);
+        }
+    }
+    if (r < 0) proto_error(s, "a batch from rank %d whose frames do not add up", source);
+    return UCS_OK;
+}
+
 /* One arriving data message, from either handler: delivered, queued or held. */
 static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, int source,
                              void *data, size_t length, const ucp_am_recv_param_t *param)
@@ -833,6 +916,7 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
                     source, s->base.datagram_size);
         return UCS_OK;
     }
+    if (kind == UCX_WIRE_DATA_BATCH) return batch_recv(s, source, data, length, param);
     /* A slot may be taken now only when no earlier arrival still waits for one. */
     may_claim = s->upcalls_ok && s->rxq_claimed == s->rxq_count;
 
@@ -1051,12 +1135,16 @@ static int peer_retire_sends(mr_substrate_t *s, int rank)
             r->retired = true;
             if (r->ctrl) {
                 nctrl++;
+            } else if (r->batch != NULL) {
+                batch_done_push(s, r->batch); /* Its messages complete just below. */
+                r->batch = NULL;
             } else {
                 ndata++;
                 s->base.up.send_complete(s->base.core, r->link.cookie);
             }
         }
     }
+    ndata += (size_t)batches_complete(s);
     if (ndata + nctrl == 0) return 0;
     MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %zu sends and %zu credit returns to rank %d given up.",
             ndata, nctrl, rank);
@@ -1190,6 +1278,13 @@ static mr_status_t ucx_alloc_queues(mr_substrate_t *s, const mr_substrate_params
         s->peers[r].s = s;
         s->peers[r].rank = r;
         s->peers[r].pidfd = -1;
+    }
+    size_t cap = p->datagram_size < UCX_BATCH_BYTES ? p->datagram_size : UCX_BATCH_BYTES;
+    if (mr__batcher_init(&s->batcher, s->base.size, UCX_BATCHES, cap, p->coalesce_bytes) !=
+        MR_OK) {
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %u batches of %zu bytes "
+                "(MAILRAIL_COALESCE_BYTES).", UCX_BATCHES, cap);
+        return MR_ERR_NO_MEMORY;
     }
     return MR_OK;
 }
@@ -1669,6 +1764,63 @@ static mr_status_t send_error(mr_substrate_t *s, int dest, ucs_status_t us)
     return MR_ERR_TRANSPORT;
 }
 
+/*
+ * Sends the batch being filled for `dest` as one eager message (mr_batch.h).
+ * MR_AGAIN when no send state is free: it stays open. Its messages complete
+ * at a later progress call, even when UCX is done at once.
+ */
+static mr_status_t batch_send(mr_substrate_t *s, ucx_peer_t *p)
+{
+    mr__batch_t *b = s->batcher.open[p->rank];
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+    ucx_sreq_t *r = sreq_pop(&s->free_sreqs);
+
+    if (r == NULL) return MR_AGAIN;
+    r->link.next = NULL;
+    r->link.cookie = NULL;
+    r->dest = p->rank;
+    hdr_pack(s, r->hdr, UCX_WIRE_DATA_BATCH, 0);
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_REQUEST | UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    param.request = r;
+    param.cb.send = send_cb;
+    param.flags = UCP_AM_SEND_FLAG_EAGER; /* The receiver copies frames out of UCX's buffer. */
+    param.memory_type = UCS_MEMORY_TYPE_HOST;
+    sp = ucp_am_send_nbx(p->ep, UCX_AM_DATA, r->hdr, UCX_WIRE_HDR_LEN, b->data, b->used, &param);
+    if (UCS_PTR_IS_ERR(sp)) {
+        mr__sreq_push(&s->free_sreqs, &r->link);
+        return send_error(s, p->rank, UCS_PTR_STATUS(sp));
+    }
+    mr__batcher_detach(&s->batcher, p->rank);
+    if (sp == NULL) {
+        mr__sreq_push(&s->free_sreqs, &r->link);
+        batch_done_push(s, b);
+    } else {
+        r->batch = b;
+        r->inflight = true;
+    }
+    return MR_OK;
+}
+
+/*
+ * At the start of a progress call: sends every batch being filled that can
+ * go; those to failed ranks complete unsent.
+ */
+static void flush_batches(mr_substrate_t *s)
+{
+    /* Backwards: detaching moves the last open rank into the slot just visited. */
+    for (unsigned i = s->batcher.nopen; i-- > 0;) {
+        int dest = s->batcher.open_ranks[i];
+        ucx_peer_t *p = NULL;
+        if (peer_for_send(s, dest, &p) == MR_OK) {
+            batch_send(s, p); /* Refused: it waits for the next call. */
+        } else {
+            batch_done_push(s, mr__batcher_detach(&s->batcher, dest));
+        }
+    }
+}
+
 static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
                             const void *data, size_t length, void *cookie)
 {
@@ -1680,7 +1832,24 @@ static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
 
     if (st != MR_OK) return st;
     if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
-    if (kind > UINT8_MAX || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
+    if ((kind != MR_KIND_DATA && kind != MR_KIND_ITEMS) || (data == NULL && length > 0)) {
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (imm == 0) {
+        /* A small message after another to the same rank joins a batch (mr_batch.h). */
+        mr__batch_add_t how = mr__batcher_add(&s->batcher, dest, kind, data, length, cookie);
+        if (how == MR__BATCH_FULL) {
+            st = batch_send(s, p);
+            if (st != MR_OK) return st;
+            how = mr__batcher_add(&s->batcher, dest, kind, data, length, cookie);
+        }
+        if (how == MR__BATCH_ADDED) return MR_OK;
+    }
+    /* A message that leaves alone does not overtake the batch before it. */
+    if (s->batcher.open[dest] != NULL) {
+        st = batch_send(s, p);
+        if (st != MR_OK) return st;
+    }
     r = sreq_pop(&s->free_sreqs);
     if (r == NULL) return MR_AGAIN;
     r->link.next = NULL;
@@ -1691,8 +1860,7 @@ static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     param.request = r;
     param.cb.send = send_cb;
     param.memory_type = UCS_MEMORY_TYPE_HOST;
-    if (s->bare && imm == 0 && s->failures_seen == 0 &&
-        (kind == MR_KIND_DATA || kind == MR_KIND_ITEMS)) {
+    if (s->bare && imm == 0 && s->failures_seen == 0) {
         /* Nothing to say but who sent it and what it is: the AM id says both. */
         unsigned id = UCX_AM_BARE + 2 * (unsigned)s->base.rank + (kind == MR_KIND_ITEMS);
         sp = ucp_am_send_nbx(p->ep, id, NULL, 0, data, length, &param);
@@ -1751,6 +1919,10 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
     s->upcalls_ok = true;
     s->cb_events = 0;
     events += drain_failed(s);
+    /* Batches leave now, and the next message to each rank leaves alone again. */
+    mr__batcher_next_epoch(&s->batcher);
+    if (s->batcher.nopen > 0) flush_batches(s);
+    if (s->batches_done != NULL) events += batches_complete(s);
     events += mr__done_drain(s, &s->done, &s->free_sreqs);
     if (s->ctrlq_count > 0) events += drain_ctrlq(s);
     if (s->rxq_count > 0) events += rx_drain(s);
@@ -1771,6 +1943,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
         events += s->cb_events;
         s->cb_events = 0;
         events += drain_failed(s);
+        if (s->batches_done != NULL) events += batches_complete(s);
         events += mr__done_drain(s, &s->done, &s->free_sreqs);
         if (s->rxq_count > 0) events += rx_drain(s);
         if (events > 0 || timeout_ms == 0 || round == 1) break;
@@ -1911,6 +2084,7 @@ static void ucx_close(mr_substrate_t *s)
     }
     for (size_t b = 0; b < s->nsreq_blocks; b++) free(s->sreq_blocks[b].mem);
     free(s->sreq_blocks);
+    mr__batcher_fini(&s->batcher); /* After the worker: UCX no longer reads any batch. */
     free(s->rreq_mem);
     free(s->peers);
     free(s->failq);
@@ -1918,6 +2092,13 @@ static void ucx_close(mr_substrate_t *s)
     free(s->ctrlq);
     free(s->spill);
     free(s);
+}
+
+static void ucx_stats(mr_substrate_t *s, mr_stats_t *stats)
+{
+    if (stats->size >= offsetof(mr_stats_t, messages_coalesced) + sizeof(uint64_t)) {
+        stats->messages_coalesced += s->batcher.added;
+    }
 }
 
 static const mr_substrate_ops_t ucx_ops = {
@@ -1936,7 +2117,7 @@ static const mr_substrate_ops_t ucx_ops = {
     .release_recv = ucx_release_recv,
     .format_address = ucx_format_address,
     .closing = mr__substrate_closing,
-    .stats = NULL,
+    .stats = ucx_stats,
     .close = ucx_close,
     .settings_passthrough_prefix = UCX_OWN_PREFIX,
     .job_wide_settings = ucx_job_wide_settings,

@@ -40,6 +40,12 @@
  */
 #define UCX_WIRE_HDR_LEN 10
 
+/*
+ * The kind byte of a data message's header: MR_KIND_DATA, MR_KIND_ITEMS, or
+ * this for a batch of small messages (substrates/common/mr_batch.h).
+ */
+#define UCX_WIRE_DATA_BATCH 0x80
+
 /* Kinds of control messages (the kind byte of a control message's header). */
 enum {
     UCX_WIRE_CTRL_CREDIT = 0, /* A credit return; imm is flow control's. */
