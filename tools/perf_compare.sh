@@ -129,7 +129,7 @@ awk -F, -v L="$latency" 'NR == 1 {
     done
 } >"$out/perf.md"
 "$here/plot/plot_lines.sh" -i "$out/perf_summary.csv" -o "$out/perf.png" -x bytes \
-    -y rate_ratio_median -l rate_ratio_min -u rate_ratio_max -g contender -L \
+    -y rate_ratio_median -l rate_ratio_min -u rate_ratio_max -g contender -L -G \
     -t "MailRail's message rate over the raw transport's, 2 ranks on one host: median of $rounds rounds, bars min-max" \
-    -X "message size (bytes)" -Y "MailRail / raw transport" -r "0.95:0.95 (the target)" >/dev/null
+    -X "message size (bytes)" -Y "MailRail / raw transport (log scale)" -r "0.95:0.95 (the target)" >/dev/null
 echo "CSV: $out/perf.csv  summary: $out/perf_summary.csv  tables: $out/perf.md  plot: $out/perf.png"

@@ -28,8 +28,10 @@ $cc $inc -Isubstrates/ucx tests/fuzz/fuzz_ucx_wire.c substrates/ucx/ucx_wire.c \
     -o "$out/fuzz_ucx_wire"
 # shellcheck disable=SC2086
 $cc $inc -Iruntime tests/fuzz/fuzz_items_wire.c -o "$out/fuzz_items_wire"
+# shellcheck disable=SC2086
+$cc $inc tests/fuzz/fuzz_batch.c substrates/common/mr_batch.c -o "$out/fuzz_batch"
 status=0
-for target in config ygm_trace tcp_wire ucx_wire items_wire; do
+for target in config ygm_trace tcp_wire ucx_wire items_wire batch; do
     corpus="$out/corpus_$target"
     rm -rf "$corpus"
     cp -r "tests/fuzz/corpus/$target" "$corpus"

@@ -6,22 +6,23 @@
 #
 #   tools/plot/plot_lines.sh -i IN.csv -o OUT.png -x XCOL -y YCOL -g GROUPCOL
 #       [-l LOWCOL -u HIGHCOL] [-t TITLE] [-X XLABEL] [-Y YLABEL]
-#       [-r VALUE:LABEL] [-L] [-s]
+#       [-r VALUE:LABEL] [-L] [-G] [-s]
 #
 #   -l/-u  columns with the low and high ends of an error bar (min and max)
 #   -r     a horizontal reference line at VALUE, labelled LABEL
 #   -L     logarithmic x axis (base 2)
+#   -G     logarithmic y axis (base 2), for ratios far on both sides of the reference
 #   -s     steps instead of points (timelines)
 # Rows keep their order within a group; groups keep the order they first appear in.
 set -euo pipefail
 
 usage() { sed -n '2,15p' "$0" >&2; exit 2; }
-in='' out='' x='' y='' g='' lo='' hi='' title='' xlabel='' ylabel='' ref='' logx=0 steps=0
-while getopts "i:o:x:y:g:l:u:t:X:Y:r:Ls" c; do
+in='' out='' x='' y='' g='' lo='' hi='' title='' xlabel='' ylabel='' ref='' logx=0 logy=0 steps=0
+while getopts "i:o:x:y:g:l:u:t:X:Y:r:LGs" c; do
     case $c in
         i) in=$OPTARG ;; o) out=$OPTARG ;; x) x=$OPTARG ;; y) y=$OPTARG ;; g) g=$OPTARG ;;
         l) lo=$OPTARG ;; u) hi=$OPTARG ;; t) title=$OPTARG ;; X) xlabel=$OPTARG ;;
-        Y) ylabel=$OPTARG ;; r) ref=$OPTARG ;; L) logx=1 ;; s) steps=1 ;; *) usage ;;
+        Y) ylabel=$OPTARG ;; r) ref=$OPTARG ;; L) logx=1 ;; G) logy=1 ;; s) steps=1 ;; *) usage ;;
     esac
 done
 [ -n "$in" ] && [ -n "$out" ] && [ -n "$x" ] && [ -n "$y" ] && [ -n "$g" ] || usage
@@ -82,8 +83,15 @@ fi
     echo "set linetype 3 lc rgb '#2ca02c' lw 2 pt 9"
     [ "$logx" = 1 ] && echo "set logscale x 2"
     [ "$steps" = 1 ] && echo "set xrange [0:*]" && echo "set offsets 0, 0, graph 0.08, 0"
-    if [ -n "$ref" ]; then
+    if [ "$logy" = 1 ]; then
+        # Autoscaled both ways, but always showing 0.5 to twice the reference (or to 2).
+        top=$(awk -v r="${ref%%:*}" 'BEGIN { print (r != "" && r * 2 > 2) ? r * 2 : 2 }')
+        echo "set logscale y 2"
+        echo "set yrange [*<0.5:$top<*]"
+    elif [ -n "$ref" ]; then
         echo "set yrange [0:${ref%%:*} * 1.15]"
+    fi
+    if [ -n "$ref" ]; then
         echo "set arrow from graph 0, first ${ref%%:*} to graph 1, first ${ref%%:*} nohead dt 2 lc rgb 'gray40' lw 1.5"
         echo "set label \"${ref#*:}\" at graph 0.01, first ${ref%%:*} offset 0,0.7 tc rgb 'gray30' noenhanced"
     fi
