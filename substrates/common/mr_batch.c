@@ -95,6 +95,30 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
     return MR__BATCH_ADDED;
 }
 
+mr_status_t mr__batcher_route(mr__batcher_t *b, int dest, unsigned kind, uint32_t imm,
+                              const void *data, size_t length, void *cookie,
+                              mr_status_t (*send_batch)(void *ctx, int dest), void *ctx,
+                              bool *packed)
+{
+    mr_status_t st;
+
+    *packed = false;
+    if (imm == 0) {
+        /* Credits ride on a message of their own: only a message without any is packed. */
+        mr__batch_add_t how = mr__batcher_add(b, dest, kind, data, length, cookie);
+        if (how == MR__BATCH_FULL) {
+            st = send_batch(ctx, dest);
+            if (st != MR_OK) return st;
+            how = mr__batcher_add(b, dest, kind, data, length, cookie);
+        }
+        if (how == MR__BATCH_ADDED) {
+            *packed = true;
+            return MR_OK;
+        }
+    }
+    return b->open[dest] != NULL ? send_batch(ctx, dest) : MR_OK;
+}
+
 mr__batch_t *mr__batcher_detach(mr__batcher_t *b, int dest)
 {
     mr__batch_t *batch = b->open[dest];

@@ -72,6 +72,19 @@ typedef enum {
 mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const void *data,
                                 size_t length, void *cookie);
 
+/*
+ * The coalescing step of a substrate's send(), for a message with immediate
+ * `imm`: packs it when it may (sets *packed: the send is accepted, and
+ * completes with its batch). Otherwise, before the caller sends it alone,
+ * sends the rank's open batch, so that the message does not overtake it.
+ * `send_batch(ctx, dest)` sends the open batch of `dest`; when it refuses,
+ * that status is returned and nothing was done with the message.
+ */
+mr_status_t mr__batcher_route(mr__batcher_t *b, int dest, unsigned kind, uint32_t imm,
+                              const void *data, size_t length, void *cookie,
+                              mr_status_t (*send_batch)(void *ctx, int dest), void *ctx,
+                              bool *packed);
+
 /* Takes the open batch of `dest` (NULL if none) off the open list, to send it. */
 mr__batch_t *mr__batcher_detach(mr__batcher_t *b, int dest);
 

@@ -1096,6 +1096,12 @@ static mr_status_t batch_send(mr_substrate_t *s, int dest)
     return st;
 }
 
+/* batch_send() for mr__batcher_route(). */
+static mr_status_t batch_send_to(void *s, int dest)
+{
+    return batch_send(s, dest);
+}
+
 /*
  * At the start of a progress call: sends every batch being filled that the
  * window lets go; those to failed ranks complete unsent. Returns the events.
@@ -1121,27 +1127,17 @@ static mr_status_t mpi_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
 {
     mr_status_t st = send_check(s, dest);
     uint32_t tag = imm;
+    bool packed;
 
     if (st != MR_OK) return st;
     if ((kind != MR_KIND_DATA && kind != MR_KIND_ITEMS) || (data == NULL && length > 0)) {
         return MR_ERR_INVALID_PARAM;
     }
     if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
-    if (imm == 0) {
-        /* A small message after another to the same rank joins a batch (mr_batch.h). */
-        mr__batch_add_t how = mr__batcher_add(&s->batcher, dest, kind, data, length, cookie);
-        if (how == MR__BATCH_FULL) {
-            st = batch_send(s, dest);
-            if (st != MR_OK) return st;
-            how = mr__batcher_add(&s->batcher, dest, kind, data, length, cookie);
-        }
-        if (how == MR__BATCH_ADDED) return MR_OK;
-    }
-    /* A message that leaves alone does not overtake the batch before it. */
-    if (s->batcher.open[dest] != NULL) {
-        st = batch_send(s, dest);
-        if (st != MR_OK) return st;
-    }
+    /* A small message after another to the same rank joins a batch (mr_batch.h). */
+    st = mr__batcher_route(&s->batcher, dest, kind, imm, data, length, cookie, batch_send_to, s,
+                           &packed);
+    if (st != MR_OK || packed) return st;
     /* The receiver is a whole window behind: wait for a marker to complete. */
     if (!data_can_send(s, dest)) return MR_AGAIN;
     if (imm > s->data_imm_max) {

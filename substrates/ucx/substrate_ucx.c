@@ -1803,6 +1803,14 @@ static mr_status_t batch_send(mr_substrate_t *s, ucx_peer_t *p)
     return MR_OK;
 }
 
+/* batch_send() for mr__batcher_route(). */
+static mr_status_t batch_send_to(void *ctx, int dest)
+{
+    mr_substrate_t *s = ctx;
+
+    return batch_send(s, &s->peers[dest]);
+}
+
 /*
  * At the start of a progress call: sends every batch being filled that can
  * go; those to failed ranks complete unsent.
@@ -1829,27 +1837,17 @@ static mr_status_t ucx_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
     ucp_request_param_t param;
     ucs_status_ptr_t sp;
     ucx_sreq_t *r;
+    bool packed;
 
     if (st != MR_OK) return st;
     if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
     if ((kind != MR_KIND_DATA && kind != MR_KIND_ITEMS) || (data == NULL && length > 0)) {
         return MR_ERR_INVALID_PARAM;
     }
-    if (imm == 0) {
-        /* A small message after another to the same rank joins a batch (mr_batch.h). */
-        mr__batch_add_t how = mr__batcher_add(&s->batcher, dest, kind, data, length, cookie);
-        if (how == MR__BATCH_FULL) {
-            st = batch_send(s, p);
-            if (st != MR_OK) return st;
-            how = mr__batcher_add(&s->batcher, dest, kind, data, length, cookie);
-        }
-        if (how == MR__BATCH_ADDED) return MR_OK;
-    }
-    /* A message that leaves alone does not overtake the batch before it. */
-    if (s->batcher.open[dest] != NULL) {
-        st = batch_send(s, p);
-        if (st != MR_OK) return st;
-    }
+    /* A small message after another to the same rank joins a batch (mr_batch.h). */
+    st = mr__batcher_route(&s->batcher, dest, kind, imm, data, length, cookie, batch_send_to, s,
+                           &packed);
+    if (st != MR_OK || packed) return st;
     r = sreq_pop(&s->free_sreqs);
     if (r == NULL) return MR_AGAIN;
     r->link.next = NULL;
