@@ -264,7 +264,14 @@ START_TEST(batcher_packs_after_the_first_message)
     }
     ck_assert_uint_eq(n, 5);
     ck_assert_uint_eq(off, 60);
-    mr__batcher_release(&b, batch);
+    /* Sent: every message completes, in order, and the batch is free again. */
+    memset(&seen, 0, sizeof(seen));
+    ck_assert_int_eq(mr__batcher_complete(&b, batch, &upcalls, &seen), 5);
+    ck_assert_int_eq(seen.ncookies, 5);
+    ck_assert_ptr_eq(seen.cookies[0], (void *)2);
+    for (uintptr_t c = 8; c < 12; c++) ck_assert_ptr_eq(seen.cookies[c - 7], (void *)c);
+    ck_assert_ptr_eq(b.free_list, batch);
+    ck_assert_int_eq(batch->dest, -1);
 
     /* Rank 2's batch holds one empty item frame. */
     batch = mr__batcher_detach(&b, 2);

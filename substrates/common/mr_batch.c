@@ -141,6 +141,16 @@ void mr__batcher_release(mr__batcher_t *b, mr__batch_t *batch)
     b->free_list = batch;
 }
 
+int mr__batcher_complete(mr__batcher_t *b, mr__batch_t *batch, const mr_substrate_upcalls_t *up,
+                         void *core)
+{
+    unsigned n = batch->nframes;
+
+    for (unsigned f = 0; f < n; f++) up->send_complete(core, batch->cookies[f]);
+    mr__batcher_release(b, batch);
+    return (int)n;
+}
+
 int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, unsigned *kind,
                          const uint8_t **payload, size_t *payload_len)
 {

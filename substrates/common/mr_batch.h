@@ -91,6 +91,13 @@ mr__batch_t *mr__batcher_detach(mr__batcher_t *b, int dest);
 /* A batch that was sent (or given up) is free again. */
 void mr__batcher_release(mr__batcher_t *b, mr__batch_t *batch);
 
+/*
+ * A batch was sent or given up: runs send_complete() for each of its
+ * messages (inside progress() only) and frees it. Returns how many.
+ */
+int mr__batcher_complete(mr__batcher_t *b, mr__batch_t *batch, const mr_substrate_upcalls_t *up,
+                         void *core);
+
 /* A progress call starts: the next message to every rank leaves alone again. */
 static inline void mr__batcher_next_epoch(mr__batcher_t *b)
 {

@@ -391,11 +391,7 @@ static void compact_ctrl(mr_substrate_t *s)
 /* Completes every message of a batch that was sent or given up, and frees it. */
 static int batch_complete(mr_substrate_t *s, mr__batch_t *b)
 {
-    unsigned n = b->nframes;
-
-    for (unsigned f = 0; f < n; f++) s->base.up.send_complete(s->base.core, b->cookies[f]);
-    mr__batcher_release(&s->batcher, b);
-    return (int)n;
+    return mr__batcher_complete(&s->batcher, b, &s->base.up, s->base.core);
 }
 
 /* The error of one completion reported by MPI_Testsome. */

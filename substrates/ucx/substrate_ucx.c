@@ -502,11 +502,7 @@ static int batches_complete(mr_substrate_t *s)
     while (s->batches_done != NULL) {
         mr__batch_t *b = s->batches_done;
         s->batches_done = b->next_free;
-        for (unsigned f = 0; f < b->nframes; f++) {
-            s->base.up.send_complete(s->base.core, b->cookies[f]);
-        }
-        n += (int)b->nframes;
-        mr__batcher_release(&s->batcher, b);
+        n += mr__batcher_complete(&s->batcher, b, &s->base.up, s->base.core);
     }
     return n;
 }
