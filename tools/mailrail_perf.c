@@ -451,11 +451,13 @@ int main(int argc, char **argv)
         mr_stats_t st = {.size = sizeof(st)};
         mr_get_stats(&st);
         fprintf(stderr, "rank %d: deferred %llu, credit returns sent %llu received %llu, "
-                "piggybacked %llu, zero-credit %.3f s, peak receive slots %llu\n", rank,
+                "piggybacked %llu, zero-credit %.3f s, peak receive slots %llu, coalesced %llu, reserve failures %llu\n", rank,
                 (unsigned long long)st.deferred_sends, (unsigned long long)st.credit_returns_sent,
                 (unsigned long long)st.credit_returns_received,
                 (unsigned long long)st.piggybacked_credits, (double)st.zero_credit_ns * 1e-9,
-                (unsigned long long)st.peak_recv_slots_in_use);
+                (unsigned long long)st.peak_recv_slots_in_use,
+                (unsigned long long)st.messages_coalesced,
+                (unsigned long long)st.reserve_failures);
     }
     if (!o.raw_mpi) mr_finalize();
     MPI_Finalize();

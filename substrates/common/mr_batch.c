@@ -95,10 +95,10 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
     return MR__BATCH_ADDED;
 }
 
-mr_status_t mr__batcher_route(mr__batcher_t *b, int dest, unsigned kind, uint32_t imm,
-                              const void *data, size_t length, void *cookie,
-                              mr_status_t (*send_batch)(void *ctx, int dest), void *ctx,
-                              bool *packed)
+mr_status_t mr__batcher_route_slow(mr__batcher_t *b, int dest, unsigned kind, uint32_t imm,
+                                   const void *data, size_t length, void *cookie,
+                                   mr_status_t (*send_batch)(void *ctx, int dest), void *ctx,
+                                   bool *packed)
 {
     mr_status_t st;
 

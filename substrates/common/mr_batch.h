@@ -79,11 +79,33 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
  * sends the rank's open batch, so that the message does not overtake it.
  * `send_batch(ctx, dest)` sends the open batch of `dest`; when it refuses,
  * that status is returned and nothing was done with the message.
+ * mr__batcher_route() below; this is the part that is not inline.
  */
-mr_status_t mr__batcher_route(mr__batcher_t *b, int dest, unsigned kind, uint32_t imm,
-                              const void *data, size_t length, void *cookie,
-                              mr_status_t (*send_batch)(void *ctx, int dest), void *ctx,
-                              bool *packed);
+mr_status_t mr__batcher_route_slow(mr__batcher_t *b, int dest, unsigned kind, uint32_t imm,
+                                   const void *data, size_t length, void *cookie,
+                                   mr_status_t (*send_batch)(void *ctx, int dest), void *ctx,
+                                   bool *packed);
+
+/* The coalescing step of send(), as described above. */
+static inline mr_status_t mr__batcher_route(mr__batcher_t *b, int dest, unsigned kind,
+                                            uint32_t imm, const void *data, size_t length,
+                                            void *cookie,
+                                            mr_status_t (*send_batch)(void *ctx, int dest),
+                                            void *ctx, bool *packed)
+{
+    /* Inline, the common cases: coalescing is off, or a message leaves alone, no batch open. */
+    *packed = false;
+    if (b->max_frame == 0) return MR_OK;
+    if (b->open[dest] == NULL) {
+        if (imm != 0 || length > b->max_frame) return MR_OK;
+        if (b->last_epoch[dest] != b->epoch) {
+            b->last_epoch[dest] = b->epoch;
+            return MR_OK;
+        }
+    }
+    return mr__batcher_route_slow(b, dest, kind, imm, data, length, cookie, send_batch, ctx,
+                                  packed);
+}
 
 /* Takes the open batch of `dest` (NULL if none) off the open list, to send it. */
 mr__batch_t *mr__batcher_detach(mr__batcher_t *b, int dest);

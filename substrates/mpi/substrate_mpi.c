@@ -126,6 +126,8 @@ struct mr_substrate {
     mr__batcher_t batcher;
     bool connected;
     bool broken;               /* A local MPI failure: progress() only returns an error. */
+    bool ctrl_hot;             /* The last test of control receives found some. */
+    uint32_t ctrl_polls;       /* progress_once() calls, to test control receives on some. */
 
     /*
      * Data receives: a ring in post order. The entries from `head` on,
@@ -687,9 +689,17 @@ static int progress_once(mr_substrate_t *s)
     events += n;
     n = progress_ctrl_sends(s);
     if (n < 0) return n;
-    n = progress_ctrl_recvs(s);
-    if (n < 0) return n;
-    events += n;
+    /*
+     * Each MPI_Testsome is a pass of MPI's progress engine, the larger part
+     * of an empty poll. Credits can wait a few polls: control receives are
+     * tested on every 8th call, and on every call while they keep coming.
+     */
+    if (s->ctrl_hot || (++s->ctrl_polls & 7) == 0) {
+        n = progress_ctrl_recvs(s);
+        if (n < 0) return n;
+        s->ctrl_hot = n > 0;
+        events += n;
+    }
     n = progress_data_recvs(s);
     if (n < 0) return n;
     events += n;
