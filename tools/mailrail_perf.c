@@ -162,7 +162,7 @@ __attribute__((noinline)) static double mr_pingpong(int rank, size_t size, long 
 
 /* ---- Plain MPI, the baseline ------------------------------------------------------------- */
 
-static double mpi_stream(int rank, size_t size, long count, int window, char *buf)
+__attribute__((noinline)) static double mpi_stream(int rank, size_t size, long count, int window, char *buf)
 {
     MPI_Request *req = malloc((size_t)window * sizeof(*req));
     MPI_Status *st = malloc((size_t)window * sizeof(*st));
@@ -185,7 +185,7 @@ static double mpi_stream(int rank, size_t size, long count, int window, char *bu
     return tool_now() - start;
 }
 
-static double mpi_pingpong(int rank, size_t size, long rounds, char *buf)
+__attribute__((noinline)) static double mpi_pingpong(int rank, size_t size, long rounds, char *buf)
 {
     double start = tool_now();
 
