@@ -20,7 +20,9 @@
  * mr_reserve/mr_send, receiving while backpressured); rank 1 receives and
  * releases them and answers with one message; the time from the first send
  * to that answer gives the rate. Other ranks only take part in init and
- * finalize. Prints one line per size and a summary line.
+ * finalize. Prints one line per size and a summary line. With MR_PERF_STATS
+ * set in the environment, ranks 0 and 1 also print some of their mr_stats_t
+ * counters (deferred sends, credits, coalesced messages, failed reserves).
  */
 #include "mailrail.h"
 #include "mailrail_items.h"
@@ -162,7 +164,8 @@ __attribute__((noinline)) static double mr_pingpong(int rank, size_t size, long 
 
 /* ---- Plain MPI, the baseline ------------------------------------------------------------- */
 
-__attribute__((noinline)) static double mpi_stream(int rank, size_t size, long count, int window, char *buf)
+__attribute__((noinline)) static double mpi_stream(int rank, size_t size, long count, int window,
+                                                   char *buf)
 {
     MPI_Request *req = malloc((size_t)window * sizeof(*req));
     MPI_Status *st = malloc((size_t)window * sizeof(*st));
@@ -451,13 +454,13 @@ int main(int argc, char **argv)
         mr_stats_t st = {.size = sizeof(st)};
         mr_get_stats(&st);
         fprintf(stderr, "rank %d: deferred %llu, credit returns sent %llu received %llu, "
-                "piggybacked %llu, zero-credit %.3f s, peak receive slots %llu, coalesced %llu, reserve failures %llu\n", rank,
+                "piggybacked %llu, zero-credit %.3f s, peak receive slots %llu, coalesced %llu, "
+                "reserve failures %llu\n", rank,
                 (unsigned long long)st.deferred_sends, (unsigned long long)st.credit_returns_sent,
                 (unsigned long long)st.credit_returns_received,
                 (unsigned long long)st.piggybacked_credits, (double)st.zero_credit_ns * 1e-9,
                 (unsigned long long)st.peak_recv_slots_in_use,
-                (unsigned long long)st.messages_coalesced,
-                (unsigned long long)st.reserve_failures);
+                (unsigned long long)st.messages_coalesced, (unsigned long long)st.reserve_failures);
     }
     if (!o.raw_mpi) mr_finalize();
     MPI_Finalize();

@@ -126,7 +126,7 @@ struct mr_substrate {
     mr__batcher_t batcher;
     bool connected;
     bool broken;               /* A local MPI failure: progress() only returns an error. */
-    bool ctrl_hot;             /* The last test of control receives found some. */
+    bool ctrl_hot;             /* Test control receives on the next pass (see progress_once). */
     uint32_t ctrl_polls;       /* progress_once() calls, to test control receives on some. */
 
     /*
@@ -1222,6 +1222,7 @@ static int mpi_progress(mr_substrate_t *s, int timeout_ms)
             nap(deadline - now < (uint64_t)MRMPI_NAP_NS ? (long)(deadline - now) : MRMPI_NAP_NS);
         }
         rounds++;
+        s->ctrl_hot = true; /* Between naps, credits must not wait for an 8th pass. */
         events = progress_once(s);
         if (events != 0) return events;
         if (mr__now_ns() >= deadline) return 0;
