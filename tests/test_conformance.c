@@ -57,8 +57,8 @@ END_TEST
 
 /*
  * Every other rank floods rank 0, which has only 4 receive slots, in bursts
- * of 6 messages between progress calls: the MPI substrate packs them, and
- * rank 0 takes each batch apart as slots free up.
+ * of 6 messages between progress calls: the MPI and UCX substrates pack
+ * them, and rank 0 takes each batch apart as slots free up.
  */
 START_TEST(incast_exactly_once)
 {

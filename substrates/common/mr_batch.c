@@ -69,8 +69,11 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
             return MR__BATCH_FULL;
         }
     } else {
-        /* The first message since the last progress call leaves at once. */
-        if (b->last_epoch[dest] != b->epoch || b->free_list == NULL) {
+        /*
+         * The first message since the last progress call leaves at once, and
+         * so does one when no batch is free (noted as the first as well).
+         */
+        if (mr__batcher_first_in_epoch(b, dest) || b->free_list == NULL) {
             b->last_epoch[dest] = b->epoch;
             return MR__BATCH_ALONE;
         }

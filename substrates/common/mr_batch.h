@@ -73,6 +73,17 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
                                 size_t length, void *cookie);
 
 /*
+ * The rule for a rank with no batch open: true, and noted, for the first
+ * message to `dest` since the last progress call, which leaves alone.
+ */
+static inline bool mr__batcher_first_in_epoch(mr__batcher_t *b, int dest)
+{
+    if (b->last_epoch[dest] == b->epoch) return false;
+    b->last_epoch[dest] = b->epoch;
+    return true;
+}
+
+/*
  * The coalescing step of a substrate's send(), for a message with immediate
  * `imm`: packs it when it may (sets *packed: the send is accepted, and
  * completes with its batch). Otherwise, before the caller sends it alone,
@@ -96,12 +107,9 @@ static inline mr_status_t mr__batcher_route(mr__batcher_t *b, int dest, unsigned
     /* Inline, the common cases: coalescing is off, or a message leaves alone, no batch open. */
     *packed = false;
     if (b->max_frame == 0) return MR_OK;
-    if (b->open[dest] == NULL) {
-        if (imm != 0 || length > b->max_frame) return MR_OK;
-        if (b->last_epoch[dest] != b->epoch) {
-            b->last_epoch[dest] = b->epoch;
-            return MR_OK;
-        }
+    if (b->open[dest] == NULL &&
+        (imm != 0 || length > b->max_frame || mr__batcher_first_in_epoch(b, dest))) {
+        return MR_OK;
     }
     return mr__batcher_route_slow(b, dest, kind, imm, data, length, cookie, send_batch, ctx,
                                   packed);
@@ -119,6 +127,14 @@ void mr__batcher_release(mr__batcher_t *b, mr__batch_t *batch);
  */
 int mr__batcher_complete(mr__batcher_t *b, mr__batch_t *batch, const mr_substrate_upcalls_t *up,
                          void *core);
+
+/* Adds the messages packed so far to a substrate's mr_stats_t, when it has the field. */
+static inline void mr__batcher_stats(const mr__batcher_t *b, mr_stats_t *stats)
+{
+    if (stats->size >= offsetof(mr_stats_t, messages_coalesced) + sizeof(uint64_t)) {
+        stats->messages_coalesced += b->added;
+    }
+}
 
 /* A progress call starts: the next message to every rank leaves alone again. */
 static inline void mr__batcher_next_epoch(mr__batcher_t *b)

@@ -1053,7 +1053,8 @@ static mr_status_t ctrl_isend(mr_substrate_t *s, int dest, uint32_t imm)
 static bool data_can_send(const mr_substrate_t *s, int dest)
 {
     return s->nsend < s->base.max_sends &&
-           (s->send_window == 0 || s->peer_sent[dest] + 1 - s->peer_matched[dest] <= s->send_window);
+           (s->send_window == 0 ||
+            s->peer_sent[dest] + 1 - s->peer_matched[dest] <= s->send_window);
 }
 
 /*
@@ -1381,9 +1382,7 @@ static void mpi_close(mr_substrate_t *s)
 static void mpi_stats(mr_substrate_t *s, mr_stats_t *stats)
 {
     mr__substrate_stats(s, stats);
-    if (stats->size >= offsetof(mr_stats_t, messages_coalesced) + sizeof(uint64_t)) {
-        stats->messages_coalesced += s->batcher.added;
-    }
+    mr__batcher_stats(&s->batcher, stats);
 }
 
 static const mr_substrate_ops_t mpi_ops = {

@@ -851,6 +851,33 @@ static bool hdr_parse(mr_substrate_t *s, const char *what, const void *header, s
     return true;
 }
 
+/* A new arrival at the tail of the queue, or NULL (logged: it is lost) when out of memory. */
+static ucx_rx_t *rx_enqueue(mr_substrate_t *s, int source, unsigned kind, uint32_t imm,
+                            size_t length)
+{
+    ucx_rx_t *e = rxq_push(s);
+
+    if (e == NULL) {
+        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for the arrival queue; a %zu-byte "
+                "message from rank %d is lost.", length, source);
+        return NULL;
+    }
+    e->kind = (uint8_t)kind;
+    e->imm = imm;
+    e->source = source;
+    e->length = length;
+    return e;
+}
+
+/* Copies the tail arrival `e` into the spill area; out of memory, it is dropped and logged. */
+static void rx_spill(mr_substrate_t *s, ucx_rx_t *e, const void *data)
+{
+    if (spill_store(s, e, data, e->length)) return;
+    s->rxq_count--; /* Undo the push. */
+    MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for a %zu-byte message from rank %d "
+            "arriving while every receive slot is taken; it is lost.", e->length, (int)e->source);
+}
+
 /*
  * A batch of small messages (mr_batch.h): each frame is copied into a
  * receive slot of its own, or, behind earlier arrivals or with no slot free,
@@ -876,22 +903,8 @@ static ucs_status_t batch_recv(mr_substrate_t *s, int source, const uint8_t *dat
             continue;
         }
         direct = false; /* The rest queue behind this one, in order. */
-        ucx_rx_t *e = rxq_push(s);
-        if (e == NULL) {
-            MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for the arrival queue; a "
-                    "%zu-byte message from rank %d is lost.", plen, source);
-            continue;
-        }
-        e->kind = (uint8_t)kind;
-        e->imm = 0;
-        e->source = source;
-        e->length = plen;
-        if (!spill_store(s, e, payload, plen)) {
-            s->rxq_count--; /* Undo the push. */
-            MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for a %zu-byte message from "
-                    "rank %d arriving while every receive slot is taken; it is lost.", plen,
-                    source);
-        }
+        ucx_rx_t *e = rx_enqueue(s, source, kind, 0, plen);
+        if (e != NULL) rx_spill(s, e, payload);
     }
     if (r < 0) proto_error(s, "a batch from rank %d whose frames do not add up", source);
     return UCS_OK;
@@ -941,16 +954,8 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
         }
     }
 
-    e = rxq_push(s);
-    if (e == NULL) {
-        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for the arrival queue; a %zu-byte "
-                "message from rank %d is lost.", length, source);
-        return UCS_OK;
-    }
-    e->kind = kind;
-    e->imm = imm;
-    e->source = source;
-    e->length = length;
+    e = rx_enqueue(s, source, kind, imm, length);
+    if (e == NULL) return UCS_OK;
     if (rndv) {
         e->state = RX_RNDV_WAIT;
         e->data = data;
@@ -975,11 +980,7 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
         s->held++;
         return UCS_INPROGRESS;
     }
-    if (!spill_store(s, e, data, length)) {
-        s->rxq_count--; /* Undo the push. */
-        MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for a %zu-byte message from rank "
-                "%d arriving while every receive slot is taken; it is lost.", length, source);
-    }
+    rx_spill(s, e, data);
     return UCS_OK;
 }
 
@@ -2095,9 +2096,7 @@ static void ucx_close(mr_substrate_t *s)
 
 static void ucx_stats(mr_substrate_t *s, mr_stats_t *stats)
 {
-    if (stats->size >= offsetof(mr_stats_t, messages_coalesced) + sizeof(uint64_t)) {
-        stats->messages_coalesced += s->batcher.added;
-    }
+    mr__batcher_stats(&s->batcher, stats);
 }
 
 static const mr_substrate_ops_t ucx_ops = {

@@ -16,7 +16,7 @@
 # Rows keep their order within a group; groups keep the order they first appear in.
 set -euo pipefail
 
-usage() { sed -n '2,15p' "$0" >&2; exit 2; }
+usage() { sed -n '2,16p' "$0" >&2; exit 2; }
 in='' out='' x='' y='' g='' lo='' hi='' title='' xlabel='' ylabel='' ref='' logx=0 logy=0 steps=0
 while getopts "i:o:x:y:g:l:u:t:X:Y:r:LGs" c; do
     case $c in
