@@ -8,9 +8,13 @@
  *                 larger ones need MAILRAIL_DATAGRAM_SIZE raised)
  *     -n COUNT    messages per size and repetition for the rate test (default 100000)
  *     -r REPS     repetitions per size; the best is reported (default 3)
- *     -w WINDOW   raw MPI only: sends in flight per MPI_Waitall (default 64)
+ *     -w WINDOW   raw MPI only: sends per MPI_Waitall with -m, requests in flight
+ *                 on each side with -a (default 64)
  *     -l          also measure ping-pong latency
  *     -m          raw MPI baseline: MPI_Isend/MPI_Irecv windows, no MailRail
+ *     -a          raw MPI, driven asynchronously as a runtime must: WINDOW sends in
+ *                 flight and WINDOW receives posted at all times, the oldest tested
+ *                 with MPI_Testsome and re-posted as they complete (latency as -m)
  *     -i          the item layer instead (mailrail_items.h): SIZES are item sizes
  *                 (default 8,16,64) and COUNT items (default 1000000) give the cost
  *                 per item of push and pull, to oneself and to a peer, in ns
@@ -46,6 +50,7 @@ typedef struct perf_options {
     int window;
     bool latency;
     bool raw_mpi;
+    bool raw_async; /* With raw_mpi: the continuous loop instead of windows. */
     bool items;
     const char *csv;
 } perf_options_t;
@@ -58,7 +63,7 @@ typedef struct perf_result {
 static void perf_usage(void)
 {
     fprintf(stderr, "usage: mpiexec -n 2 mailrail_perf [-s sizes] [-n count] [-r reps] "
-                    "[-w window] [-l] [-m | -i] [-c file.csv]\n");
+                    "[-w window] [-l] [-m | -a | -i] [-c file.csv]\n");
 }
 
 static int perf_parse(int argc, char **argv, perf_options_t *o)
@@ -70,7 +75,7 @@ static int perf_parse(int argc, char **argv, perf_options_t *o)
 
     o->reps = 3;
     o->window = 64;
-    while ((c = getopt(argc, argv, "s:n:r:w:lmic:h")) != -1) {
+    while ((c = getopt(argc, argv, "s:n:r:w:lmaic:h")) != -1) {
         switch (c) {
         case 's': sizes = optarg; break;
         case 'n': ok &= tool_parse_long(optarg, 1, LONG_MAX, &count); break;
@@ -78,6 +83,7 @@ static int perf_parse(int argc, char **argv, perf_options_t *o)
         case 'w': ok &= tool_parse_int(optarg, 1, 1 << 20, &o->window); break;
         case 'l': o->latency = true; break;
         case 'm': o->raw_mpi = true; break;
+        case 'a': o->raw_mpi = o->raw_async = true; break;
         case 'i': o->items = true; break;
         case 'c': o->csv = optarg; break;
         default: return -1;
@@ -185,6 +191,49 @@ __attribute__((noinline)) static double mpi_stream(int rank, size_t size, long c
     if (rank == 1) MPI_Send(&ack, 1, MPI_BYTE, 0, PERF_ACK_TAG, MPI_COMM_WORLD);
     free(req);
     free(st);
+    return tool_now() - start;
+}
+
+/*
+ * The same stream, with MPI driven as an asynchronous runtime must drive it:
+ * no side ever waits for a whole window. The sender keeps `window` sends in
+ * flight and the receiver `window` receives posted; each tests its oldest
+ * requests (MPI_Testsome over at most 7, one MPI progress pass) and starts a
+ * new one for each that completed. With one sender and one tag they complete
+ * about in order; one that completes early waits for those before it.
+ */
+__attribute__((noinline)) static double mpi_stream_async(int rank, size_t size, long count,
+                                                         int window, char *buf)
+{
+    enum { PERF_TEST_BATCH = 7 };
+    MPI_Request *req = malloc((size_t)window * sizeof(*req));
+    int idx[PERF_TEST_BATCH], head = 0, active = 0;
+    MPI_Status st[PERF_TEST_BATCH];
+    long started = 0, done = 0;
+    double start = tool_now();
+    char ack = 0;
+
+    while (rank < 2 && done < count) {
+        while (active < window && started < count) {
+            int slot = (head + active) % window;
+            char *b = buf + (size_t)slot * size;
+            if (rank == 0) MPI_Isend(b, (int)size, MPI_BYTE, 1, 1, MPI_COMM_WORLD, &req[slot]);
+            else MPI_Irecv(b, (int)size, MPI_BYTE, MPI_ANY_SOURCE, 1, MPI_COMM_WORLD, &req[slot]);
+            active++;
+            started++;
+        }
+        int len = active < PERF_TEST_BATCH ? active : PERF_TEST_BATCH, out = 0;
+        if (head + len > window) len = window - head; /* MPI_Testsome takes a contiguous run. */
+        MPI_Testsome(len, req + head, &out, idx, st);
+        while (active > 0 && req[head] == MPI_REQUEST_NULL) {
+            head = (head + 1) % window;
+            active--;
+            done++;
+        }
+    }
+    if (rank == 0) MPI_Recv(&ack, 1, MPI_BYTE, 1, PERF_ACK_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    if (rank == 1) MPI_Send(&ack, 1, MPI_BYTE, 0, PERF_ACK_TAG, MPI_COMM_WORLD);
+    free(req);
     return tool_now() - start;
 }
 
@@ -352,13 +401,15 @@ static perf_result_t perf_measure(const perf_options_t *o, int rank, size_t size
     long rounds = o->count / 10 > 100 ? o->count / 10 : 100;
 
     /* A short untimed run first: connections, registration caches, page faults. */
-    if (o->raw_mpi) mpi_stream(rank, size, warmup, o->window, buf);
+    if (o->raw_async) mpi_stream_async(rank, size, warmup, o->window, buf);
+    else if (o->raw_mpi) mpi_stream(rank, size, warmup, o->window, buf);
     else mr_stream(rank, size, warmup);
     for (int i = 0; i < o->reps; i++) {
         double t;
         MPI_Barrier(MPI_COMM_WORLD);
-        t = o->raw_mpi ? mpi_stream(rank, size, o->count, o->window, buf)
-                       : mr_stream(rank, size, o->count);
+        t = o->raw_async ? mpi_stream_async(rank, size, o->count, o->window, buf)
+            : o->raw_mpi ? mpi_stream(rank, size, o->count, o->window, buf)
+                         : mr_stream(rank, size, o->count);
         if (t < r.seconds) r.seconds = t;
     }
     if (o->latency) {
@@ -385,6 +436,7 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
+    if (o.raw_async) substrate = "mpi-raw-async";
     if (!o.raw_mpi) {
         MPI_Comm comm = MPI_COMM_WORLD;
         mr_status_t st = mr_init_mpi(&comm, sizeof(comm));

@@ -6,15 +6,22 @@
 #        MPI_Isend/MPI_Irecv loop; its latency is a plain MPI ping-pong)
 # Every round runs the baseline and then MailRail under each policy, so that a
 # noisy neighbour hurts them alike; the ratio of a round is MailRail's rate over
-# that round's baseline. Prints, per substrate, policy and size, the median,
-# lowest and highest ratio of the rounds; writes every run to OUT/perf.csv, the
-# summary to OUT/perf_summary.csv, one Markdown table per substrate with the
-# date and the machine to OUT/perf.md, and a plot of the ratios to OUT/perf.png.
+# that round's baseline. Two more contenders can take a policy's place:
+#   raw    the raw transport once more: the baseline against itself, the noise
+#          floor against which the MailRail ratios of the same run are read;
+#   async  (mpi only) `mailrail_perf -a`: plain MPI driven as an asynchronous
+#          runtime must drive it, requests kept in flight and tested, never a
+#          whole window waited for.
+# Prints, per substrate, policy and size, the median, lowest and highest ratio
+# of the rounds; writes every run to OUT/perf.csv, the summary to
+# OUT/perf_summary.csv, one Markdown table per substrate with the date and the
+# machine to OUT/perf.md, and a plot of the ratios to OUT/perf.png.
 #
 # Usage: tools/perf_compare.sh [-b BUILD] [-s SIZES] [-n MESSAGES] [-r ROUNDS]
 #                              [-p POLICIES] [-S SUBSTRATES] [-o OUT] [-l]
 #   defaults: -b build -s 8,64,512,4096,65536 -n 200000 -r 3 -p none,rank,node
-#             -S ucx,mpi -o BUILD/perf; -l adds latency (one-way, half a round trip)
+#             -S ucx,mpi -o BUILD/perf; -l adds latency (one-way, half a round trip);
+#             -p raw,async,none,rank,node adds both references
 set -euo pipefail
 
 build=build sizes=8,64,512,4096,65536 count=200000 rounds=3 policies=none,rank,node
@@ -23,7 +30,7 @@ while getopts "b:s:n:r:p:S:o:lh" opt; do
     case $opt in
         b) build=$OPTARG ;; s) sizes=$OPTARG ;; n) count=$OPTARG ;; r) rounds=$OPTARG ;;
         p) policies=$OPTARG ;; S) substrates=$OPTARG ;; o) out=$OPTARG ;; l) latency=1 ;;
-        *) sed -n '2,17p' "$0" >&2; exit 2 ;;
+        *) sed -n '2,24p' "$0" >&2; exit 2 ;;
     esac
 done
 out=${out:-$build/perf}
@@ -75,7 +82,14 @@ for substrate in ${substrates//,/ }; do
         for ((r = 1; r <= rounds; r++)); do
             read -r brate blat <<<"$(baseline_run "$substrate" "$size")"
             for policy in ${policies//,/ }; do
-                read -r mrate mlat <<<"$(mailrail_run "$substrate" "$policy" "$size")"
+                if [ "$policy" = raw ]; then
+                    read -r mrate mlat <<<"$(baseline_run "$substrate" "$size")"
+                elif [ "$policy" = async ]; then
+                    [ "$substrate" = mpi ] || continue # ucx_perftest is asynchronous already.
+                    read -r mrate mlat <<<"$(mailrail_run mpi none "$size" -a)"
+                else
+                    read -r mrate mlat <<<"$(mailrail_run "$substrate" "$policy" "$size")"
+                fi
                 awk -v s="$substrate" -v p="$policy" -v z="$size" -v r="$r" -v br="$brate" \
                     -v mr="$mrate" -v bl="$blat" -v ml="$mlat" 'BEGIN {
                     printf "%s,%s,%s,%d,%.0f,%.0f,%.3f,%.3f,%.3f,%.3f\n", s, p, z, r, br, mr,
