@@ -170,13 +170,21 @@ __attribute__((noinline)) static double mr_pingpong(int rank, size_t size, long 
 
 /* ---- Plain MPI, the baseline ------------------------------------------------------------- */
 
+/* The end of a raw stream: the receiver's answer tells the sender everything arrived. */
+static void mpi_stream_end(int rank)
+{
+    char ack = 0;
+
+    if (rank == 0) MPI_Recv(&ack, 1, MPI_BYTE, 1, PERF_ACK_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    if (rank == 1) MPI_Send(&ack, 1, MPI_BYTE, 0, PERF_ACK_TAG, MPI_COMM_WORLD);
+}
+
 __attribute__((noinline)) static double mpi_stream(int rank, size_t size, long count, int window,
                                                    char *buf)
 {
     MPI_Request *req = malloc((size_t)window * sizeof(*req));
     MPI_Status *st = malloc((size_t)window * sizeof(*st));
     double start = tool_now();
-    char ack = 0;
 
     for (long sent = 0; sent < count && rank < 2;) {
         int n = count - sent < window ? (int)(count - sent) : window;
@@ -187,8 +195,7 @@ __attribute__((noinline)) static double mpi_stream(int rank, size_t size, long c
         MPI_Waitall(n, req, st);
         sent += n;
     }
-    if (rank == 0) MPI_Recv(&ack, 1, MPI_BYTE, 1, PERF_ACK_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    if (rank == 1) MPI_Send(&ack, 1, MPI_BYTE, 0, PERF_ACK_TAG, MPI_COMM_WORLD);
+    mpi_stream_end(rank);
     free(req);
     free(st);
     return tool_now() - start;
@@ -211,7 +218,6 @@ __attribute__((noinline)) static double mpi_stream_async(int rank, size_t size, 
     MPI_Status st[PERF_TEST_BATCH];
     long started = 0, done = 0;
     double start = tool_now();
-    char ack = 0;
 
     while (rank < 2 && done < count) {
         while (active < window && started < count) {
@@ -231,8 +237,7 @@ __attribute__((noinline)) static double mpi_stream_async(int rank, size_t size, 
             done++;
         }
     }
-    if (rank == 0) MPI_Recv(&ack, 1, MPI_BYTE, 1, PERF_ACK_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    if (rank == 1) MPI_Send(&ack, 1, MPI_BYTE, 0, PERF_ACK_TAG, MPI_COMM_WORLD);
+    mpi_stream_end(rank);
     free(req);
     return tool_now() - start;
 }

@@ -25,7 +25,7 @@
 set -euo pipefail
 
 build=build sizes=8,64,512,4096,65536 count=200000 rounds=3 policies=none,rank,node
-substrates=ucx,mpi out= latency=
+substrates=ucx,mpi out='' latency=''
 while getopts "b:s:n:r:p:S:o:lh" opt; do
     case $opt in
         b) build=$OPTARG ;; s) sizes=$OPTARG ;; n) count=$OPTARG ;; r) rounds=$OPTARG ;;
