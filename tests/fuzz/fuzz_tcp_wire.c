@@ -6,7 +6,7 @@
  *
  * The AUTH message goes through the verifier under a fixed job key (the seed
  * corpus holds genuine handshakes made with it by tests/fuzz/make_tcp_wire_corpus.c).
- * The stream is then read the way conn_read() in substrate_tcp.c reads a
+ * The stream is then read the way conn_read() in tcp_input.c reads a
  * socket: chunks of fuzz-chosen sizes land in a small receive buffer, headers
  * are decoded from it, payload goes into an exactly sized slot, partly from
  * the buffer and partly "straight from the socket". The properties checked:

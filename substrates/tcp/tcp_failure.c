@@ -1,0 +1,100 @@
+/*
+ * Failures of established connections: closing them and queueing the failure
+ * where it happens, and reporting it to the core in the next progress call.
+ */
+#include "tcp_substrate.h"
+
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Failing a connection.                                                    */
+
+/*
+ * Closes an established connection after a failure and queues the failure for
+ * the next progress call, which runs the upcalls. Idempotent.
+ */
+void tcp__conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why)
+{
+    if (c->state != C_ESTABLISHED) return;
+    tcp__close_fd(s, &c->fd, &c->registered);
+    c->state = C_FAILED;
+    c->interest = 0;
+    c->fail_why = why;
+    if (why == MR_ERR_PROTOCOL) s->base.rejected++;
+    if (!c->on_fail_list) {
+        c->on_fail_list = true;
+        c->fail_next = NULL;
+        if (s->fail_tail != NULL) s->fail_tail->fail_next = c;
+        else s->fail_head = c;
+        s->fail_tail = c;
+    }
+}
+
+void tcp__conn_fail_errno(mr_substrate_t *s, tcp_conn_t *c, int err, const char *what)
+{
+    char a[40];
+
+    if (c->state != C_ESTABLISHED) return;
+    if (s->base.closing && !conn_has_output(c) && c->rx_phase == RX_HEADER &&
+        c->rx_end == c->rx_start) {
+        /* Every rank is finalizing: an orderly close, between frames, with nothing owed. */
+        MR__LOG(s, MR_LOG_DEBUG, "TCP substrate: rank %d (%s) closed its connection while "
+                "finalizing (%s).", c->rank, tcp__sin_str(&c->addr, a, sizeof(a)),
+                err ? strerror(err) : "end of stream");
+        tcp__close_fd(s, &c->fd, &c->registered);
+        c->interest = 0;
+        c->state = C_CLOSED;
+        return;
+    }
+    if (err == 0) {
+        MR__LOG(s, MR_LOG_WARN,
+                "TCP substrate: rank %d (%s) closed its connection (end of stream%s).",
+                c->rank, tcp__sin_str(&c->addr, a, sizeof(a)),
+                c->rx_phase != RX_HEADER || c->rx_end > c->rx_start ? " in the middle of a frame"
+                                                                 : "");
+    } else {
+        MR__LOG(s, MR_LOG_WARN,
+                "TCP substrate: the connection to rank %d (%s) failed while %s: %s.", c->rank,
+                tcp__sin_str(&c->addr, a, sizeof(a)), what, strerror(err));
+    }
+    tcp__conn_fail(s, c, MR_ERR_PEER_FAILED);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Upcall drains (progress() only).                                         */
+
+int tcp__drain_failed(mr_substrate_t *s)
+{
+    int n = 0;
+    tcp_conn_t *c;
+
+    while ((c = s->fail_head) != NULL) {
+        s->fail_head = c->fail_next;
+        if (s->fail_head == NULL) s->fail_tail = NULL;
+        c->on_fail_list = false;
+        c->fail_next = NULL;
+        if (c->rx_slot != NULL) {
+            void *slot = c->rx_slot;
+            c->rx_slot = NULL;
+            s->base.up.recv_slot_abandon(s->base.core, slot);
+        }
+        c->rx_phase = RX_HEADER;
+        c->rx_start = c->rx_end = 0;
+        c->ctrl_count = 0;
+        c->ctrl_off = 0;
+        s->base.up.peer_failed(s->base.core, c->rank, c->fail_why);
+        n++;
+        /* Every queued send completes, so that the core gets its buffers back. */
+        tcp_req_t *r;
+        while ((r = c->sq_head) != NULL) {
+            void *cookie = r->link.cookie;
+            c->sq_head = r->sq_next;
+            if (c->sq_head == NULL) c->sq_tail = NULL;
+            c->sq_off = 0;
+            tcp__req_free(s, r);
+            s->base.up.send_complete(s->base.core, cookie);
+            n++;
+        }
+    }
+    return n;
+}
