@@ -1,0 +1,33 @@
+/*
+ * The MPI substrate's operations table, which the core loads through
+ * mr_substrate_get_ops(), and stats().
+ */
+#include "mpi_substrate.h"
+
+static void mpi_stats(mr_substrate_t *s, mr_stats_t *stats)
+{
+    mr__substrate_stats(s, stats);
+    mr__batcher_stats(&s->batcher, stats);
+}
+
+static const mr_substrate_ops_t mpi_ops = {
+    MR__SUBSTRATE_OPS_HEAD,
+    .name = "mpi",
+    .description = "MPI (MPICH) point-to-point: MPI_Isend/MPI_Irecv, credits in tags on a "
+                   "control communicator",
+    .config_table = mpi__config_table,
+    .config_size = sizeof(mpi_config_t),
+    .open = mpi__open,
+    .get_address = mpi__get_address,
+    .connect = mpi__connect,
+    .send = mpi__send,
+    .send_control = mpi__send_control,
+    .progress = mpi__progress,
+    .release_recv = mpi__release_recv,
+    .format_address = mpi__format_address,
+    .closing = mr__substrate_closing, /* Nothing to flush: the core waited for every data send. */
+    .stats = mpi_stats,
+    .close = mpi__close,
+};
+
+MR__SUBSTRATE_ENTRY(mpi_ops)
