@@ -43,7 +43,9 @@ const mr_config_entry_t mr__core_config_table[] = {
     {"MAILRAIL_RECV_SLOTS", "1024", MR_CONFIG_UINT, offsetof(mr_core_config_t, recv_slots), 1,
      1u << 22, NULL,
      "Buffers in the receive pool: the most messages that can have arrived and not yet been "
-     "released. One credit is one of these slots."},
+     "released. One credit is one of these slots. When it is not set, MAILRAIL_FLOWCTL=rank "
+     "and node grow the pool to the credits they grant (one per sending rank or node at "
+     "least)."},
     {"MAILRAIL_PLUGIN_PATH", "", MR_CONFIG_STRING, offsetof(mr_core_config_t, plugin_path), 0,
      0, NULL,
      "Colon-separated directories searched for plugins. Empty: the mailrail/ directory next "
@@ -65,8 +67,9 @@ const mr_config_entry_t mr__core_config_table[] = {
      "run, and spins otherwise, as MPI libraries do."},
     {"MAILRAIL_TIMEOUT", "60", MR_CONFIG_UINT, offsetof(mr_core_config_t, timeout_s), 1, 86400,
      NULL,
-     "Seconds that init may wait for peers to connect and finalize may wait for in-flight "
-     "sends, before giving up with MR_ERR_TIMEOUT."},
+     "Seconds that init may wait for the other ranks and finalize may wait for in-flight "
+     "sends, before giving up with MR_ERR_TIMEOUT; a peer whose host takes no connection "
+     "for this long after the first attempt has failed (MR_ERR_PEER_FAILED)."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 

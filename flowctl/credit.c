@@ -29,6 +29,25 @@
 /* A key that sent fewer messages than this in an epoch does not count as active. */
 #define CREDIT_ACTIVE_ARRIVALS 2
 
+mr_status_t mr__credit_share(const char *policy, const char *setting, const char *what,
+                             uint64_t configured, size_t recv_slots, int keys, uint32_t *out)
+{
+    uint64_t share = configured ? configured : recv_slots / (uint64_t)keys;
+    uint64_t needed = mr__credit_slots_needed(configured, keys);
+
+    if (share == 0 || share * (uint64_t)keys > recv_slots) {
+        mr_error("MAILRAIL_FLOWCTL=%s: %s=%llu credits for each of %d %s need %llu receive slots, "
+                 "but MAILRAIL_RECV_SLOTS=%zu; set MAILRAIL_RECV_SLOTS=%llu (or leave it unset: "
+                 "the pool then grows to what the policy needs), or lower %s.",
+                 policy, setting, (unsigned long long)(configured ? configured : 1), keys, what,
+                 (unsigned long long)needed, recv_slots, (unsigned long long)needed, setting);
+        return MR_ERR_CONFIG;
+    }
+    if (share > UINT32_MAX) share = UINT32_MAX;
+    *out = (uint32_t)share;
+    return MR_OK;
+}
+
 mr_status_t mr__credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, bool adaptive,
                                 const uint32_t *weight, const mr_flowctl_params_t *params)
 {

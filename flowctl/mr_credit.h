@@ -85,6 +85,26 @@ static inline uint32_t mr__credit_initial(uint32_t limit, bool adaptive)
 }
 
 /*
+ * The receive slots a policy needs when each of `keys` senders (ranks under
+ * `rank`, nodes under `node`) is granted `configured` credits, or an equal
+ * share of the pool when `configured` is 0: one slot per key at least.
+ */
+static inline uint64_t mr__credit_slots_needed(uint64_t configured, int keys)
+{
+    return (configured ? configured : 1) * (uint64_t)keys;
+}
+
+/*
+ * The credits each key may have outstanding: `configured`, or the pool shared
+ * equally among the keys. When the pool cannot hold that many, logs an error
+ * that names `policy`, `setting` (its credit setting), the count of keys
+ * (`what`: "ranks" or "nodes") and the MAILRAIL_RECV_SLOTS that would run,
+ * and returns MR_ERR_CONFIG.
+ */
+mr_status_t mr__credit_share(const char *policy, const char *setting, const char *what,
+                             uint64_t configured, size_t recv_slots, int keys, uint32_t *out);
+
+/*
  * `weight[k]`: the ranks key k stands for when it is on another host, 0 when it
  * is on this one (adaptive grants apply to keys of nonzero weight, when `adaptive`).
  */

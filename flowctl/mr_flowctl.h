@@ -88,6 +88,13 @@ typedef struct mr_flowctl_ops {
 
     /* Frees everything. */
     void (*finalize)(mr_flowctl_t *fc);
+    /*
+     * The receive slots the policy needs for params->size ranks on
+     * params->node_count nodes with its settings (params->config); the core
+     * grows an unset MAILRAIL_RECV_SLOTS to it before init(). May be NULL:
+     * any pool will do.
+     */
+    uint64_t (*recv_slots_needed)(const mr_flowctl_params_t *params);
 } mr_flowctl_ops_t;
 
 /* Names accepted by MAILRAIL_FLOWCTL, NULL-terminated, in table order. */

@@ -171,6 +171,10 @@ static void up_send_complete(void *core, void *cookie)
 static void up_control(void *core, int source, uint32_t imm)
 {
     (void)core;
+    if (rt_is_notice(imm)) {
+        rt_notice_arrived(source, imm);
+        return;
+    }
     rt.stats.credit_returns_received++;
     rt.flowctl->on_control(rt.fc, source, imm);
 }
@@ -178,13 +182,7 @@ static void up_control(void *core, int source, uint32_t imm)
 static void up_peer_failed(void *core, int rank, mr_status_t why)
 {
     (void)core;
-    if (rt.closing || rank < 0 || rank >= rt.size || rt.peer[rank] != PEER_OK) return;
-    rt.peer[rank] = PEER_FAILED_UNREPORTED;
-    rt.failures_unreported++;
-    rt.any_failure = true;
-    mr_error("Rank %d failed (%s); messages to it are dropped.", rank, mr_status_string(why));
-    /* Deferred messages to a dead rank can never go: give their slots back. */
-    for (uint32_t idx; (idx = mr__deferq_pop(&rt.deferq, rank)) != MR_NIL;) rt_send_free(idx);
+    rt_peer_down(rank, why, -1);
 }
 
 const mr_substrate_upcalls_t rt_upcalls = {
@@ -304,6 +302,7 @@ int rt_progress(int timeout_ms)
     rt.progress_epoch++;
     if (events < 0) return events;
     events += rt.flowctl->progress(rt.fc);
+    if (rt.notice_sent < rt.notice_count) events += rt_notices_forward();
     if (rt.deferq.depth > 0) events += rt_drain(true);
     return events;
 }

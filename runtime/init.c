@@ -164,7 +164,8 @@ static bool rt_idle_yields(void)
     return rt.machine_ranks > ncpus;
 }
 
-static mr_status_t rt_open_flowctl(void)
+/* What the flow-control policy is told about the job. */
+static mr_flowctl_params_t rt_flowctl_params(void)
 {
     mr_flowctl_params_t params = {
         .rank = rt.rank,
@@ -181,6 +182,42 @@ static mr_status_t rt_open_flowctl(void)
         .send_control = rt_send_control,
         .barrier = rt_barrier,
     };
+    return params;
+}
+
+/*
+ * Grows the receive pool to what the policy needs (one slot per sending rank
+ * under `rank` at least) when MAILRAIL_RECV_SLOTS is not set. The same on
+ * every rank: it depends only on settings that all ranks agreed on, the job
+ * size and the node map. A set value is kept; the policy's init() then names
+ * the value that would run.
+ */
+static void rt_size_recv_pool(void)
+{
+    mr_flowctl_params_t params = rt_flowctl_params();
+    uint64_t needed;
+
+    if (rt.flowctl->recv_slots_needed == NULL) return;
+    needed = rt.flowctl->recv_slots_needed(&params);
+    if (needed <= rt.cfg.recv_slots || getenv("MAILRAIL_RECV_SLOTS") != NULL ||
+        needed > mr__config_find(mr__core_config_table, "MAILRAIL_RECV_SLOTS")->max) {
+        return;
+    }
+    if (rt.rank == 0) {
+        mr_info("MAILRAIL_FLOWCTL=%s on %d ranks in %d node(s) needs %llu receive slots: the pool "
+                "grows from %llu to them (%llu MiB of address space per rank, touched only as "
+                "slots are used). Set MAILRAIL_RECV_SLOTS to choose.",
+                rt.flowctl->name, rt.size, rt.node_count, (unsigned long long)needed,
+                (unsigned long long)rt.cfg.recv_slots,
+                (unsigned long long)((needed * rt.cfg.datagram_size) >> 20));
+    }
+    rt.cfg.recv_slots = needed;
+}
+
+static mr_status_t rt_open_flowctl(void)
+{
+    mr_flowctl_params_t params = rt_flowctl_params();
+
     return rt.flowctl->init(&params, &rt.fc);
 }
 
@@ -270,6 +307,7 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
      * After a failed agreement a rank's own step may have worked: the labels
      * below undo whatever exists.
      */
+    rt_size_recv_pool();
     status = rt_agree(rt_alloc_pools());
     if (status != MR_OK) goto err_pools;
     status = rt_agree(rt_open_flowctl());
@@ -280,7 +318,9 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     if (status != MR_OK) goto err_substrate;
     status = rt_exchange_addresses(addr, addr_len);
     if (status != MR_OK) goto err_substrate;
-    status = rt_agree(rt.substrate->connect(rt.sub, rt.addrs, rt.addr_len));
+    status = rt.substrate->connect(rt.sub, rt.addrs, rt.addr_len);
+    if (status == MR_OK) status = rt_watch_neighbours();
+    status = rt_agree(status);
     if (status != MR_OK) goto err_addrs;
 
     rt.stats.size = sizeof(rt.stats);
@@ -293,6 +333,7 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     return MR_OK;
 
 err_addrs:
+    free(rt.notice_q);
     free(rt.addrs);
 err_substrate:
     if (rt.sub != NULL) rt.substrate->close(rt.sub);
@@ -427,6 +468,7 @@ mr_status_t mr_finalize(void)
     rt.substrate->close(rt.sub);
     rt.flowctl->finalize(rt.fc);
     free(rt.addrs);
+    free(rt.notice_q);
     rt_free_pools();
     free(rt.node_of);
     free(rt.host_of);

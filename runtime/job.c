@@ -15,6 +15,25 @@
 
 uint64_t rt_reduce_in[2], rt_reduce_out[2];
 
+/* Counts a collective of mr_init() and the bytes this rank puts into it (mr_stats_t). */
+static void rt_count_collective(size_t bytes)
+{
+    rt.stats.init_collectives++;
+    rt.stats.init_bootstrap_bytes += bytes;
+}
+
+mr_status_t rt_allgather(const void *send, void *recv, size_t len)
+{
+    rt_count_collective(len);
+    return rt.bootstrap->allgather(rt.bs, send, recv, len);
+}
+
+mr_status_t rt_bcast(void *buf, size_t len, int root)
+{
+    rt_count_collective(rt.rank == root ? len : 0);
+    return rt.bootstrap->bcast(rt.bs, buf, len, root);
+}
+
 /* Waits for the bootstrap's pending collective, up to `deadline`, without progress. */
 static mr_status_t rt_wait_bootstrap(uint64_t deadline)
 {
@@ -44,6 +63,7 @@ mr_status_t rt_agree(mr_status_t local)
     mr_status_t status;
 
     rt_reduce_in[0] = local != MR_OK;
+    rt_count_collective(sizeof(rt_reduce_in[0]));
     status = rt.bootstrap->iallreduce_sum(rt.bs, rt_reduce_in, rt_reduce_out, 1);
     if (status == MR_OK) {
         status = rt_wait_bootstrap(mr__now_ns() + rt.cfg.timeout_s * MR_NS_PER_S);
@@ -120,7 +140,7 @@ mr_status_t rt_map_nodes(void)
     }
     gethostname(host, RT_HOST_MAX - 1);
     rt_boot_id(host + RT_HOST_MAX);
-    status = rt.bootstrap->allgather(rt.bs, host, hosts, RT_HOST_RECORD);
+    status = rt_allgather(host, hosts, RT_HOST_RECORD);
     if (status != MR_OK) goto out;
     for (int r = 0; r < rt.size; r++) order[r] = r;
     rt_sort_hosts = hosts;
@@ -182,7 +202,7 @@ mr_status_t rt_share_job_key(void)
         bytes[sizeof(bytes) - 1] = mr__random_bytes(bytes, sizeof(bytes) - 1);
         if (!bytes[sizeof(bytes) - 1]) mr_error("getrandom failed: cannot draw the job secret.");
     }
-    status = rt.bootstrap->bcast(rt.bs, bytes, sizeof(bytes), 0);
+    status = rt_bcast(bytes, sizeof(bytes), 0);
     if (status != MR_OK) return status;
     if (!bytes[sizeof(bytes) - 1]) {
         if (rt.rank != 0) mr_error("Rank 0 could not draw the job secret.");
@@ -202,6 +222,7 @@ mr_status_t rt_barrier(void *core)
     mr_status_t status;
 
     (void)core;
+    rt_count_collective(0);
     status = rt.bootstrap->ibarrier(rt.bs);
     if (status != MR_OK) return status;
     while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) sched_yield();
@@ -220,7 +241,7 @@ mr_status_t rt_exchange_addresses(const uint8_t *addr, size_t len)
         mr_error("Cannot allocate the address lengths.");
         return MR_ERR_NO_MEMORY;
     }
-    status = rt.bootstrap->allgather(rt.bs, &mylen, lens, sizeof(mylen));
+    status = rt_allgather(&mylen, lens, sizeof(mylen));
     for (int r = 0; status == MR_OK && r < rt.size; r++) {
         if (lens[r] > maxlen) maxlen = lens[r];
     }
@@ -234,7 +255,7 @@ mr_status_t rt_exchange_addresses(const uint8_t *addr, size_t len)
         return MR_ERR_NO_MEMORY;
     }
     memcpy(padded, addr, len);
-    status = rt.bootstrap->allgather(rt.bs, padded, rt.addrs, rt.addr_len);
+    status = rt_allgather(padded, rt.addrs, rt.addr_len);
     if (status != MR_OK) {
         free(rt.addrs);
         rt.addrs = NULL;

@@ -115,6 +115,9 @@ typedef struct rt_runtime {
     bool closing;          /* All ranks finished sending; EOF from peers is expected. */
     int failures_unreported;
     bool any_failure;
+    int *notice_q;         /* Failed ranks in the order this rank learnt of them ... */
+    int notice_count;      /* ... how many ... */
+    int notice_sent;       /* ... and how many were passed on around the ring (failures.c). */
 
     /* Quiescence: whether a wave is pending (in rt_reduce_*) and the last completed one. */
     bool wave_pending;
@@ -182,6 +185,18 @@ bool rt_report_failure(void);
 /* Called when a poll found nothing: lets other ranks have the core now and then. */
 void rt_idle(void);
 
+/* failures.c: peer failures, and notices of them around a ring of all ranks. */
+/* Rank `rank` failed, as the substrate (reporter -1) or rank `reporter` says. */
+void rt_peer_down(int rank, mr_status_t why, int reporter);
+/* Whether a control immediate is a failure notice rather than credits. */
+bool rt_is_notice(uint32_t imm);
+/* A failure notice arrived from `source`. */
+void rt_notice_arrived(int source, uint32_t imm);
+/* Passes failure notices on to the next live rank; returns how many were sent. */
+int rt_notices_forward(void);
+/* After connect(): asks the substrate to watch this rank's two ring neighbours. */
+mr_status_t rt_watch_neighbours(void);
+
 /* items.c: aggregators (mailrail_items.h). */
 void rt_items_init(void);
 /* Queues an arrived item datagram for its aggregator, or drops it if malformed. */
@@ -201,6 +216,9 @@ mr_status_t rt_map_nodes(void);
 mr_status_t rt_share_job_key(void);
 mr_status_t rt_exchange_addresses(const uint8_t *addr, size_t len);
 mr_status_t rt_barrier(void *core);
+/* The bootstrap's blocking collectives, counted in mr_stats_t (init_collectives). */
+mr_status_t rt_allgather(const void *send, void *recv, size_t len);
+mr_status_t rt_bcast(void *buf, size_t len, int root);
 
 /* settings_check.c: settings no module declares, and those that must agree. */
 #define RT_SETTING_TABLES_MAX 8

@@ -156,10 +156,10 @@ mr_status_t rt_agree_settings(void)
         mr_error("Cannot allocate the settings digests of %d ranks.", rt.size);
         return MR_ERR_NO_MEMORY;
     }
-    status = rt.bootstrap->allgather(rt.bs, mine.hash, all, sizeof(mine.hash));
+    status = rt_allgather(mine.hash, all, sizeof(mine.hash));
     if (status == MR_OK) {
         memcpy(first, mine.text, sizeof(first));
-        status = rt.bootstrap->bcast(rt.bs, first, sizeof(first), 0);
+        status = rt_bcast(first, sizeof(first), 0);
     }
     /* The first setting, in table order, on which some rank differs from rank 0. */
     for (int i = 0; status == MR_OK && bad < 0 && i < RT_AGREED_MAX; i++) {
@@ -177,7 +177,7 @@ mr_status_t rt_agree_settings(void)
     /* Every rank learns the other value too: the first differing rank's. */
     char other[RT_AGREED_MAX][RT_AGREED_TEXT];
     memcpy(other, mine.text, sizeof(other));
-    status = rt.bootstrap->bcast(rt.bs, other, sizeof(other), first_rank);
+    status = rt_bcast(other, sizeof(other), first_rank);
     if (status != MR_OK) return status;
     mr_error("%s must be the same on every rank: it is \"%s\" on rank 0 but \"%s\" on rank %d "
              "(%d rank(s) differ from rank 0; this rank has \"%s\").",

@@ -220,8 +220,8 @@ int run_suite_on_all_ranks(int argc, char **argv, Suite *(*make_suite)(void))
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    if (world_size > 64) {
-        fprintf(stderr, "These tests run on at most 64 ranks.\n");
+    if (world_size > MR_TEST_MAX_RANKS) {
+        fprintf(stderr, "These tests run on at most %d ranks.\n", MR_TEST_MAX_RANKS);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     sr = srunner_create(make_suite());

@@ -15,6 +15,9 @@
 
 #define WAIT_LIMIT_S 30.0
 
+/* The most ranks a test job may have: arrays indexed by rank are this long. */
+#define MR_TEST_MAX_RANKS 16384
+
 /*
  * A failed assertion ends the whole job at once: the tests are collective and
  * run without fork, so a rank that left a test early would otherwise leave the

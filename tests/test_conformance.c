@@ -33,7 +33,7 @@
 START_TEST(all_to_all_exactly_once)
 {
     const uint32_t per_dest = 60;
-    int all[64];
+    int all[MR_TEST_MAX_RANKS];
     tally_t t;
     mr_stats_t stats = {.size = sizeof(stats)};
 
@@ -63,7 +63,7 @@ END_TEST
 START_TEST(incast_exactly_once)
 {
     const uint32_t per_sender = 200;
-    int victim = 0, senders[64], nsend = 0;
+    int victim = 0, senders[MR_TEST_MAX_RANKS], nsend = 0;
     tally_t t;
     mr_stats_t stats = {.size = sizeof(stats)};
 
@@ -106,7 +106,7 @@ START_TEST(order_per_destination)
 {
     const uint32_t count = 300;
     int next_dest = (world_rank + 1) % world_size;
-    uint32_t expected[64] = {0};
+    uint32_t expected[MR_TEST_MAX_RANKS] = {0};
     mr_message_t m;
     uint32_t got = 0;
     double start = now_s();
@@ -524,7 +524,7 @@ static int segments_of(const int *pids, int n)
 /* What a failed mr_init_mpi() did: its status, its log, the descriptors before and after. */
 typedef struct init_attempt {
     mr_status_t status;
-    int pids[64];             /* Of every rank of the job. */
+    int pids[MR_TEST_MAX_RANKS];             /* Of every rank of the job. */
     char log[8192];
     char fds_before[8192], fds_after[8192];
 } init_attempt_t;
@@ -703,7 +703,7 @@ START_TEST(sub_communicator)
     MPI_Comm half;
     int half_rank, half_size;
     const uint32_t per_dest = 20;
-    int all[64];
+    int all[MR_TEST_MAX_RANKS];
     tally_t t;
 
     setup_env("8", "8", "256");
@@ -789,11 +789,11 @@ START_TEST(stranger_is_rejected)
         int fd = connect_to(address);
         memset(junk, 0xab, sizeof(junk));
         send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
-        /* 2. A handshake with the right shape and a wrong MAC: magic "MRAU", version 2,
+        /* 2. A handshake with the right shape and a wrong MAC: magic "MRAU", version 3,
               the attacker's own rank, a 32-byte MAC of zeros (substrates/tcp/tcp_wire.h). */
         int fd2 = connect_to(address);
         ck_assert_int_eq(recv(fd2, nonce, sizeof(nonce), MSG_WAITALL), (ssize_t)sizeof(nonce));
-        uint8_t auth[44] = {0x55, 0x41, 0x52, 0x4d, 0x02, 0x00, 0x00, 0x00, (uint8_t)attacker};
+        uint8_t auth[44] = {0x55, 0x41, 0x52, 0x4d, 0x03, 0x00, 0x00, 0x00, (uint8_t)attacker};
         send(fd2, auth, sizeof(auth), MSG_NOSIGNAL);
         /* 3. A data frame as if authenticated, with an absurd length. */
         int fd3 = connect_to(address);
@@ -822,7 +822,7 @@ START_TEST(stranger_is_rejected)
     }
     MPI_Barrier(MPI_COMM_WORLD);
     /* The job goes on: everybody sends to the victim, which gets exactly that. */
-    int senders[64];
+    int senders[MR_TEST_MAX_RANKS];
     for (int r = 0; r < world_size; r++) senders[r] = r;
     exchange(&victim, 1, 10, &t);
     quiesce(&t);
@@ -866,7 +866,7 @@ static int reserve_port_block(int n, int *taken)
 {
     for (int tries = 0, base = 20000 + (int)(getpid() % 500) * 20; tries < 500;
          tries++, base = base + 20 > 32000 - n ? 20000 : base + 20) {
-        int fd[64], ok = 0;
+        int fd[MR_TEST_MAX_RANKS], ok = 0;
 
         while (ok < n && (fd[ok] = bind_loopback(base + ok)) >= 0) ok++;
         for (int i = 0; i < ok; i++) {
@@ -881,7 +881,7 @@ static int reserve_port_block(int n, int *taken)
 START_TEST(init_fails_everywhere_when_one_rank_fails)
 {
     const uint32_t per_dest = 20;
-    int taken = -1, base = 0, all[64];
+    int taken = -1, base = 0, all[MR_TEST_MAX_RANKS];
     static init_attempt_t a;
     char port[16], says[64], *policy = save_env("MAILRAIL_FLOWCTL");
     tally_t t;
@@ -964,8 +964,8 @@ END_TEST
     } while (0)
 
 typedef struct soak_state {
-    uint32_t expect[64];     /* Next sequence number from each source. */
-    uint32_t next_seq[64];   /* Next sequence number to each destination. */
+    uint32_t expect[MR_TEST_MAX_RANKS];     /* Next sequence number from each source. */
+    uint32_t next_seq[MR_TEST_MAX_RANKS];   /* Next sequence number to each destination. */
     uint64_t received;
 } soak_state_t;
 

@@ -54,7 +54,7 @@ static void tiny_pools(int credits_per_pair, const char *send_slots)
 START_TEST(incast_exactly_once)
 {
     const uint32_t per_sender = 150;
-    int victim = 0, senders[64], nsend = 0;
+    int victim = 0, senders[MR_TEST_MAX_RANKS], nsend = 0;
     tally_t t;
     mr_stats_t stats = {.size = sizeof(stats)};
 
@@ -90,7 +90,7 @@ END_TEST
 static mr_stats_t all_to_all_round(int credits)
 {
     const uint32_t per_dest = 40;
-    int all[64];
+    int all[MR_TEST_MAX_RANKS];
     tally_t t;
     mr_stats_t stats = {.size = sizeof(stats)};
 
@@ -150,7 +150,7 @@ END_TEST
 START_TEST(no_deadlock_when_receiving_only_under_backpressure)
 {
     const uint32_t per_dest = 60;
-    int others[64], n = 0;
+    int others[MR_TEST_MAX_RANKS], n = 0;
     tally_t t;
     double start = now_s();
 
@@ -182,7 +182,7 @@ END_TEST
 START_TEST(fifo_per_destination)
 {
     const uint32_t count = 200;
-    uint32_t next_seq[64] = {0};
+    uint32_t next_seq[MR_TEST_MAX_RANKS] = {0};
     uint32_t got = 0, expected = 0;
     mr_message_t m;
     double start = now_s();
@@ -378,6 +378,65 @@ START_TEST(impossible_credit_settings)
 }
 END_TEST
 
+/*
+ * With MAILRAIL_RECV_SLOTS unset, `rank` grows the receive pool to the credits
+ * it grants: 200 per pair x 8 ranks = 1,600 slots, more than the default
+ * 1,024. The victim holds every message of its 7 senders (1,400) at once,
+ * which a pool of 1,024 could not.
+ */
+START_TEST(rank_pool_grows_to_its_credits)
+{
+    const uint32_t per_sender = 200, expected = per_sender * (uint32_t)(world_size - 1);
+    int victim = 0;
+    tally_t t;
+    mr_stats_t stats = {.size = sizeof(stats)};
+
+    setup_env("8", NULL, "256");
+    setenv("MAILRAIL_FLOWCTL", "rank", 1);
+    setenv("MAILRAIL_RANK_CREDITS", "200", 1);
+    /* MPI delivers in staging buffers, twice MAILRAIL_MAX_RECVS of them (512 here by default). */
+    const char *substrate = getenv("MAILRAIL_SUBSTRATE");
+    if (substrate != NULL && strcmp(substrate, "mpi") == 0) setenv("MAILRAIL_MAX_RECVS", "1024", 1);
+    init_on_world();
+    tally_init(&t, per_sender);
+    if (world_rank != victim) {
+        exchange(&victim, 1, per_sender, &t);
+    } else {
+        void **held = calloc(expected, sizeof(*held));
+        uint32_t got = 0;
+        double start = now_s();
+        mr_message_t m;
+
+        ck_assert_ptr_nonnull(held);
+        while (got < expected) {
+            ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "%u of %u messages arrived", got,
+                          expected);
+            if (mr_receive(&m) != MR_OK) continue;
+            uint32_t seq = check_message(&m);
+            ck_assert_uint_lt(seq, per_sender);
+            ck_assert_uint_eq(t.seen[(size_t)m.source * per_sender + seq], 0);
+            t.seen[(size_t)m.source * per_sender + seq] = 1;
+            t.count++;
+            held[got++] = m.data;
+        }
+        ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+        ck_assert_uint_eq(stats.recv_slots_in_use, expected);
+        for (uint32_t i = 0; i < got; i++) ck_assert_int_eq(mr_release(held[i]), MR_OK);
+        free(held);
+    }
+    quiesce(&t);
+    if (world_rank == victim) {
+        int senders[MR_TEST_MAX_RANKS], nsend = 0;
+        for (int r = 1; r < world_size; r++) senders[nsend++] = r;
+        expect_all_from(&t, senders, nsend, per_sender);
+    }
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    unsetenv("MAILRAIL_RANK_CREDITS");
+    unsetenv("MAILRAIL_MAX_RECVS");
+    setenv("MAILRAIL_FLOWCTL", initial_policy, 1);
+}
+END_TEST
+
 static Suite *flowctl_suite(void)
 {
     Suite *s = suite_create("flowctl");
@@ -393,6 +452,7 @@ static Suite *flowctl_suite(void)
         tcase_add_test(tc, node_returns_fewer_credits_than_rank);
         tcase_add_test(tc, segments_cleaned_up);
         tcase_add_test(tc, impossible_credit_settings);
+        tcase_add_test(tc, rank_pool_grows_to_its_credits);
     }
     suite_add_tcase(s, tc);
     return s;

@@ -108,9 +108,11 @@ int main(void)
      */
     setenv("MAILRAIL_FLOWCTL", "node", 1);
     setenv("MAILRAIL_NODE_CREDITS", "100000", 1);
+    setenv("MAILRAIL_RECV_SLOTS", "1024", 1); /* Set, so that the pool does not grow to it. */
     mr_status_t st = mr_init();
     unsetenv("MAILRAIL_FLOWCTL");
     unsetenv("MAILRAIL_NODE_CREDITS");
+    unsetenv("MAILRAIL_RECV_SLOTS");
     if (st != MR_ERR_CONFIG) {
         fprintf(stderr, "mr_init with 100000 node credits: %s, not MR_ERR_CONFIG\n",
                 mr_status_string(st));

@@ -199,6 +199,52 @@ START_TEST(survivors_see_the_failure)
 }
 END_TEST
 
+/*
+ * The silent death (`test_peer_failure silent`, 5 ranks): nobody ever sends
+ * to the victim, so only its two neighbours on the ring that watches for
+ * failures (ranks 0 and 2) hold a connection to it. Ranks 3 and 4 must still
+ * learn of its death, from the failure notices passed around that ring, and
+ * get MR_ERR_PEER_FAILED from mr_receive(), mr_quiesce() and mr_finalize()
+ * instead of waiting for it in the quiescence wave.
+ */
+START_TEST(survivors_learn_of_a_silent_death)
+{
+    MPI_Comm comm = MPI_COMM_WORLD;
+    mr_stats_t stats = {.size = sizeof(stats)};
+    mr_message_t m;
+    mr_status_t st;
+    double start;
+
+    ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), MR_OK);
+    ck_assert_int_eq(mr_size(), 5);
+    /* The ring is up: each rank holds its two neighbours, and no one else. */
+    start = now_s();
+    do {
+        ck_assert_msg(now_s() - start < DETECT_LIMIT_S, "the ring did not connect");
+        ck_assert_int_eq(mr_wait(10) >= 0, 1);
+        ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    } while (stats.peers_connected < 2);
+    ck_assert_uint_eq(stats.peers_connected, 2);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (mr_rank() == VICTIM) {
+        kill(getpid(), SIGKILL);
+        _exit(7);
+    }
+    start = now_s();
+    while ((st = mr_receive(&m)) != MR_ERR_PEER_FAILED) {
+        ck_assert_msg(now_s() - start < DETECT_LIMIT_S, "no error %.1f s after the peer died",
+                      now_s() - start);
+        ck_assert_int_eq(st, MR_AGAIN);
+        mr_wait(10);
+    }
+    printf("rank %d: the silent death reported after %.3f s\n", mr_rank(), now_s() - start);
+    ck_assert_int_eq(mr_quiesce(), MR_ERR_PEER_FAILED);
+    start = now_s();
+    ck_assert_int_eq(mr_finalize(), MR_ERR_PEER_FAILED);
+    ck_assert(now_s() - start < DETECT_LIMIT_S);
+}
+END_TEST
+
 static pid_t pf_child;
 
 /* Passes a signal meant for the rank on to it. */
@@ -267,7 +313,11 @@ int main(int argc, char **argv)
     pf_fork_rank();
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    tcase_add_test(tc, survivors_see_the_failure);
+    if (argc > 1 && strcmp(argv[1], "silent") == 0) {
+        tcase_add_test(tc, survivors_learn_of_a_silent_death);
+    } else {
+        tcase_add_test(tc, survivors_see_the_failure);
+    }
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);

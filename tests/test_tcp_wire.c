@@ -170,16 +170,16 @@ START_TEST(auth_round_trip)
     int32_t rank = -1;
 
     tcp_wire_auth_encode(m, test_key, test_nonce, 3, 5);
-    /* Magic "MRAU", version 2, reserved 0, rank 3, little-endian. */
-    const uint8_t head[12] = {0x55, 0x41, 0x52, 0x4d, 0x02, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00,
+    /* Magic "MRAU", version 3, reserved 0, rank 3, little-endian. */
+    const uint8_t head[12] = {0x55, 0x41, 0x52, 0x4d, 0x03, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00,
                               0x00};
     ck_assert_mem_eq(m, head, sizeof(head));
-    ck_assert_int_eq(tcp_wire_auth_verify(m, sizeof(m), test_key, test_nonce, 5, &rank, &err),
+    ck_assert_int_eq(tcp_wire_auth_verify(m, sizeof(m), test_key, test_nonce, 5, 8, &rank, &err),
                      MR_OK);
     ck_assert_int_eq(rank, 3);
     /* Short input asks for more and leaves the output alone. */
     rank = -1;
-    ck_assert_int_eq(tcp_wire_auth_verify(m, sizeof(m) - 1, test_key, test_nonce, 5, &rank,
+    ck_assert_int_eq(tcp_wire_auth_verify(m, sizeof(m) - 1, test_key, test_nonce, 5, 8, &rank,
                                           &err), MR_AGAIN);
     ck_assert_int_eq(rank, -1);
 }
@@ -193,7 +193,7 @@ static void auth_refused(const uint8_t m[TCP_WIRE_AUTH_LEN], int32_t acceptor,
     int32_t rank = -7;
 
     ck_assert_int_eq(tcp_wire_auth_verify(m, TCP_WIRE_AUTH_LEN, test_key, test_nonce, acceptor,
-                                          &rank, &err), status);
+                                          4, &rank, &err), status);
     ck_assert_int_eq(err.fault, fault);
     ck_assert_int_eq(err.value, value);
     ck_assert_ptr_nonnull(err.what);
@@ -232,8 +232,8 @@ START_TEST(auth_bad_header_rejected)
     m[3] = 'X';
     auth_refused(m, 2, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAGIC, 0x58524155);
     tcp_wire_auth_encode(m, test_key, test_nonce, 1, 2);
-    m[4] = 1; /* The SipHash version. */
-    auth_refused(m, 2, MR_ERR_PROTOCOL, TCP_WIRE_BAD_VERSION, 1);
+    m[4] = 2; /* The version before either rank could dial. */
+    auth_refused(m, 2, MR_ERR_PROTOCOL, TCP_WIRE_BAD_VERSION, 2);
     tcp_wire_auth_encode(m, test_key, test_nonce, 1, 2);
     m[6] = 1;
     auth_refused(m, 2, MR_ERR_PROTOCOL, TCP_WIRE_BAD_RESERVED, 1);
@@ -244,14 +244,79 @@ START_TEST(auth_bad_rank_rejected)
 {
     uint8_t m[TCP_WIRE_AUTH_LEN];
 
-    /* A genuine MAC, but rank 2 does not connect to rank 2, nor -1 to anyone. */
+    /* A genuine MAC, but rank 2 does not connect to itself, nor -1 or 4 (of 4) to anyone. */
     tcp_wire_auth_encode(m, test_key, test_nonce, 2, 2);
     auth_refused(m, 2, MR_ERR_INVALID_RANK, TCP_WIRE_BAD_RANK, 2);
     tcp_wire_auth_encode(m, test_key, test_nonce, -1, 2);
     auth_refused(m, 2, MR_ERR_INVALID_RANK, TCP_WIRE_BAD_RANK, -1);
-    /* Rank 0 accepts no one. */
-    tcp_wire_auth_encode(m, test_key, test_nonce, 0, 0);
-    auth_refused(m, 0, MR_ERR_INVALID_RANK, TCP_WIRE_BAD_RANK, 0);
+    tcp_wire_auth_encode(m, test_key, test_nonce, 4, 2);
+    auth_refused(m, 2, MR_ERR_INVALID_RANK, TCP_WIRE_BAD_RANK, 4);
+}
+END_TEST
+
+/* Either rank of a pair may dial: a higher rank's AUTH is as good as a lower one's. */
+START_TEST(auth_from_higher_rank)
+{
+    uint8_t m[TCP_WIRE_AUTH_LEN];
+    tcp_wire_error_t err;
+    int32_t rank = -1;
+
+    tcp_wire_auth_encode(m, test_key, test_nonce, 3, 0);
+    ck_assert_int_eq(tcp_wire_auth_verify(m, sizeof(m), test_key, test_nonce, 0, 4, &rank, &err),
+                     MR_OK);
+    ck_assert_int_eq(rank, 3);
+}
+END_TEST
+
+/* ---- ACCEPT -------------------------------------------------------------------------- */
+
+/*
+ * The ACCEPT's MAC covers nonce || connector || acceptor || "MRTCP-ACCEPT",
+ * so that an AUTH cannot be sent back as an ACCEPT. From Python:
+ *   hmac.new(bytes(range(32)), nonce + bytes([3,0,0,0,5,0,0,0]) + b"MRTCP-ACCEPT",
+ *            hashlib.sha512).digest()[:32]
+ */
+static const uint8_t accept_known_mac[TCP_WIRE_MAC_LEN] = {
+    0x95, 0xe8, 0xc7, 0x38, 0xba, 0x93, 0x30, 0x13, 0x99, 0x7d, 0xf4, 0xfb, 0x81, 0xa2, 0x75, 0x2e,
+    0x0e, 0x2f, 0x92, 0x28, 0x96, 0x0b, 0x6f, 0x58, 0x41, 0xe8, 0x2e, 0x54, 0x84, 0xda, 0xd8, 0x10};
+
+START_TEST(accept_round_trip_and_rejects)
+{
+    uint8_t m[TCP_WIRE_ACCEPT_LEN], auth[TCP_WIRE_AUTH_LEN], other_nonce[TCP_WIRE_NONCE_LEN];
+    tcp_wire_error_t err;
+
+    tcp_wire_accept_encode(m, test_key, test_nonce, 3, 5);
+    /* Magic "MRAC", version 3, reserved 0, the acceptor's rank 5. */
+    const uint8_t head[12] = {0x43, 0x41, 0x52, 0x4d, 0x03, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00,
+                              0x00};
+    ck_assert_mem_eq(m, head, sizeof(head));
+    ck_assert_mem_eq(m + 12, accept_known_mac, TCP_WIRE_MAC_LEN);
+    ck_assert_int_eq(tcp_wire_accept_verify(m, sizeof(m), test_key, test_nonce, 3, 5, &err), MR_OK);
+    ck_assert_int_eq(tcp_wire_accept_verify(m, sizeof(m) - 1, test_key, test_nonce, 3, 5, &err),
+                     MR_AGAIN);
+    /* Another rank answered, or for another connector, or to another challenge. */
+    ck_assert_int_eq(tcp_wire_accept_verify(m, sizeof(m), test_key, test_nonce, 3, 6, &err),
+                     MR_ERR_INVALID_RANK);
+    ck_assert_int_eq(err.fault, TCP_WIRE_BAD_RANK);
+    ck_assert_int_eq(tcp_wire_accept_verify(m, sizeof(m), test_key, test_nonce, 2, 5, &err),
+                     MR_ERR_PROTOCOL);
+    ck_assert_int_eq(err.fault, TCP_WIRE_BAD_MAC);
+    memcpy(other_nonce, test_nonce, sizeof(other_nonce));
+    other_nonce[5] ^= 4;
+    ck_assert_int_eq(tcp_wire_accept_verify(m, sizeof(m), test_key, other_nonce, 3, 5, &err),
+                     MR_ERR_PROTOCOL);
+    ck_assert_int_eq(err.fault, TCP_WIRE_BAD_MAC);
+    /* An AUTH message is no ACCEPT, even with the acceptor's rank in it. */
+    tcp_wire_auth_encode(auth, test_key, test_nonce, 5, 3);
+    ck_assert_int_eq(tcp_wire_accept_verify(auth, sizeof(auth), test_key, test_nonce, 3, 5, &err),
+                     MR_ERR_PROTOCOL);
+    ck_assert_int_eq(err.fault, TCP_WIRE_BAD_MAGIC);
+    memcpy(auth, m, sizeof(auth));
+    auth[0] = 0x55; /* The ACCEPT's bytes under the AUTH magic: still the wrong MAC. */
+    int32_t rank = -1;
+    ck_assert_int_eq(tcp_wire_auth_verify(auth, sizeof(auth), test_key, test_nonce, 3, 8, &rank,
+                                          &err), MR_ERR_PROTOCOL);
+    ck_assert_int_eq(err.fault, TCP_WIRE_BAD_MAC);
 }
 END_TEST
 
@@ -308,6 +373,8 @@ static Suite *tcp_wire_suite(void)
     tcase_add_test(tc, auth_wrong_mac_rejected);
     tcase_add_test(tc, auth_bad_header_rejected);
     tcase_add_test(tc, auth_bad_rank_rejected);
+    tcase_add_test(tc, auth_from_higher_rank);
+    tcase_add_test(tc, accept_round_trip_and_rejects);
     suite_add_tcase(s, tc);
     tc = tcase_create("addr");
     tcase_add_test(tc, addr_round_trip_and_rejects);

@@ -35,7 +35,7 @@ END_TEST
 
 START_TEST(hdr_encodes_every_field)
 {
-    ucx_wire_hdr_t h = {.kind = UCX_WIRE_CTRL_BYE, .imm = 0x01020304u, .source = 0x0a0b0c0d,
+    ucx_wire_hdr_t h = {.kind = 3, .imm = 0x01020304u, .source = 0x0a0b0c0d,
                         .failures_seen = 255};
     const uint8_t want[UCX_WIRE_HDR_LEN] = {0x03, 0x04, 0x03, 0x02, 0x01,
                                             0x0d, 0x0c, 0x0b, 0x0a, 0xff};
@@ -232,17 +232,6 @@ START_TEST(fnv1a64_known_answers)
 }
 END_TEST
 
-START_TEST(hello_token_known_answer)
-{
-    uint8_t key[32];
-
-    for (unsigned i = 0; i < sizeof(key); i++) key[i] = (uint8_t)i;
-    /* FNV-1a 64 of the key then "MRUCX-HELLO", its low 32 bits. */
-    ck_assert_uint_eq(mr__ucx_wire_hello_token(key, sizeof(key)), 0xeadd638bu);
-    key[31] ^= 1;
-    ck_assert_uint_ne(mr__ucx_wire_hello_token(key, sizeof(key)), 0xeadd638bu);
-}
-END_TEST
 
 static Suite *ucx_wire_suite(void)
 {
@@ -261,7 +250,6 @@ static Suite *ucx_wire_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("hashes");
     tcase_add_test(tc, fnv1a64_known_answers);
-    tcase_add_test(tc, hello_token_known_answer);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -310,6 +310,12 @@ typedef struct mr_stats {
     uint64_t items_pulled;            /* Handed out by the mr_items_pull*() calls. */
     uint64_t messages_coalesced;      /* Sent packed with others into one transport message
                                          (MAILRAIL_COALESCE_BYTES). */
+    uint64_t peers_connected;         /* Peers this rank holds a connection or an endpoint to
+                                         now: those it talked to, and its two neighbours on
+                                         the ring that watches for failures (0 under MPI,
+                                         which keeps its own). */
+    uint64_t init_collectives;        /* Collectives of the bootstrap (MPI) that mr_init() ran. */
+    uint64_t init_bootstrap_bytes;    /* Bytes this rank contributed to them. */
 } mr_stats_t;
 
 /*

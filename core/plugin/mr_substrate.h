@@ -127,9 +127,13 @@ typedef struct mr_substrate_ops {
     mr_status_t (*get_address)(mr_substrate_t *s, void *addr, size_t *length);
 
     /*
-     * Connects to every peer. `addrs` holds params->size addresses of
-     * `addr_len` bytes each (shorter ones zero-padded), indexed by rank.
-     * Returns once the substrate can send to every rank, within timeout_s.
+     * Takes the address table: `addrs` holds params->size addresses of
+     * `addr_len` bytes each (shorter ones zero-padded), indexed by rank; it
+     * stays valid until close(). Returns once any rank can be sent to.
+     * A substrate should connect to a peer only when the first message to it
+     * leaves (or in watch()), so that a rank holds nothing for the peers it
+     * never talks to; sends to a peer not connected yet wait in the substrate
+     * (MR_OK) until it is, or fail it (peer_failed) after timeout_s.
      */
     mr_status_t (*connect)(mr_substrate_t *s, const void *addrs, size_t addr_len);
 
@@ -200,6 +204,18 @@ typedef struct mr_substrate_ops {
      * May be NULL.
      */
     const char *const *job_wide_settings;
+
+    /*
+     * Makes sure that the failure of `rank` is detected and reported through
+     * peer_failed() although this rank may never send to it. The core calls
+     * it after connect() for its two neighbours on a ring of all ranks and
+     * passes failure notices around that ring, so that every rank learns of
+     * every failure (runtime/failures.c). A substrate that connects on first
+     * send connects to `rank` here, or lets `rank` connect (both ends are
+     * asked). Does not block. May be NULL: the substrate detects no failures
+     * of ranks it does not talk to.
+     */
+    mr_status_t (*watch)(mr_substrate_t *s, int rank);
 } mr_substrate_ops_t;
 
 /* The smallest ops table the core accepts: the first version's fields. */

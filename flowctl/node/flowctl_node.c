@@ -34,8 +34,8 @@ static const mr_config_entry_t node_config_table[] = {
      "by all ranks of that node, all at once (the paper used 512). 0 grants the share, "
      "MAILRAIL_RECV_SLOTS / nodes, at once to nodes on the same host and adaptively to nodes "
      "on other hosts: 2 to start, then what the receiver takes in over 2 ms (or two credit "
-     "loops) at its best recent rate, shared by its active nodes. Credits times nodes may not "
-     "exceed MAILRAIL_RECV_SLOTS."},
+     "loops) at its best recent rate, shared by its active nodes. Credits times nodes must fit "
+     "in MAILRAIL_RECV_SLOTS; when that is not set, the pool grows to them."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 
@@ -89,25 +89,16 @@ static void node_finalize(mr_flowctl_t *fc)
 static mr_status_t node_credits(const mr_flowctl_params_t *params, uint32_t *out)
 {
     const node_config_t *cfg = params->config;
-    uint64_t per_node =
-        cfg->credits ? cfg->credits : params->recv_slots / (uint64_t)params->node_count;
 
-    if (per_node == 0) {
-        mr_error("MAILRAIL_FLOWCTL=node: MAILRAIL_RECV_SLOTS=%zu / %d nodes = 0 credits per "
-                 "node; raise MAILRAIL_RECV_SLOTS to at least %d.",
-                 params->recv_slots, params->node_count, params->node_count);
-        return MR_ERR_CONFIG;
-    }
-    if (per_node * (uint64_t)params->node_count > params->recv_slots) {
-        mr_error("MAILRAIL_FLOWCTL=node: MAILRAIL_NODE_CREDITS=%llu x %d nodes = %llu credits, "
-                 "more than MAILRAIL_RECV_SLOTS=%zu receive slots.",
-                 (unsigned long long)per_node, params->node_count,
-                 (unsigned long long)(per_node * (uint64_t)params->node_count),
-                 params->recv_slots);
-        return MR_ERR_CONFIG;
-    }
-    *out = (uint32_t)per_node;
-    return MR_OK;
+    return mr__credit_share("node", "MAILRAIL_NODE_CREDITS", "nodes", cfg->credits,
+                            params->recv_slots, params->node_count, out);
+}
+
+/* One slot per sending node at least, MAILRAIL_NODE_CREDITS per node when set. */
+static uint64_t node_recv_slots_needed(const mr_flowctl_params_t *params)
+{
+    return mr__credit_slots_needed(((const node_config_t *)params->config)->credits,
+                                   params->node_count);
 }
 
 /*
@@ -345,4 +336,5 @@ const mr_flowctl_ops_t mr__flowctl_node_ops = {
     .progress = node_progress,
     .stats = node_stats,
     .finalize = node_finalize,
+    .recv_slots_needed = node_recv_slots_needed,
 };

@@ -27,7 +27,8 @@ static const mr_config_entry_t rank_config_table[] = {
      "(the paper used 8). 0 grants the share, MAILRAIL_RECV_SLOTS / ranks, at once to "
      "senders on the same host and adaptively to senders on other hosts: 2 to start, then "
      "what the receiver takes in over 2 ms (or two credit loops) at its best recent rate, "
-     "shared by its active senders. Credits times ranks may not exceed MAILRAIL_RECV_SLOTS."},
+     "shared by its active senders. Credits times ranks must fit in MAILRAIL_RECV_SLOTS; "
+     "when that is not set, the pool grows to them."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 
@@ -54,23 +55,15 @@ static void rank_finalize(mr_flowctl_t *fc)
 static mr_status_t rank_credits(const mr_flowctl_params_t *params, uint32_t *out)
 {
     const rank_config_t *cfg = params->config;
-    uint64_t per_pair = cfg->credits ? cfg->credits : params->recv_slots / (uint64_t)params->size;
 
-    if (per_pair == 0) {
-        mr_error("MAILRAIL_FLOWCTL=rank: MAILRAIL_RECV_SLOTS=%zu / %d ranks = 0 credits per "
-                 "sender; raise MAILRAIL_RECV_SLOTS to at least %d.",
-                 params->recv_slots, params->size, params->size);
-        return MR_ERR_CONFIG;
-    }
-    if (per_pair * (uint64_t)params->size > params->recv_slots) {
-        mr_error("MAILRAIL_FLOWCTL=rank: MAILRAIL_RANK_CREDITS=%llu x %d ranks = %llu credits, "
-                 "more than MAILRAIL_RECV_SLOTS=%zu receive slots.",
-                 (unsigned long long)per_pair, params->size,
-                 (unsigned long long)(per_pair * (uint64_t)params->size), params->recv_slots);
-        return MR_ERR_CONFIG;
-    }
-    *out = (uint32_t)per_pair;
-    return MR_OK;
+    return mr__credit_share("rank", "MAILRAIL_RANK_CREDITS", "ranks", cfg->credits,
+                            params->recv_slots, params->size, out);
+}
+
+/* One slot per rank at least, MAILRAIL_RANK_CREDITS per rank when set. */
+static uint64_t rank_recv_slots_needed(const mr_flowctl_params_t *params)
+{
+    return mr__credit_slots_needed(((const rank_config_t *)params->config)->credits, params->size);
 }
 
 static mr_status_t rank_init(const mr_flowctl_params_t *params, mr_flowctl_t **out)
@@ -200,4 +193,5 @@ const mr_flowctl_ops_t mr__flowctl_rank_ops = {
     .progress = rank_progress,
     .stats = rank_stats,
     .finalize = rank_finalize,
+    .recv_slots_needed = rank_recv_slots_needed,
 };

@@ -1,6 +1,7 @@
 /*
- * Failures of established connections: closing them and queueing the failure
- * where it happens, and reporting it to the core in the next progress call.
+ * Failures of connections, established or being dialled: closing them and
+ * queueing the failure where it happens, and reporting it to the core in the
+ * next progress call.
  */
 #include "tcp_substrate.h"
 
@@ -10,12 +11,14 @@
 /* Failing a connection.                                                    */
 
 /*
- * Closes an established connection after a failure and queues the failure for
- * the next progress call, which runs the upcalls. Idempotent.
+ * Closes a connection, established or being dialled, after a failure and
+ * queues the failure for the next progress call, which runs the upcalls.
+ * Idempotent.
  */
 void tcp__conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why)
 {
-    if (c->state != C_ESTABLISHED) return;
+    if (c->state != C_ESTABLISHED && !conn_dialing(c)) return;
+    if (c->state == C_ESTABLISHED) s->nestablished--;
     tcp__close_fd(s, &c->fd, &c->registered);
     c->state = C_FAILED;
     c->interest = 0;
@@ -44,6 +47,7 @@ void tcp__conn_fail_errno(mr_substrate_t *s, tcp_conn_t *c, int err, const char 
         tcp__close_fd(s, &c->fd, &c->registered);
         c->interest = 0;
         c->state = C_CLOSED;
+        s->nestablished--;
         return;
     }
     if (err == 0) {
@@ -82,6 +86,7 @@ int tcp__drain_failed(mr_substrate_t *s)
         c->rx_start = c->rx_end = 0;
         c->ctrl_count = 0;
         c->ctrl_off = 0;
+        c->hs_off = c->hs_out = 0;
         s->base.up.peer_failed(s->base.core, c->rank, c->fail_why);
         n++;
         /* Every queued send completes, so that the core gets its buffers back. */

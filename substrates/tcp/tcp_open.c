@@ -61,40 +61,42 @@ static mr_status_t tcp_resolve(mr_substrate_t *s, const char *text, struct in_ad
 }
 
 /*
- * Every rank keeps a connection to every other, plus its listener, epoll and
- * connections being authenticated. When the soft RLIMIT_NOFILE is too low for
- * that (and for the application's and MPI's own descriptors), it is raised
- * towards the hard limit; when even the hard limit is too low, the substrate
- * refuses to start with the number to ask for, instead of failing with EMFILE
- * halfway through connecting.
+ * A rank holds a socket for each peer it talks to, plus its listener, epoll
+ * and connections being authenticated: up to one per rank of the job when it
+ * talks to every other. The soft RLIMIT_NOFILE is raised towards that (within
+ * the hard limit). A hard limit below it is no reason not to start, since
+ * most ranks talk to few peers: it is said once, on rank 0, with the number
+ * to ask for, and a rank that does run out of descriptors fails the peers it
+ * cannot connect to with a message that names the limit (tcp_connector.c).
  */
-static mr_status_t tcp_reserve_descriptors(mr_substrate_t *s)
+static void tcp_reserve_descriptors(mr_substrate_t *s)
 {
     rlim_t need = (rlim_t)s->base.size + TCP_MAX_PENDING + TCP_SPARE_FDS;
     struct rlimit rl;
 
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
-        return MR_OK;
+        return;
     }
+    rlim_t was = rl.rlim_cur, want = need;
     if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
-        MR__LOG(s, MR_LOG_ERROR,
-                "TCP substrate: %d ranks need about %llu file descriptors per process, but the "
-                "hard limit is %llu (ulimit -Hn): raise it, or use a substrate that does not keep "
-                "a socket per peer (MAILRAIL_SUBSTRATE=ucx).",
-                s->base.size, (unsigned long long)need, (unsigned long long)rl.rlim_max);
-        return MR_ERR_TRANSPORT;
+        want = rl.rlim_max;
+        if (s->base.rank == 0) {
+            MR__LOG(s, MR_LOG_WARN,
+                    "TCP substrate: the hard descriptor limit (ulimit -Hn) is %llu; a rank that "
+                    "talks to every other of these %d ranks needs about %llu. Ranks talking to "
+                    "fewer peers run as they are.", (unsigned long long)rl.rlim_max,
+                    s->base.size, (unsigned long long)need);
+        }
     }
-    rlim_t was = rl.rlim_cur;
-    rl.rlim_cur = need;
+    if (want <= was) return;
+    rl.rlim_cur = want;
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
-        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: cannot raise the descriptor limit from %llu to "
-                "%llu for %d ranks: %s.", (unsigned long long)was, (unsigned long long)need,
-                s->base.size, strerror(errno));
-        return MR_ERR_TRANSPORT;
+        MR__LOG(s, MR_LOG_WARN, "TCP substrate: cannot raise the descriptor limit from %llu to "
+                "%llu: %s.", (unsigned long long)was, (unsigned long long)want, strerror(errno));
+        return;
     }
     MR__LOG(s, MR_LOG_INFO, "TCP substrate: raised the soft descriptor limit from %llu to %llu for "
-            "%d ranks.", (unsigned long long)was, (unsigned long long)need, s->base.size);
-    return MR_OK;
+            "%d ranks.", (unsigned long long)was, (unsigned long long)want, s->base.size);
 }
 
 /* Copies the job key and the settings; nothing is open yet. */
@@ -130,27 +132,24 @@ static mr_status_t tcp_check_port(mr_substrate_t *s)
     return MR_OK;
 }
 
-/* Per-peer state and the request pool: nothing is allocated on the data path. */
+/*
+ * Per-peer state and the request pool. A connection's buffers come when it is
+ * first used (tcp__conn_buffers()); nothing is allocated on the data path.
+ */
 static mr_status_t tcp_alloc_peers(mr_substrate_t *s)
 {
     s->conns = calloc((size_t)s->base.size, sizeof(*s->conns));
     s->reqs = calloc(s->base.max_sends, sizeof(*s->reqs));
-    s->bufs = malloc((size_t)s->base.size * (TCP_RXBUF_LEN + TCP_CTRL_RING * TCP_HDR_LEN));
-    if (s->conns != NULL) {
-        for (int r = 0; r < s->base.size; r++) s->conns[r].fd = -1;
-    }
-    if (s->conns == NULL || s->reqs == NULL || s->bufs == NULL) {
-        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: out of memory for %d connections and %zu sends.",
+    if (s->conns == NULL || s->reqs == NULL) {
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: out of memory for %d peers and %zu sends.",
                 s->base.size, s->base.max_sends);
         return MR_ERR_NO_MEMORY;
     }
     for (int r = 0; r < s->base.size; r++) {
         tcp_conn_t *c = &s->conns[r];
-        uint8_t *b = s->bufs + (size_t)r * (TCP_RXBUF_LEN + TCP_CTRL_RING * TCP_HDR_LEN);
+        c->fd = -1;
         c->rank = r;
         c->state = C_NONE;
-        c->rxbuf = b;
-        c->ctrl = b + TCP_RXBUF_LEN;
     }
     for (size_t i = s->base.max_sends; i-- > 0;) tcp__req_free(s, &s->reqs[i]);
     return MR_OK;
@@ -230,7 +229,7 @@ mr_status_t tcp__open(const mr_substrate_params_t *p, mr_substrate_t **out)
     tcp_init_state(s, p);
     st = tcp_init_mac(s);
     if (st == MR_OK) st = tcp_check_port(s);
-    if (st == MR_OK) st = tcp_reserve_descriptors(s);
+    if (st == MR_OK) tcp_reserve_descriptors(s);
     if (st == MR_OK) st = tcp_alloc_peers(s);
     if (st == MR_OK) st = tcp_create_epoll(s);
     if (st == MR_OK) st = tcp_bind_listener(s);

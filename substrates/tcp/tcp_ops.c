@@ -14,7 +14,11 @@
 /* ------------------------------------------------------------------------ */
 /* Sends.                                                                   */
 
-/* The connection to `dest` if it can take output, or the status saying why not. */
+/*
+ * The connection to `dest`, dialled now if this is the first output to it,
+ * or the status saying why there is none. Output to a connection that is
+ * being dialled waits in its queues until it is established.
+ */
 static mr_status_t conn_for_send(mr_substrate_t *s, int dest, tcp_conn_t **out)
 {
     mr_status_t st = mr__send_target_check(s, dest);
@@ -22,7 +26,11 @@ static mr_status_t conn_for_send(mr_substrate_t *s, int dest, tcp_conn_t **out)
     if (st != MR_OK) return st;
     tcp_conn_t *c = &s->conns[dest];
     if (c->state == C_FAILED || c->state == C_CLOSED) return MR_ERR_PEER_FAILED;
-    if (c->state != C_ESTABLISHED || !s->connected) return MR_ERR_INVALID_RANK;
+    if (!s->connected) return MR_ERR_INVALID_RANK;
+    if (c->state == C_NONE) {
+        st = tcp__conn_dial(s, c);
+        if (st != MR_OK) return st;
+    }
     *out = c;
     return MR_OK;
 }
@@ -89,6 +97,10 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
     tcp__listener_maybe_resume(s, now);
     next = tcp__pending_expire(s, now);
     if (s->listen_resume_at != 0 && s->listen_resume_at < next) next = s->listen_resume_at;
+    if (s->dial_head != NULL) {
+        uint64_t dials = now >= s->dial_check_at ? tcp__dials_run(s, now) : s->dial_check_at;
+        if (dials < next) next = dials;
+    }
 
     wait = timeout_ms;
     if (events > 0 || !mr__done_empty(&s->done) || s->fail_head != NULL || tcp__rx_list_busy(s)) {
@@ -121,6 +133,7 @@ void tcp__close(mr_substrate_t *s)
     if (s->conns != NULL) {
         for (int r = 0; r < s->base.size; r++) {
             if (s->conns[r].fd >= 0) close(s->conns[r].fd);
+            free(s->conns[r].rxbuf);
         }
     }
     for (unsigned k = 0; k < TCP_MAX_PENDING; k++) {
@@ -130,8 +143,16 @@ void tcp__close(mr_substrate_t *s)
     if (s->epfd >= 0) close(s->epfd);
     free(s->conns);
     free(s->reqs);
-    free(s->bufs);
     free(s);
+}
+
+/* The connections established now, besides the counters every substrate keeps. */
+static void tcp_stats(mr_substrate_t *s, mr_stats_t *stats)
+{
+    mr__substrate_stats(s, stats);
+    if (s != NULL && stats->size >= offsetof(mr_stats_t, peers_connected) + sizeof(uint64_t)) {
+        stats->peers_connected += (uint64_t)s->nestablished;
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -140,7 +161,8 @@ void tcp__close(mr_substrate_t *s)
 static const mr_substrate_ops_t tcp_ops = {
     MR__SUBSTRATE_OPS_HEAD,
     .name = "tcp",
-    .description = "TCP sockets: one authenticated connection per pair of ranks, epoll-driven",
+    .description = "TCP sockets: one authenticated connection per pair of ranks that talk, "
+                   "made on first use, epoll-driven",
     .config_table = tcp__config_table,
     .config_size = sizeof(tcp_config_t),
     .open = tcp__open,
@@ -152,8 +174,9 @@ static const mr_substrate_ops_t tcp_ops = {
     .release_recv = NULL,
     .format_address = tcp__format_address,
     .closing = mr__substrate_closing,
-    .stats = mr__substrate_stats,
+    .stats = tcp_stats,
     .close = tcp__close,
+    .watch = tcp__watch,
 };
 
 MR__SUBSTRATE_ENTRY(tcp_ops)

@@ -94,13 +94,37 @@ static void conn_advance(mr_substrate_t *s, tcp_conn_t *c, size_t left)
     }
 }
 
+/* Writes what is left of an accepted connection's ACCEPT message; false: not all of it. */
+static bool conn_flush_accept(mr_substrate_t *s, tcp_conn_t *c)
+{
+    while (c->hs_off < c->hs_out) {
+        ssize_t w = send(c->fd, c->hs + c->hs_off, c->hs_out - c->hs_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                tcp__conn_fail_errno(s, c, errno, "accepting");
+            }
+            return false;
+        }
+        c->hs_off += (size_t)w;
+    }
+    c->hs_off = c->hs_out = 0;
+    return true;
+}
+
 /*
- * Writes as much pending output as the socket takes: the rest of a partly
- * written data frame, then every queued control frame, then data frames in
- * FIFO order. Fails the connection on a socket error.
+ * Writes as much pending output as the socket takes: an accepted
+ * connection's ACCEPT message first, then the rest of a partly written data
+ * frame, every queued control frame, and data frames in FIFO order. Fails
+ * the connection on a socket error.
  */
 void tcp__conn_flush(mr_substrate_t *s, tcp_conn_t *c)
 {
+    if (c->state == C_ESTABLISHED && c->hs_out > 0 && !conn_flush_accept(s, c)) {
+        tcp__conn_update_interest(s, c);
+        return;
+    }
     while (c->state == C_ESTABLISHED && conn_has_output(c)) {
         struct iovec iov[TCP_MAX_IOV];
         struct msghdr mh;

@@ -1,5 +1,7 @@
 /*
- * The TCP substrate: one authenticated TCP connection per pair of ranks,
+ * The TCP substrate: one authenticated TCP connection per pair of ranks that
+ * talk, made when the first message or credit between them leaves (either
+ * rank dials; when both do at once, the lower rank's connection is kept),
  * non-blocking sockets driven by one epoll instance. The protocol (address,
  * handshake, frames) and how failures are reported are described in
  * docs/architecture.md, "The TCP substrate" (#the-tcp-substrate); tcp_wire.c
@@ -13,13 +15,15 @@
  *   tcp_settings.c   the settings table (MAILRAIL_TCP_*).
  *   tcp_open.c       open(): the address, the descriptor limit, the allocation,
  *                    epoll and the listener; get_address(), format_address().
- *   tcp_connect.c    connect(): the loop that connects every pair of ranks, and
- *                    the report of the ranks still missing at its timeout.
- *   tcp_connector.c  outgoing connections: one attempt, the connector's side of
- *                    the handshake (nonce in, AUTH out), the back-off.
+ *   tcp_connect.c    connect() (the address table) and watch().
+ *   tcp_connector.c  outgoing connections: dialling on first use, at most
+ *                    TCP_MAX_DIALS handshakes at once, one attempt, the
+ *                    connector's side of the handshake (nonce in, AUTH out,
+ *                    ACCEPT in), the back-off, and the deadline.
  *   tcp_accept.c     incoming connections: the listener, the acceptor's side of
- *                    the handshake (nonce out, AUTH checked), dropped strangers,
- *                    and an authenticated connection becoming established.
+ *                    the handshake (nonce out, AUTH checked, ACCEPT out), who
+ *                    wins when both ranks dial, dropped strangers, and an
+ *                    authenticated connection becoming established.
  *   tcp_epoll.c      the epoll set: each descriptor's events, the dispatch of
  *                    what epoll reports; tcp__sin_str() for log lines.
  *   tcp_output.c     send requests and the writing of frames.
@@ -51,11 +55,12 @@
 #define TCP_RXBUF_LEN (16 * 1024) /* Read-ahead buffer per connection. */
 #define TCP_RX_BUDGET 64          /* Frames read per connection per progress call. */
 #define TCP_MAX_IOV 64            /* iovecs gathered per sendmsg. */
-#define TCP_MAX_PENDING 64        /* Incoming connections authenticating at once. */
+#define TCP_MAX_PENDING 64        /* Incoming connections authenticating at once (more wait
+                                     in the listen backlog). */
+#define TCP_MAX_DIALS 64          /* Outgoing connections handshaking at once (more queue). */
 #define TCP_SPARE_FDS 64          /* Descriptors left for the application and MPI. */
 #define TCP_MAX_EVENTS 64         /* epoll events per wait. */
 #define TCP_ACCEPT_BURST 64       /* accept() calls per listener event. */
-#define TCP_CONNECT_POLL_MS 50    /* epoll wait per round of the connect() loop. */
 #define TCP_RETRY_MS 100          /* Base back-off between connection attempts. */
 #define TCP_LISTEN_PAUSE_MS 100   /* Listener rest after running out of descriptors. */
 #define TCP_DROP_LOG_BURST 10     /* Dropped-connection warnings per second. */
@@ -92,11 +97,13 @@ typedef struct tcp_req {
 } tcp_req_t;
 
 typedef enum tcp_conn_state {
-    C_NONE,        /* Not connected (yet). */
+    C_NONE,        /* Never talked to: no socket, no buffers. */
+    C_QUEUED,      /* Connector: waiting for one of the TCP_MAX_DIALS handshake places. */
     C_RETRY,       /* Connector: waiting to start another attempt. */
-    C_CONNECTING,  /* Connector: TCP connect in progress. */
+    C_CONNECTING,  /* Connector: TCP connect in progress (holds a place, as do the next). */
     C_NONCE,       /* Connector: reading the acceptor's nonce. */
     C_AUTH,        /* Connector: writing its AUTH message. */
+    C_ACCEPT,      /* Connector: reading the acceptor's ACCEPT message. */
     C_ESTABLISHED, /* Authenticated: frames flow. */
     C_FAILED,      /* Closed after a failure; never reopened. */
     C_CLOSED       /* Closed by the peer after closing(); never reopened. */
@@ -118,17 +125,25 @@ typedef struct tcp_conn {
     uint32_t interest;         /* Its events there. */
     struct sockaddr_in addr;   /* What the peer advertised. */
 
-    /* Connector handshake. */
-    uint8_t hs[TCP_NONCE_LEN > TCP_AUTH_LEN ? TCP_NONCE_LEN : TCP_AUTH_LEN];
-    size_t hs_off;
+    /*
+     * Handshake: the connector reads the nonce, writes AUTH and reads ACCEPT
+     * here; the acceptor writes its ACCEPT from here before any frame
+     * (hs_out bytes, hs_off of them written).
+     */
+    uint8_t hs[TCP_AUTH_LEN > TCP_WIRE_ACCEPT_LEN ? TCP_AUTH_LEN : TCP_WIRE_ACCEPT_LEN];
+    uint8_t nonce[TCP_NONCE_LEN]; /* Connector: the challenge its ACCEPT must answer. */
+    size_t hs_off, hs_out;
     uint64_t retry_at;
+    uint64_t dial_deadline;    /* Connector: when the peer counts as unreachable. */
     unsigned attempts;
     int last_err;              /* errno of the last failed attempt, for the timeout log. */
+    bool on_dial_list;
+    struct tcp_conn *dial_next;
 
     /* Output: data requests in FIFO order, and a ring of control frames. */
     tcp_req_t *sq_head, *sq_tail;
     size_t sq_off;             /* Bytes of sq_head already written (header included). */
-    uint8_t *ctrl;             /* TCP_CTRL_RING frames of TCP_HDR_LEN bytes. */
+    uint8_t *ctrl;             /* TCP_CTRL_RING frames of TCP_HDR_LEN bytes (tcp__conn_buffers). */
     unsigned ctrl_head, ctrl_count;
     size_t ctrl_off;           /* Bytes of the head control frame already written. */
 
@@ -174,10 +189,14 @@ struct mr_substrate {
     uint64_t listen_resume_at;  /* Nonzero: the listener rests until then. */
 
     bool connect_started, connected;
-    int nestablished;
+    bool listen_full;           /* The listener rests while TCP_MAX_PENDING authenticate. */
+    int nestablished;           /* Connections established now (peers_connected). */
 
     tcp_conn_t *conns;          /* size entries, indexed by rank. */
-    uint8_t *bufs;              /* Backing store of every rxbuf and ctrl ring. */
+    /* Connections being dialled (C_QUEUED to C_ACCEPT), oldest first, and their timers. */
+    tcp_conn_t *dial_head, *dial_tail;
+    unsigned ndials;            /* Handshakes under way (C_CONNECTING to C_ACCEPT). */
+    uint64_t dial_check_at;     /* When the list needs a look: a retry or deadline is due. */
     tcp_req_t *reqs;
     mr__sreq_t *free_reqs;
     mr__done_queue_t done;
@@ -197,7 +216,19 @@ MR__BASE_CHECK();
 
 static inline bool conn_has_output(const tcp_conn_t *c)
 {
-    return c->sq_head != NULL || c->ctrl_count > 0;
+    return c->sq_head != NULL || c->ctrl_count > 0 || c->hs_off < c->hs_out;
+}
+
+/* Whether the connector holds one of the TCP_MAX_DIALS handshake places. */
+static inline bool conn_handshaking(const tcp_conn_t *c)
+{
+    return c->state >= C_CONNECTING && c->state <= C_ACCEPT;
+}
+
+/* Whether this rank is dialling the peer (queued, backing off or handshaking). */
+static inline bool conn_dialing(const tcp_conn_t *c)
+{
+    return c->state >= C_QUEUED && c->state <= C_ACCEPT;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -238,7 +269,10 @@ bool tcp__rx_list_busy(const mr_substrate_t *s);
 
 /* tcp_failure.c: failed connections. */
 
-/* Closes an established connection and queues the failure for progress(). Idempotent. */
+/*
+ * Closes a connection, established or being dialled, and queues the failure
+ * for progress(). Idempotent.
+ */
 void tcp__conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why);
 /*
  * Logs a socket error (err 0: the end of the stream) while `what`, and fails
@@ -262,12 +296,24 @@ void tcp__pending_event(mr_substrate_t *s, tcp_pending_t *p, uint32_t ev);
 /* Drops strangers whose time to authenticate is up; returns the next deadline. */
 uint64_t tcp__pending_expire(mr_substrate_t *s, uint64_t now);
 
-/* tcp_connector.c: outgoing connections (connect() only). */
+/* tcp_connector.c: outgoing connections. */
 
-/* Starts one connection attempt; false on a local failure. */
-bool tcp__connector_start(mr_substrate_t *s, tcp_conn_t *c);
+/*
+ * Gives a connection its receive buffer and control ring, once (they are
+ * freed with the substrate). MR_ERR_NO_MEMORY when they cannot be had.
+ */
+mr_status_t tcp__conn_buffers(mr_substrate_t *s, tcp_conn_t *c);
+/* Starts dialling a peer never talked to (C_NONE); other states are left alone. */
+mr_status_t tcp__conn_dial(mr_substrate_t *s, tcp_conn_t *c);
+/* The connector gives up its own attempt (the peer's connection wins); frees its place. */
+void tcp__connector_abandon(mr_substrate_t *s, tcp_conn_t *c);
 /* Moves an attempt and the connector's handshake along. */
 void tcp__connector_event(mr_substrate_t *s, tcp_conn_t *c, uint32_t ev);
+/*
+ * Starts queued attempts and retries that are due, fails peers not reached
+ * by their deadline; returns when it needs to run again (UINT64_MAX: never).
+ */
+uint64_t tcp__dials_run(mr_substrate_t *s, uint64_t now);
 
 /* The operations of the ops table (tcp_ops.c) that live in files of their own. */
 
@@ -277,6 +323,7 @@ mr_status_t tcp__get_address(mr_substrate_t *s, void *addr, size_t *length);
 void tcp__format_address(const void *addr, size_t length, char *buf, size_t len);
 /* tcp_connect.c */
 mr_status_t tcp__connect(mr_substrate_t *s, const void *addrs, size_t addr_len);
+mr_status_t tcp__watch(mr_substrate_t *s, int rank);
 /* tcp_ops.c; tcp__open() calls it to undo a failed open. */
 void tcp__close(mr_substrate_t *s);
 

@@ -12,7 +12,9 @@
 #include <string.h>
 
 #define TCP_WIRE_AUTH_DOMAIN "MRTCP-AUTH"
-#define TCP_WIRE_AUTH_DOMAIN_LEN (sizeof(TCP_WIRE_AUTH_DOMAIN) - 1)
+#define TCP_WIRE_ACCEPT_DOMAIN "MRTCP-ACCEPT"
+/* The MAC's input: nonce, both ranks, and the longer domain string at most. */
+#define TCP_WIRE_MAC_INPUT_MAX (TCP_WIRE_NONCE_LEN + 8 + sizeof(TCP_WIRE_ACCEPT_DOMAIN) - 1)
 
 mr_status_t tcp_wire_init(void)
 {
@@ -65,64 +67,134 @@ mr_status_t tcp_wire_addr_parse(const void *blob, size_t length, struct sockaddr
 _Static_assert(TCP_WIRE_MAC_LEN == crypto_auth_BYTES, "the AUTH MAC is one crypto_auth tag");
 _Static_assert(TCP_WIRE_KEY_LEN == crypto_auth_KEYBYTES, "the MAC key is one crypto_auth key");
 
-/* What the MAC of an AUTH message covers. */
-static void tcp_wire_auth_input(uint8_t msg[TCP_WIRE_NONCE_LEN + 8 + TCP_WIRE_AUTH_DOMAIN_LEN],
-                                const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
-                                int32_t acceptor)
+/*
+ * What the MAC of an AUTH or ACCEPT message covers: the nonce, both ranks and
+ * the message's domain string. Returns the input's length.
+ */
+static size_t tcp_wire_mac_input(uint8_t msg[TCP_WIRE_MAC_INPUT_MAX],
+                                 const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
+                                 int32_t acceptor, const char *domain)
 {
+    size_t dlen = strlen(domain);
+
     memcpy(msg, nonce, TCP_WIRE_NONCE_LEN);
     mr__put_le32(msg + TCP_WIRE_NONCE_LEN, (uint32_t)connector);
     mr__put_le32(msg + TCP_WIRE_NONCE_LEN + 4, (uint32_t)acceptor);
-    memcpy(msg + TCP_WIRE_NONCE_LEN + 8, TCP_WIRE_AUTH_DOMAIN, TCP_WIRE_AUTH_DOMAIN_LEN);
+    memcpy(msg + TCP_WIRE_NONCE_LEN + 8, domain, dlen);
+    return TCP_WIRE_NONCE_LEN + 8 + dlen;
+}
+
+/* Writes magic, version, reserved, `rank` and the MAC of an AUTH or ACCEPT message. */
+static void tcp_wire_hs_encode(uint8_t *out, uint32_t magic, int32_t rank,
+                               const uint8_t key[TCP_WIRE_KEY_LEN],
+                               const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
+                               int32_t acceptor, const char *domain)
+{
+    uint8_t input[TCP_WIRE_MAC_INPUT_MAX];
+    size_t len = tcp_wire_mac_input(input, nonce, connector, acceptor, domain);
+
+    mr__put_le32(out, magic);
+    mr__put_le16(out + 4, TCP_WIRE_AUTH_VERSION);
+    mr__put_le16(out + 6, 0);
+    mr__put_le32(out + 8, (uint32_t)rank);
+    crypto_auth(out + 12, input, len, key);
+}
+
+/*
+ * Checks the header of an AUTH or ACCEPT message (by `magic`) and reads its
+ * rank. MR_AGAIN while it is incomplete.
+ */
+static mr_status_t tcp_wire_hs_header(const uint8_t *msg, size_t length, uint32_t magic,
+                                      int32_t *rank, tcp_wire_error_t *err)
+{
+    if (msg == NULL || length < 12 + TCP_WIRE_MAC_LEN) return MR_AGAIN;
+    uint32_t got = mr__get_le32(msg);
+    uint16_t version = mr__get_le16(msg + 4), reserved = mr__get_le16(msg + 6);
+
+    if (got != magic) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAGIC,
+                             magic == TCP_WIRE_AUTH_MAGIC ? "AUTH magic" : "ACCEPT magic", got);
+    }
+    if (version != TCP_WIRE_AUTH_VERSION) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_VERSION,
+                             magic == TCP_WIRE_AUTH_MAGIC ? "AUTH version" : "ACCEPT version",
+                             version);
+    }
+    if (reserved != 0) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_RESERVED,
+                             magic == TCP_WIRE_AUTH_MAGIC ? "nonzero reserved AUTH field"
+                                                          : "nonzero reserved ACCEPT field",
+                             reserved);
+    }
+    *rank = (int32_t)mr__get_le32(msg + 8);
+    return MR_OK;
+}
+
+/* Checks the MAC of an AUTH or ACCEPT message in constant time. */
+static bool tcp_wire_hs_mac_ok(const uint8_t *msg, const uint8_t key[TCP_WIRE_KEY_LEN],
+                               const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
+                               int32_t acceptor, const char *domain)
+{
+    uint8_t input[TCP_WIRE_MAC_INPUT_MAX];
+    size_t len = tcp_wire_mac_input(input, nonce, connector, acceptor, domain);
+
+    return crypto_auth_verify(msg + 12, input, len, key) == 0;
 }
 
 void tcp_wire_auth_encode(uint8_t out[TCP_WIRE_AUTH_LEN], const uint8_t key[TCP_WIRE_KEY_LEN],
                           const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
                           int32_t acceptor)
 {
-    mr__put_le32(out, TCP_WIRE_AUTH_MAGIC);
-    mr__put_le16(out + 4, TCP_WIRE_AUTH_VERSION);
-    mr__put_le16(out + 6, 0);
-    uint8_t input[TCP_WIRE_NONCE_LEN + 8 + TCP_WIRE_AUTH_DOMAIN_LEN];
-
-    mr__put_le32(out + 8, (uint32_t)connector);
-    tcp_wire_auth_input(input, nonce, connector, acceptor);
-    crypto_auth(out + 12, input, sizeof(input), key);
+    tcp_wire_hs_encode(out, TCP_WIRE_AUTH_MAGIC, connector, key, nonce, connector, acceptor,
+                       TCP_WIRE_AUTH_DOMAIN);
 }
 
 mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
                                  const uint8_t key[TCP_WIRE_KEY_LEN],
                                  const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t acceptor,
-                                 int32_t *connector, tcp_wire_error_t *err)
+                                 int32_t size, int32_t *connector, tcp_wire_error_t *err)
 {
-    uint8_t input[TCP_WIRE_NONCE_LEN + 8 + TCP_WIRE_AUTH_DOMAIN_LEN];
+    int32_t rank;
+    mr_status_t st = tcp_wire_hs_header(msg, length, TCP_WIRE_AUTH_MAGIC, &rank, err);
 
-    if (msg == NULL || length < TCP_WIRE_AUTH_LEN) return MR_AGAIN;
-    uint32_t magic = mr__get_le32(msg);
-    uint16_t version = mr__get_le16(msg + 4), reserved = mr__get_le16(msg + 6);
-    int32_t rank = (int32_t)mr__get_le32(msg + 8);
-
-    if (magic != TCP_WIRE_AUTH_MAGIC) {
-        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAGIC, "AUTH magic", magic);
-    }
-    if (version != TCP_WIRE_AUTH_VERSION) {
-        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_VERSION, "AUTH version",
-                             version);
-    }
-    if (reserved != 0) {
-        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_RESERVED,
-                             "nonzero reserved AUTH field", reserved);
-    }
-    if (rank < 0 || rank >= acceptor) {
+    if (st != MR_OK) return st;
+    if (rank < 0 || rank >= size || rank == acceptor) {
         return mr__wire_fail(err, MR_ERR_INVALID_RANK, TCP_WIRE_BAD_RANK,
-                             "rank that does not connect to this one", rank);
+                             "rank that is not another rank of the job", rank);
     }
-    tcp_wire_auth_input(input, nonce, rank, acceptor);
-    if (crypto_auth_verify(msg + 12, input, sizeof(input), key) != 0) {
+    if (!tcp_wire_hs_mac_ok(msg, key, nonce, rank, acceptor, TCP_WIRE_AUTH_DOMAIN)) {
         return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAC,
                              "wrong proof of the job key for rank", rank);
     }
     *connector = rank;
+    return MR_OK;
+}
+
+void tcp_wire_accept_encode(uint8_t out[TCP_WIRE_ACCEPT_LEN], const uint8_t key[TCP_WIRE_KEY_LEN],
+                            const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
+                            int32_t acceptor)
+{
+    tcp_wire_hs_encode(out, TCP_WIRE_ACCEPT_MAGIC, acceptor, key, nonce, connector, acceptor,
+                       TCP_WIRE_ACCEPT_DOMAIN);
+}
+
+mr_status_t tcp_wire_accept_verify(const uint8_t *msg, size_t length,
+                                   const uint8_t key[TCP_WIRE_KEY_LEN],
+                                   const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
+                                   int32_t acceptor, tcp_wire_error_t *err)
+{
+    int32_t rank;
+    mr_status_t st = tcp_wire_hs_header(msg, length, TCP_WIRE_ACCEPT_MAGIC, &rank, err);
+
+    if (st != MR_OK) return st;
+    if (rank != acceptor) {
+        return mr__wire_fail(err, MR_ERR_INVALID_RANK, TCP_WIRE_BAD_RANK,
+                             "ACCEPT from another rank than the one dialled", rank);
+    }
+    if (!tcp_wire_hs_mac_ok(msg, key, nonce, connector, acceptor, TCP_WIRE_ACCEPT_DOMAIN)) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, TCP_WIRE_BAD_MAC,
+                             "wrong proof of the job key in the ACCEPT of rank", rank);
+    }
     return MR_OK;
 }
 

@@ -27,12 +27,18 @@
 #define TCP_WIRE_ADDR_VERSION 1
 #define TCP_WIRE_ADDR_LEN 12
 
-/* The handshake: a nonce from the acceptor, an AUTH message from the connector. */
+/*
+ * The handshake: a nonce from the acceptor, an AUTH message from the
+ * connector, an ACCEPT message from the acceptor. Either rank of a pair may
+ * connect (on its first message to the other); both prove the job key.
+ */
 #define TCP_WIRE_NONCE_LEN 16
 #define TCP_WIRE_AUTH_MAGIC 0x4d524155u /* "MRAU" as a number, little-endian on the wire. */
-#define TCP_WIRE_AUTH_VERSION 2
+#define TCP_WIRE_ACCEPT_MAGIC 0x4d524143u /* "MRAC" */
+#define TCP_WIRE_AUTH_VERSION 3
 #define TCP_WIRE_MAC_LEN 32
 #define TCP_WIRE_AUTH_LEN (12 + TCP_WIRE_MAC_LEN)
+#define TCP_WIRE_ACCEPT_LEN (12 + TCP_WIRE_MAC_LEN)
 /* The MAC's key: the job key, all of it. */
 #define TCP_WIRE_KEY_LEN 32
 
@@ -47,8 +53,8 @@ typedef enum tcp_wire_fault {
     TCP_WIRE_BAD_MAGIC,          /* Not a MailRail structure at all. */
     TCP_WIRE_BAD_VERSION,        /* Another version of the protocol. */
     TCP_WIRE_BAD_RESERVED,       /* A reserved field is not zero. */
-    TCP_WIRE_BAD_RANK,           /* An AUTH rank that may not connect to the acceptor. */
-    TCP_WIRE_BAD_MAC,            /* An AUTH message without the proof of the job key. */
+    TCP_WIRE_BAD_RANK,           /* An AUTH or ACCEPT rank that is not the expected peer. */
+    TCP_WIRE_BAD_MAC,            /* An AUTH or ACCEPT message without the proof of the job key. */
     TCP_WIRE_BAD_CHANNEL,        /* A frame on a channel other than data and control. */
     TCP_WIRE_CONTROL_PAYLOAD,    /* A control frame that announces payload bytes. */
     TCP_WIRE_TOO_LONG            /* A data frame longer than the datagram size. */
@@ -92,17 +98,40 @@ void tcp_wire_auth_encode(uint8_t out[TCP_WIRE_AUTH_LEN], const uint8_t key[TCP_
 
 /*
  * Verifies the first TCP_WIRE_AUTH_LEN of the `length` bytes at `msg` as the
- * answer to `nonce` for the rank `acceptor`, in this order: magic, version and
- * reserved field (MR_ERR_PROTOCOL), a connector rank in [0, acceptor)
- * (MR_ERR_INVALID_RANK), then the MAC, checked by libsodium in constant time
- * (MR_ERR_PROTOCOL, fault TCP_WIRE_BAD_MAC, value the claimed rank). Returns
- * MR_AGAIN while fewer than TCP_WIRE_AUTH_LEN bytes are there, and MR_OK with
- * *connector set when the message is genuine.
+ * answer to `nonce` for the rank `acceptor` of a job of `size` ranks, in this
+ * order: magic, version and reserved field (MR_ERR_PROTOCOL), a connector rank
+ * in [0, size) other than the acceptor (MR_ERR_INVALID_RANK), then the MAC,
+ * checked by libsodium in constant time (MR_ERR_PROTOCOL, fault
+ * TCP_WIRE_BAD_MAC, value the claimed rank). Returns MR_AGAIN while fewer than
+ * TCP_WIRE_AUTH_LEN bytes are there, and MR_OK with *connector set when the
+ * message is genuine.
  */
 mr_status_t tcp_wire_auth_verify(const uint8_t *msg, size_t length,
                                  const uint8_t key[TCP_WIRE_KEY_LEN],
                                  const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t acceptor,
-                                 int32_t *connector, tcp_wire_error_t *err);
+                                 int32_t size, int32_t *connector, tcp_wire_error_t *err);
+
+/*
+ * Writes the ACCEPT message with which `acceptor` takes the connection of
+ * `connector` that it challenged with `nonce`: magic, version, reserved,
+ * acceptor rank, then the MAC under `key` of nonce || connector || acceptor ||
+ * "MRTCP-ACCEPT". It proves to the connector that it reached that rank of
+ * its own job.
+ */
+void tcp_wire_accept_encode(uint8_t out[TCP_WIRE_ACCEPT_LEN], const uint8_t key[TCP_WIRE_KEY_LEN],
+                            const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
+                            int32_t acceptor);
+
+/*
+ * Verifies an ACCEPT message as `connector` expects it from `acceptor` after
+ * `nonce`: magic, version, reserved (MR_ERR_PROTOCOL), the acceptor's rank
+ * (MR_ERR_INVALID_RANK, TCP_WIRE_BAD_RANK), the MAC (MR_ERR_PROTOCOL,
+ * TCP_WIRE_BAD_MAC). MR_AGAIN while fewer than TCP_WIRE_ACCEPT_LEN bytes.
+ */
+mr_status_t tcp_wire_accept_verify(const uint8_t *msg, size_t length,
+                                   const uint8_t key[TCP_WIRE_KEY_LEN],
+                                   const uint8_t nonce[TCP_WIRE_NONCE_LEN], int32_t connector,
+                                   int32_t acceptor, tcp_wire_error_t *err);
 
 /* Writes a frame header. */
 void tcp_wire_frame_encode(uint8_t out[TCP_WIRE_HDR_LEN], uint8_t channel, uint8_t kind,

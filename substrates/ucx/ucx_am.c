@@ -296,16 +296,6 @@ static ucs_status_t ctrl_am_cb(void *arg, const void *header, size_t header_leng
             ctrlq_push(s, source, imm);
         }
         break;
-    case UCX_WIRE_CTRL_HELLO:
-    case UCX_WIRE_CTRL_READY:
-    case UCX_WIRE_CTRL_BYE:
-        if (imm != s->hello_token) {
-            proto_error(s, "connection message from rank %d of another job (token %08x)",
-                        source, (unsigned)imm);
-            break;
-        }
-        s->peers[source].got[kind] = true;
-        break;
     default:
         proto_error(s, "control message of unknown kind %u from rank %d", kind, source);
         break;

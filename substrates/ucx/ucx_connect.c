@@ -1,6 +1,11 @@
 /*
- * The UCX substrate's connect(): an endpoint to every peer, then the HELLO
- * and READY rounds over UCX itself; close() runs the BYE round
+ * The UCX substrate's endpoints: made on first use, from the address table
+ * that connect() checks and keeps, so that a rank holds an endpoint (and, for
+ * a peer on this host, a pidfd) only for the peers it sends to or watches.
+ * UCX wires an endpoint up while both ranks progress; a message sent before
+ * that waits inside UCX. Receiving needs no endpoint: every message names its
+ * sender. closing() flushes every endpoint, so that close() can release them
+ * without a flush once all ranks are past finalize's last barrier
  * (ucx_substrate.h lists the other files).
  */
 #include "ucx_substrate.h"
@@ -8,9 +13,6 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
-
-/* ------------------------------------------------------------------------ */
-/* The HELLO, READY and BYE rounds.                                         */
 
 /* Whether a UCX request handle is done (freeing it when it is). */
 bool ucx__req_done(void **req, ucs_status_t *status)
@@ -26,128 +28,12 @@ bool ucx__req_done(void **req, ucs_status_t *status)
     return true;
 }
 
-static const char *round_name(unsigned kind)
+/* The checked address of rank `r` in the table kept by connect(). */
+static void peer_address(const mr_substrate_t *s, int r, ucx_wire_addr_t *w)
 {
-    return kind == UCX_WIRE_CTRL_HELLO ? "HELLO" : kind == UCX_WIRE_CTRL_READY ? "READY" : "BYE";
+    /* connect() decoded every entry once: this cannot fail. */
+    (void)mr__ucx_wire_addr_decode(s->addrs + (size_t)r * s->addrs_len, s->addrs_len, w, NULL);
 }
-
-/* Whether a peer takes part in a round: it has a working endpoint. */
-bool ucx__round_peer(const mr_substrate_t *s, const ucx_peer_t *p)
-{
-    return p->rank != s->base.rank && p->ep != NULL && p->state == P_OK && !p->fail_queued;
-}
-
-/*
- * Sends HELLO, READY or BYE to every peer, followed by a flush of the
- * endpoint when asked: a flush completes the wire-up and makes sure that
- * everything sent before has left.
- */
-mr_status_t ucx__round_start(mr_substrate_t *s, unsigned kind, bool flush)
-{
-    for (int r = 0; r < s->base.size; r++) {
-        ucx_peer_t *p = &s->peers[r];
-        ucp_request_param_t param;
-        ucs_status_ptr_t sp;
-
-        if (!ucx__round_peer(s, p)) continue;
-        hdr_pack(s, p->conn_hdr, kind, s->hello_token);
-        memset(&param, 0, sizeof(param));
-        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        param.flags = UCP_AM_SEND_FLAG_EAGER;
-        sp = ucp_am_send_nbx(p->ep, UCX_AM_CTRL, p->conn_hdr, UCX_WIRE_HDR_LEN, NULL, 0, &param);
-        if (UCS_PTR_IS_ERR(sp)) {
-            MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot send %s to "
-                    "rank %d: %s.", round_name(kind), r, ucs_status_string(UCS_PTR_STATUS(sp)));
-            if (s->closed) continue;
-            return MR_ERR_TRANSPORT;
-        }
-        p->conn_req[0] = sp;
-        if (!flush) continue;
-        memset(&param, 0, sizeof(param));
-        sp = ucp_ep_flush_nbx(p->ep, &param);
-        if (UCS_PTR_IS_ERR(sp)) {
-            MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: cannot flush the "
-                    "endpoint to rank %d: %s.", r, ucs_status_string(UCS_PTR_STATUS(sp)));
-            if (s->closed) continue;
-            return MR_ERR_TRANSPORT;
-        }
-        p->conn_req[1] = sp;
-    }
-    return MR_OK;
-}
-
-/*
- * Progresses until every peer's message of the round has arrived and ours
- * have left, or the deadline. While connecting, a failure fails the round;
- * in close(), a peer that failed or went away is simply done.
- */
-mr_status_t ucx__round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadline)
-{
-    for (;;) {
-        int waiting = 0;
-
-        while (ucp_worker_progress(s->worker) != 0) {
-        }
-        for (int r = 0; r < s->base.size; r++) {
-            ucx_peer_t *p = &s->peers[r];
-            ucs_status_t err = UCS_OK;
-            bool sent;
-
-            if (r == s->base.rank || (s->closed && !ucx__round_peer(s, p))) continue;
-            if (p->fail_queued || p->state != P_OK) {
-                MR__LOG(s, MR_LOG_ERROR, "UCX substrate: rank %d failed while connecting (%s).", r,
-                        p->exited ? "its process exited" : ucs_status_string(p->fail_status));
-                return MR_ERR_TRANSPORT;
-            }
-            sent = ucx__req_done(&p->conn_req[0], &err);
-            sent = ucx__req_done(&p->conn_req[1], &err) && sent;
-            if (err != UCS_OK) {
-                if (s->closed) continue;
-                MR__LOG(s, MR_LOG_ERROR, "UCX substrate: connecting to rank %d failed: %s.", r,
-                        ucs_status_string(err));
-                return MR_ERR_TRANSPORT;
-            }
-            if (!sent || !p->got[kind]) waiting++;
-        }
-        if (waiting == 0) return MR_OK;
-        if (mr__now_ns() >= deadline) {
-            char list[512];
-            size_t used = 0;
-            int listed = 0;
-            list[0] = '\0';
-            for (int r = 0; r < s->base.size && listed < 16; r++) {
-                ucx_peer_t *p = &s->peers[r];
-                if (!ucx__round_peer(s, p) ||
-                    (p->got[kind] && !p->conn_req[0] && !p->conn_req[1])) {
-                    continue;
-                }
-                int n = snprintf(list + used, sizeof(list) - used, "%s%d (%s%s%s)",
-                                 listed ? ", " : "", r, p->got[kind] ? "" : "nothing received; ",
-                                 p->conn_req[0] ? "own message not sent; " : "",
-                                 p->conn_req[1] ? "endpoint not flushed" : "");
-                if (n > 0) used += (size_t)n;
-                if (used >= sizeof(list)) used = sizeof(list) - 1;
-                listed++;
-            }
-            MR__LOG(s, s->closed ? MR_LOG_DEBUG : MR_LOG_ERROR, "UCX substrate: rank %d timed out "
-                    "after %u s in the %s round, with %d of its %d peers missing: %s%s.",
-                    s->base.rank, s->closed ? UCX_CLOSE_FLUSH_S : s->base.timeout_s,
-                    round_name(kind), waiting, s->base.size - 1, list,
-                    waiting > listed ? ", ..." : "");
-            return MR_ERR_TIMEOUT;
-        }
-        /* Nothing moved: sleep a little (or until UCX or a watched process has news). */
-        if (s->efd >= 0 && ucp_worker_arm(s->worker) == UCS_OK) {
-            ucx__check_events(s, UCX_CONNECT_POLL_MS);
-        } else {
-            ucx__check_events(s, 0);
-            sched_yield();
-        }
-    }
-}
-
-/* ------------------------------------------------------------------------ */
-/* Endpoints, and connect().                                                */
 
 /* Creates the endpoint to peer `p` from its address, with the error mode it calls for. */
 static mr_status_t peer_create_endpoint(mr_substrate_t *s, ucx_peer_t *p, const ucx_wire_addr_t *w)
@@ -155,7 +41,6 @@ static mr_status_t peer_create_endpoint(mr_substrate_t *s, ucx_peer_t *p, const 
     ucp_ep_params_t ep;
     ucs_status_t us;
 
-    p->same_host = w->boot_hash != 0 && w->boot_hash == s->boot_hash;
     memset(&ep, 0, sizeof(ep));
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     ep.address = (const ucp_address_t *)w->worker;
@@ -177,14 +62,26 @@ static mr_status_t peer_create_endpoint(mr_substrate_t *s, ucx_peer_t *p, const 
         return MR_ERR_TRANSPORT;
     }
     p->state = P_OK;
+    s->nendpoints++;
     return MR_OK;
+}
+
+mr_status_t ucx__peer_endpoint(mr_substrate_t *s, ucx_peer_t *p)
+{
+    ucx_wire_addr_t w;
+    mr_status_t st;
+
+    if (p->state != P_NONE) return MR_OK;
+    if (!s->connected || s->closed) return MR_ERR_INVALID_RANK;
+    peer_address(s, p->rank, &w);
+    p->same_host = w.boot_hash != 0 && w.boot_hash == s->boot_hash;
+    st = peer_create_endpoint(s, p, &w);
+    if (st == MR_OK) ucx__peer_watch_process(s, p, w.pidns);
+    return st;
 }
 
 mr_status_t ucx__connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
 {
-    uint64_t start = mr__now_ns(), deadline;
-    mr_status_t st;
-
     if (s == NULL || s->connect_started) return MR_ERR_INVALID_PARAM;
     s->connect_started = true;
     if (s->base.size == 1) {
@@ -198,7 +95,6 @@ mr_status_t ucx__connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
     }
     for (int r = 0; r < s->base.size; r++) {
         const uint8_t *blob = (const uint8_t *)addrs + (size_t)r * addr_len;
-        ucx_peer_t *p = &s->peers[r];
         ucx_wire_addr_t w;
 
         if (mr__ucx_wire_addr_decode(blob, addr_len, &w, NULL) != MR_OK) {
@@ -206,24 +102,75 @@ mr_status_t ucx__connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
                     "substrate address (wrong magic, version or length).", r);
             return MR_ERR_PROTOCOL;
         }
-        p->pid = w.pid;
-        if (r == s->base.rank) continue;
-        st = peer_create_endpoint(s, p, &w);
-        if (st != MR_OK) return st;
-        ucx__peer_watch_process(s, p, w.pidns);
+        s->peers[r].pid = w.pid;
     }
-    /* Two rounds over UCX itself; see docs/architecture.md. */
-    deadline = start + (uint64_t)(s->base.timeout_s ? s->base.timeout_s : 60) * MR_NS_PER_S;
-    st = ucx__round_start(s, UCX_WIRE_CTRL_HELLO, true);
-    if (st == MR_OK) st = ucx__round_wait(s, UCX_WIRE_CTRL_HELLO, deadline);
-    if (st == MR_OK) st = ucx__round_start(s, UCX_WIRE_CTRL_READY, false);
-    if (st == MR_OK) st = ucx__round_wait(s, UCX_WIRE_CTRL_READY, deadline);
-    if (st != MR_OK) return st;
+    /* The core keeps the table until close(). */
+    s->addrs = addrs;
+    s->addrs_len = addr_len;
     s->connected = true;
-    if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
-        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d connected to its %d peers in %.3f s "
-                "(%zu watched through pidfds).", s->base.rank, s->base.size - 1,
-                (double)(mr__now_ns() - start) / 1e9, s->npidfds);
-    }
     return MR_OK;
+}
+
+mr_status_t ucx__watch(mr_substrate_t *s, int rank)
+{
+    mr_status_t st = mr__send_target_check(s, rank);
+
+    if (st != MR_OK) return st;
+    return ucx__peer_endpoint(s, &s->peers[rank]);
+}
+
+void ucx__closing(mr_substrate_t *s)
+{
+    unsigned flush_s = s->base.timeout_s < UCX_CLOSE_FLUSH_S ? s->base.timeout_s
+                                                             : UCX_CLOSE_FLUSH_S;
+    uint64_t deadline = mr__now_ns() + (uint64_t)(flush_s ? flush_s : 1) * MR_NS_PER_S;
+    int left = 0;
+
+    mr__substrate_closing(s);
+    if (!s->connected) return;
+    /*
+     * Every rank finished sending: a flush of each endpoint makes sure that
+     * what it sent has arrived. The peers progress meanwhile (they are in
+     * the same finalize, or in this flush), and none of them leaves before
+     * every rank is done here, so close() may then release every endpoint
+     * without a flush: a flush towards a peer that already destroyed its
+     * worker fails, and UCX logs an error for it.
+     */
+    for (int r = 0; r < s->base.size; r++) {
+        ucx_peer_t *p = &s->peers[r];
+        ucp_request_param_t param;
+        ucs_status_ptr_t sp;
+
+        if (p->ep == NULL || p->state != P_OK || p->fail_queued) continue;
+        memset(&param, 0, sizeof(param));
+        sp = ucp_ep_flush_nbx(p->ep, &param);
+        if (UCS_PTR_IS_ERR(sp)) {
+            MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: cannot flush the endpoint to rank %d: %s.",
+                    r, ucs_status_string(UCS_PTR_STATUS(sp)));
+            continue;
+        }
+        p->flush_req = sp;
+        if (sp != NULL) left++;
+    }
+    /* Outside progress(): what arrives meanwhile waits in the queues (upcalls_ok is false). */
+    while (left > 0) {
+        while (ucp_worker_progress(s->worker) != 0) {
+        }
+        left = 0;
+        for (int r = 0; r < s->base.size; r++) {
+            if (!ucx__req_done(&s->peers[r].flush_req, NULL)) left++;
+        }
+        if (left == 0) break;
+        if (mr__now_ns() >= deadline) {
+            MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %d endpoints were not flushed within %u s.",
+                    left, flush_s);
+            break;
+        }
+        if (s->efd >= 0 && ucp_worker_arm(s->worker) == UCS_OK) {
+            ucx__check_events(s, UCX_CONNECT_POLL_MS);
+        } else {
+            sched_yield();
+        }
+    }
+    s->flushed = left == 0;
 }

@@ -112,6 +112,7 @@ int ucx__drain_failed(mr_substrate_t *s)
         p->fail_queued = false;
         if (p->state != P_OK) continue;
         p->state = P_FAILED;
+        s->nendpoints--;
         if (s->base.closing) {
             MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d went away while finalizing (%s).",
                     rank, p->exited ? "its process exited" : ucs_status_string(p->fail_status));

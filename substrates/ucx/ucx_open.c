@@ -22,7 +22,6 @@ static void ucx_init_state(mr_substrate_t *s, const mr_substrate_params_t *p)
     memcpy(&s->cfg, p->config, sizeof(s->cfg));
     s->bare = s->cfg.bare && s->base.size <= UCX_BARE_MAX_RANKS;
     /* Not authentication: only keeps ranks of two jobs from taking each other for peers. */
-    s->hello_token = mr__ucx_wire_hello_token(p->job_key, MR_JOB_KEY_LEN);
     ucx__host_identity(&s->boot_hash, &s->pidns);
 }
 

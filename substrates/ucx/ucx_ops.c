@@ -88,10 +88,7 @@ void ucx__close(mr_substrate_t *s)
     s->closed = true;
     s->upcalls_ok = false;
     if (s->worker != NULL) {
-        unsigned flush_s = s->base.timeout_s < UCX_CLOSE_FLUSH_S ? s->base.timeout_s
-                                                                 : UCX_CLOSE_FLUSH_S;
-        uint64_t deadline = mr__now_ns() + (uint64_t)(flush_s ? flush_s : 1) * MR_NS_PER_S;
-        bool bye_done = false;
+        uint64_t deadline;
 
         /* UCX buffers still held: queued arrivals nobody will receive. */
         for (size_t i = 0; i < s->rxq_count; i++) {
@@ -105,32 +102,23 @@ void ucx__close(mr_substrate_t *s)
             }
         }
         /*
-         * A normal finalize (every rank called closing()): every rank sends
-         * BYE behind everything else and flushes, and waits for every peer's
-         * BYE. After that nothing is in flight either way, so the endpoints
-         * are released without a flush: a flush towards a peer that already
-         * destroyed its worker fails, and UCX logs an error for it.
+         * A normal finalize: closing() flushed every endpoint and every rank
+         * is past it, so nothing is in flight either way and the endpoints
+         * go without a flush. Otherwise (a failure, or init giving up) each
+         * flushes what can still go.
          */
-        if (s->base.closing && s->connected) {
-            if (ucx__round_start(s, UCX_WIRE_CTRL_BYE, true) == MR_OK &&
-                ucx__round_wait(s, UCX_WIRE_CTRL_BYE, deadline) == MR_OK) {
-                bye_done = true;
-            }
-        }
         for (int r = 0; r < s->base.size; r++) {
             ucx_peer_t *p = &s->peers[r];
             ucp_request_param_t param;
             ucs_status_ptr_t sp;
 
-            for (int k = 0; k < 2; k++) {
-                if (p->conn_req[k] != NULL) ucp_request_free(p->conn_req[k]);
-                p->conn_req[k] = NULL;
-            }
+            if (p->flush_req != NULL) ucp_request_free(p->flush_req);
+            p->flush_req = NULL;
             if (p->ep == NULL) continue;
-            /* Otherwise (a failure, or init giving up) flush what can still go. */
             memset(&param, 0, sizeof(param));
             param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-            param.flags = !bye_done && ucx__round_peer(s, p) ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+            param.flags = !s->flushed && p->state == P_OK && !p->fail_queued
+                              ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
             sp = ucp_ep_close_nbx(p->ep, &param);
             p->ep = NULL;
             p->state = P_CLOSED;
@@ -195,6 +183,9 @@ void ucx__close(mr_substrate_t *s)
 static void ucx_stats(mr_substrate_t *s, mr_stats_t *stats)
 {
     mr__batcher_stats(&s->batcher, stats);
+    if (stats->size >= offsetof(mr_stats_t, peers_connected) + sizeof(uint64_t)) {
+        stats->peers_connected += s->nendpoints;
+    }
 }
 
 static const mr_substrate_ops_t ucx_ops = {
@@ -212,11 +203,12 @@ static const mr_substrate_ops_t ucx_ops = {
     .progress = ucx_progress,
     .release_recv = ucx_release_recv,
     .format_address = ucx__format_address,
-    .closing = mr__substrate_closing,
+    .closing = ucx__closing,
     .stats = ucx_stats,
     .close = ucx__close,
     .settings_passthrough_prefix = UCX_OWN_PREFIX,
     .job_wide_settings = ucx__job_wide_settings,
+    .watch = ucx__watch,
 };
 
 MR__SUBSTRATE_ENTRY(ucx_ops)

@@ -7,13 +7,20 @@
 /* ------------------------------------------------------------------------ */
 /* Sending.                                                                 */
 
-/* The endpoint to `dest` if it can take a message, or the status saying why not. */
+/*
+ * The endpoint to `dest` if it can take a message (made now for the first
+ * message to it), or the status saying why not.
+ */
 static mr_status_t peer_for_send(mr_substrate_t *s, int dest, ucx_peer_t **out)
 {
     mr_status_t st = mr__send_target_check(s, dest);
 
     if (st != MR_OK) return st;
     ucx_peer_t *p = &s->peers[dest];
+    if (__builtin_expect(p->state != P_OK, 0)) {
+        st = ucx__peer_endpoint(s, p);
+        if (st != MR_OK) return st;
+    }
     if (p->state == P_FAILED || p->fail_queued) return MR_ERR_PEER_FAILED;
     if (p->state != P_OK || !s->connected || s->closed) return MR_ERR_INVALID_RANK;
     *out = p;

@@ -1,6 +1,6 @@
 /*
  * The UCX substrate: UCP active messages over one worker per rank. Its
- * settings, connection rounds, receive path (fast path, arrival queue, spill
+ * settings, endpoints made on first use, receive path (fast path, arrival queue, spill
  * area, backpressure), failure detection and closing are described in
  * docs/architecture.md, "The UCX substrate" (#the-ucx-substrate); ucx_wire.c
  * reads and writes its address blob and message headers.
@@ -12,7 +12,7 @@
  *   ucx_settings.c  the MAILRAIL_UCX_* settings, and telling UCX they are not its own
  *   ucx_host.c      host identity, and watching the processes of peers on this host
  *   ucx_open.c      open() (context, worker, address, queues, requests); the address
- *   ucx_connect.c   connect(): endpoints; the HELLO, READY and BYE rounds (BYE in close())
+ *   ucx_connect.c   endpoints on first use, connect(), watch(), closing()'s flush
  *   ucx_send.c      send(), send_control(), and sending batches of small messages
  *   ucx_sreq.c      the pool of send states, the send callback, batch completion
  *   ucx_am.c        the active-message handlers (set at open): headers, data, control
@@ -59,8 +59,8 @@
 #define UCX_PROGRESS_BURST 16     /* ucp_worker_progress() calls per progress(). */
 #define UCX_PIDFD_CHECK_MS 20     /* How often progress(0) polls the peers' pidfds. */
 #define UCX_HINTED_CHECK_US 100   /* ... and at most how often a peer's header makes it. */
-#define UCX_CONNECT_POLL_MS 10    /* Sleep per idle round of connect(). */
-#define UCX_CLOSE_FLUSH_S 5       /* Longest BYE round in close(). */
+#define UCX_CONNECT_POLL_MS 10    /* Sleep per idle round of closing()'s flush. */
+#define UCX_CLOSE_FLUSH_S 5       /* Longest flush of the endpoints in closing(). */
 #define UCX_CLOSE_EP_MS 1000      /* Longest wait for the endpoints to close after it. */
 #define UCX_PROTO_LOG_BURST 10    /* Protocol errors logged before going quiet. */
 #define UCX_MAX_EVENTS 32
@@ -149,13 +149,11 @@ typedef struct ucx_peer {
     bool fail_queued;
     bool same_host;            /* Same kernel (boot id). */
     bool err_peer;             /* Its endpoint has UCP_ERR_HANDLING_MODE_PEER. */
-    bool got[4];               /* HELLO, READY, BYE received (indexed by kind). */
     bool exited;               /* Its pidfd said so. */
     ucs_status_t fail_status;
     ucp_ep_h ep;
     void *close_req;
-    void *conn_req[2];         /* HELLO, READY or BYE round: our send and the flush. */
-    uint8_t conn_hdr[UCX_WIRE_HDR_LEN];
+    void *flush_req;           /* closing()'s flush of the endpoint. */
     uint32_t pid;
     int pidfd;
 } ucx_peer_t;
@@ -163,7 +161,6 @@ typedef struct ucx_peer {
 struct mr_substrate {
     mr__substrate_base_t base; /* base.closing: peer failures are expected. */
     ucx_config_t cfg;
-    uint32_t hello_token;
 
     ucp_context_h context;
     ucp_worker_h worker;
@@ -177,6 +174,10 @@ struct mr_substrate {
     uint64_t boot_hash, pidns;
 
     bool connect_started, connected;
+    const uint8_t *addrs;      /* The address table (the core's, kept until close()) ... */
+    size_t addrs_len;          /* ... and the length of its entries. */
+    size_t nendpoints;         /* Peers with an endpoint now (peers_connected). */
+    bool flushed;              /* closing() flushed every endpoint. */
     bool closed;               /* close() runs: data is dropped, failures are expected. */
     bool upcalls_ok;           /* Inside progress(): callbacks may call the core. */
     int cb_events;             /* Upcalls made from callbacks in this progress() call. */
@@ -203,7 +204,7 @@ struct mr_substrate {
     ucx_rx_t *rxq;
     size_t rxq_cap, rxq_head, rxq_count, rxq_claimed;
 
-    /* Control messages that arrived outside progress() (only possible in connect()). */
+    /* Control messages that arrived outside progress() (in closing()'s flush). */
     uint32_t *ctrlq;           /* (source, imm) pairs. */
     size_t ctrlq_cap, ctrlq_head, ctrlq_count;
 
@@ -291,11 +292,14 @@ mr_status_t ucx__get_address(mr_substrate_t *s, void *addr, size_t *length);
 void ucx__format_address(const void *addr, size_t length, char *buf, size_t len);
 
 /* ucx_connect.c */
+/* Whether a UCX request handle is done (freeing it when it is). */
 bool ucx__req_done(void **req, ucs_status_t *status);
-bool ucx__round_peer(const mr_substrate_t *s, const ucx_peer_t *p);
-mr_status_t ucx__round_start(mr_substrate_t *s, unsigned kind, bool flush);
-mr_status_t ucx__round_wait(mr_substrate_t *s, unsigned kind, uint64_t deadline);
+/* Gives peer `p` its endpoint (and pidfd) if it has none yet: the first send or watch(). */
+mr_status_t ucx__peer_endpoint(mr_substrate_t *s, ucx_peer_t *p);
 mr_status_t ucx__connect(mr_substrate_t *s, const void *addrs, size_t addr_len);
+mr_status_t ucx__watch(mr_substrate_t *s, int rank);
+/* closing(): flushes every endpoint, so that close() may release them without a flush. */
+void ucx__closing(mr_substrate_t *s);
 
 /* ucx_send.c */
 void ucx__flush_batches(mr_substrate_t *s);

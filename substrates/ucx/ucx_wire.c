@@ -19,15 +19,6 @@ uint64_t mr__ucx_wire_fnv1a64(uint64_t h, const void *data, size_t len)
     return h;
 }
 
-uint32_t mr__ucx_wire_hello_token(const uint8_t *job_key, size_t key_len)
-{
-    static const char domain[] = "MRUCX-HELLO";
-
-    uint64_t h = mr__ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, job_key, key_len);
-
-    return (uint32_t)mr__ucx_wire_fnv1a64(h, domain, sizeof(domain) - 1);
-}
-
 /* ------------------------------------------------------------------------ */
 /* The address blob.                                                         */
 

@@ -46,15 +46,16 @@
  */
 #define UCX_WIRE_DATA_BATCH 0x80
 
-/* Kinds of control messages (the kind byte of a control message's header). */
+/*
+ * Kinds of control messages (the kind byte of a control message's header).
+ * Kinds 1 to 3 were the HELLO, READY and BYE rounds of earlier versions, before
+ * endpoints were made on first use; a receiver now refuses them.
+ */
 enum {
-    UCX_WIRE_CTRL_CREDIT = 0, /* A credit return; imm is flow control's. */
-    UCX_WIRE_CTRL_HELLO = 1,  /* The connection rounds; imm is the job's hello token. */
-    UCX_WIRE_CTRL_READY = 2,
-    UCX_WIRE_CTRL_BYE = 3
+    UCX_WIRE_CTRL_CREDIT = 0 /* A credit return, or a failure notice; imm is the core's. */
 };
 
-/* FNV-1a, 64 bits: the boot id hash, the hello token and address digests. */
+/* FNV-1a, 64 bits: the boot id hash and address digests. */
 #define UCX_WIRE_FNV64_INIT UINT64_C(0xcbf29ce484222325)
 
 /* What a decoder found wrong. */
@@ -89,9 +90,6 @@ typedef struct ucx_wire_hdr {
 
 /* Continues an FNV-1a 64-bit hash `h` over `len` bytes. */
 uint64_t mr__ucx_wire_fnv1a64(uint64_t h, const void *data, size_t len);
-
-/* The imm of HELLO, READY and BYE: a hash of the job key, the same on every rank. */
-uint32_t mr__ucx_wire_hello_token(const uint8_t *job_key, size_t key_len);
 
 /*
  * Writes the address blob of `a` (its worker address included) to `out`,

@@ -65,10 +65,12 @@ static void fuzz_auth(const uint8_t *data, size_t size)
     /* An exact copy, so that ASan catches a read one byte past the end. */
     uint8_t *msg = malloc(len ? len : 1);
     memcpy(msg, data + FUZZ_TCP_AUTH_AT, len);
-    mr_status_t st = tcp_wire_auth_verify(msg, len, fuzz_tcp_key, nonce, acceptor, &rank, &err);
+    int32_t job = acceptor + 2 + data[1] % 8; /* Ranks in the job: at least the acceptor + 1. */
+    mr_status_t st = tcp_wire_auth_verify(msg, len, fuzz_tcp_key, nonce, acceptor, job, &rank,
+                                          &err);
     if (st == MR_OK) {
-        /* Genuine: the rank may connect, and the message is the one it would send. */
-        if (rank < 0 || rank >= acceptor) abort();
+        /* Genuine: another rank of the job, and the message is the one it would send. */
+        if (rank < 0 || rank >= job || rank == acceptor) abort();
         tcp_wire_auth_encode(again, fuzz_tcp_key, nonce, rank, acceptor);
         if (memcmp(again, msg, TCP_WIRE_AUTH_LEN) != 0) abort();
     } else if (st == MR_AGAIN) {
@@ -77,15 +79,23 @@ static void fuzz_auth(const uint8_t *data, size_t size)
         fuzz_check_error(st, &err);
         if (rank != -1) abort();
     }
-    /* Whatever the nonce, an honest connector passes. */
-    if (acceptor > 0) {
-        int32_t honest = (int32_t)(data[3] % (uint32_t)acceptor);
-        tcp_wire_auth_encode(again, fuzz_tcp_key, nonce, honest, acceptor);
-        if (tcp_wire_auth_verify(again, sizeof(again), fuzz_tcp_key, nonce, acceptor, &rank,
-                                 &err) != MR_OK || rank != honest) {
-            abort();
-        }
+    /* Whatever the nonce, an honest connector passes, and the ACCEPT it gets back too. */
+    int32_t honest = (int32_t)((acceptor + 1 + data[3] % (uint32_t)(job - 1)) % (uint32_t)job);
+    tcp_wire_auth_encode(again, fuzz_tcp_key, nonce, honest, acceptor);
+    if (tcp_wire_auth_verify(again, sizeof(again), fuzz_tcp_key, nonce, acceptor, job, &rank,
+                             &err) != MR_OK || rank != honest) {
+        abort();
     }
+    uint8_t accept[TCP_WIRE_ACCEPT_LEN];
+    tcp_wire_accept_encode(accept, fuzz_tcp_key, nonce, honest, acceptor);
+    if (tcp_wire_accept_verify(accept, sizeof(accept), fuzz_tcp_key, nonce, honest, acceptor,
+                               &err) != MR_OK) {
+        abort();
+    }
+    /* The fuzzed bytes as an ACCEPT: refused unless they are the genuine one. */
+    st = tcp_wire_accept_verify(msg, len, fuzz_tcp_key, nonce, honest, acceptor, &err);
+    if (st == MR_OK && memcmp(msg, accept, TCP_WIRE_ACCEPT_LEN) != 0) abort();
+    if (st < 0) fuzz_check_error(st, &err);
     free(msg);
 }
 

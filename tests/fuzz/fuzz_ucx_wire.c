@@ -88,7 +88,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         mr__ucx_wire_fnv1a64(UCX_WIRE_FNV64_INIT, data, size)) {
         abort();
     }
-    (void)mr__ucx_wire_hello_token(data, size);
 
     if (size < FUZZ_UCX_RECORDS_AT) return 0;
     int32_t rank = data[FUZZ_UCX_RANK_AT], job = (int32_t)data[FUZZ_UCX_SIZE_AT] + 1;
