@@ -254,8 +254,29 @@ static mr_status_t rt_open_substrate(uint8_t *addr, size_t *len)
     return status;
 }
 
+/*
+ * Where mr_init()'s time goes, step by step, for the debug log: at scale,
+ * MPI's collectives dominate (docs/scale.md).
+ */
+typedef struct rt_init_clock {
+    uint64_t last;
+    char text[256];
+    size_t used;
+} rt_init_clock_t;
+
+static void rt_clock_step(rt_init_clock_t *c, const char *step)
+{
+    uint64_t now = mr__now_ns();
+    int n = snprintf(c->text + c->used, sizeof(c->text) - c->used, "%s%s %.3f", c->used ? ", " : "",
+                     step, (double)(now - c->last) / 1e9);
+
+    if (n > 0 && c->used + (size_t)n < sizeof(c->text)) c->used += (size_t)n;
+    c->last = now;
+}
+
 static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
 {
+    rt_init_clock_t clock = {.last = mr__now_ns()};
     const char *flowctl_name;
     mr_status_t status;
 
@@ -289,11 +310,13 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     status = rt.bootstrap->init(user_comm, user_comm_size, mr__log_write, &rt.bs, &rt.rank,
                                 &rt.size);
     if (status != MR_OK) goto err_substrate_config;
+    rt_clock_step(&clock, "bootstrap");
     mr__log_set_rank(rt.rank);
     /* Every rank has the same environment under mpiexec: one warning is enough. */
     if (rt.rank == 0) rt_warn_unknown_settings();
     status = rt_agree_settings();
     if (status != MR_OK) goto err_nodes;
+    rt_clock_step(&clock, "settings");
     /*
      * From here on every rank must fail together: rt_agree() after each step
      * that can fail on some ranks only.
@@ -303,6 +326,7 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     rt.idle_yield = rt_idle_yields();
     status = rt_share_job_key();
     if (status != MR_OK) goto err_nodes;
+    rt_clock_step(&clock, "nodes and key");
     /*
      * After a failed agreement a rank's own step may have worked: the labels
      * below undo whatever exists.
@@ -312,16 +336,20 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     if (status != MR_OK) goto err_pools;
     status = rt_agree(rt_open_flowctl());
     if (status != MR_OK) goto err_flowctl;
+    rt_clock_step(&clock, "pools and flow control");
     uint8_t addr[MR_SUBSTRATE_ADDR_MAX];
     size_t addr_len = sizeof(addr);
     status = rt_agree(rt_open_substrate(addr, &addr_len));
     if (status != MR_OK) goto err_substrate;
+    rt_clock_step(&clock, "substrate");
     status = rt_exchange_addresses(addr, addr_len);
     if (status != MR_OK) goto err_substrate;
+    rt_clock_step(&clock, "addresses");
     status = rt.substrate->connect(rt.sub, rt.addrs, rt.addr_len);
     if (status == MR_OK) status = rt_watch_neighbours();
     status = rt_agree(status);
     if (status != MR_OK) goto err_addrs;
+    rt_clock_step(&clock, "connect");
 
     rt.stats.size = sizeof(rt.stats);
     rt_state = RT_READY;
@@ -330,6 +358,7 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
             rt.size, rt.node_count, rt.substrate->name, rt.flowctl->name,
             (size_t)rt.cfg.datagram_size, (size_t)rt.cfg.send_slots,
             (size_t)rt.cfg.recv_slots);
+    if (rt.rank == 0) mr_debug("mr_init() seconds per step: %s.", clock.text);
     return MR_OK;
 
 err_addrs:

@@ -6,6 +6,7 @@
 #include "mr_bootstrap.h"
 
 #include <mpi.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,23 @@ static mr_status_t bootstrap_check(mr_bootstrap_t *b, int rc, const char *what)
     MPI_Error_string(rc, text, &len);
     b->log(MR_LOG_ERROR, "%s failed: %s", what, text);
     return MR_ERR_BOOTSTRAP;
+}
+
+/*
+ * Waits for a non-blocking collective, giving the core away between tests.
+ * MPICH's blocking collectives spin: with hundreds of ranks on a few cores,
+ * a spinning rank holds its core for a whole time slice while the ranks it
+ * waits for cannot run, and every collective of init then takes seconds.
+ */
+static mr_status_t bootstrap_wait(mr_bootstrap_t *b, MPI_Request *req, const char *what)
+{
+    int done = 0;
+
+    for (;;) {
+        mr_status_t status = bootstrap_check(b, MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
+        if (status != MR_OK || done) return status;
+        sched_yield();
+    }
 }
 
 static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
@@ -82,7 +100,9 @@ static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
     b->pending = MPI_REQUEST_NULL;
     b->initialized_mpi = initialized_here;
     /* Errors come back as codes so that MailRail can report them. */
-    if (bootstrap_check(b, MPI_Comm_dup(base, &b->comm), "MPI_Comm_dup") != MR_OK) {
+    MPI_Request req;
+    if (bootstrap_check(b, MPI_Comm_idup(base, &b->comm, &req), "MPI_Comm_idup") != MR_OK ||
+        bootstrap_wait(b, &req, "MPI_Comm_idup") != MR_OK) {
         free(b);
         return MR_ERR_BOOTSTRAP;
     }
@@ -96,14 +116,21 @@ static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
 static mr_status_t bootstrap_allgather(mr_bootstrap_t *b, const void *send, void *recv,
                                        size_t len)
 {
-    return bootstrap_check(
-        b, MPI_Allgather(send, (int)len, MPI_BYTE, recv, (int)len, MPI_BYTE, b->comm),
-        "MPI_Allgather");
+    MPI_Request req;
+    mr_status_t status = bootstrap_check(
+        b, MPI_Iallgather(send, (int)len, MPI_BYTE, recv, (int)len, MPI_BYTE, b->comm, &req),
+        "MPI_Iallgather");
+
+    return status == MR_OK ? bootstrap_wait(b, &req, "MPI_Iallgather") : status;
 }
 
 static mr_status_t bootstrap_bcast(mr_bootstrap_t *b, void *buf, size_t len, int root)
 {
-    return bootstrap_check(b, MPI_Bcast(buf, (int)len, MPI_BYTE, root, b->comm), "MPI_Bcast");
+    MPI_Request req;
+    mr_status_t status = bootstrap_check(
+        b, MPI_Ibcast(buf, (int)len, MPI_BYTE, root, b->comm, &req), "MPI_Ibcast");
+
+    return status == MR_OK ? bootstrap_wait(b, &req, "MPI_Ibcast") : status;
 }
 
 static mr_status_t bootstrap_iallreduce_sum(mr_bootstrap_t *b, const uint64_t *in,

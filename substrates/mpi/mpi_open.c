@@ -4,6 +4,8 @@
  */
 #include "mpi_substrate.h"
 
+#include <sched.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +31,23 @@ static mr_status_t mpi_check_bootstrap(const mr_substrate_params_t *p)
     return MR_OK;
 }
 
+/*
+ * MPI_Comm_dup, but waiting with the core given away between tests: MPICH's
+ * blocking calls spin, and hundreds of spinning ranks on a few cores make
+ * every collective take seconds (docs/scale.md).
+ */
+static int comm_dup_yielding(MPI_Comm base, MPI_Comm *out)
+{
+    MPI_Request req;
+    int done = 0, rc = MPI_Comm_idup(base, out, &req);
+
+    while (rc == MPI_SUCCESS && !done) {
+        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (rc == MPI_SUCCESS && !done) sched_yield();
+    }
+    return rc;
+}
+
 /* No memory for the state: still takes part in both duplications, so that no rank hangs. */
 static mr_status_t mpi_open_out_of_memory(const mr_substrate_params_t *p)
 {
@@ -36,8 +55,8 @@ static mr_status_t mpi_open_out_of_memory(const mr_substrate_params_t *p)
 
     if (p->log != NULL) p->log(MR_LOG_ERROR, "MPI substrate: out of memory.");
     memcpy(&base, p->bootstrap_comm, sizeof(base));
-    if (MPI_Comm_dup(base, &a) == MPI_SUCCESS) MPI_Comm_free(&a);
-    if (MPI_Comm_dup(base, &b) == MPI_SUCCESS) MPI_Comm_free(&b);
+    if (comm_dup_yielding(base, &a) == MPI_SUCCESS) MPI_Comm_free(&a);
+    if (comm_dup_yielding(base, &b) == MPI_SUCCESS) MPI_Comm_free(&b);
     return MR_ERR_NO_MEMORY;
 }
 
@@ -51,17 +70,17 @@ static mr_status_t mpi_dup_comms(mr_substrate_t *s, const mr_substrate_params_t 
     int rc;
 
     memcpy(&base, p->bootstrap_comm, sizeof(base));
-    rc = MPI_Comm_dup(base, &s->data_comm);
+    rc = comm_dup_yielding(base, &s->data_comm);
     if (rc != MPI_SUCCESS) {
         s->data_comm = MPI_COMM_NULL;
         mr_status_t st = mpi__fatal(s, rc, "duplicating the communicator for data (MPI_Comm_dup)");
         /* The second duplication still takes place, as on the other ranks. */
         MPI_Comm b;
-        if (MPI_Comm_dup(base, &b) == MPI_SUCCESS) MPI_Comm_free(&b);
+        if (comm_dup_yielding(base, &b) == MPI_SUCCESS) MPI_Comm_free(&b);
         return st;
     }
     s->have_data_comm = true;
-    rc = MPI_Comm_dup(base, &s->ctrl_comm);
+    rc = comm_dup_yielding(base, &s->ctrl_comm);
     if (rc != MPI_SUCCESS) {
         s->ctrl_comm = MPI_COMM_NULL;
         return mpi__fatal(s, rc, "duplicating the communicator for control (MPI_Comm_dup)");
