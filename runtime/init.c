@@ -362,6 +362,9 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     return MR_OK;
 
 err_addrs:
+    /* The substrate may read the address table until it is closed. */
+    rt.substrate->close(rt.sub);
+    rt.sub = NULL;
     free(rt.notice_q);
     free(rt.addrs);
 err_substrate:

@@ -10,13 +10,14 @@
  * r sends to r + k * (P / (PEERS + 1)), k = 1..PEERS), receives and checks
  * what the mirror-image peers sent it (source and every byte, exactly once),
  * waits for quiescence and times mr_finalize(). It reads its resident memory
- * (VmHWM), its open descriptors and mr_stats_t (peers connected, bootstrap
+ * (VmRSS), its open descriptors and mr_stats_t (peers connected, bootstrap
  * collectives and bytes) after MPI_Init, after mr_init() and after the
- * traffic. Rank 0 prints one line per measure (the maximum and the mean over
+ * traffic, and its resident high-water mark at the end. Rank 0 prints one line per measure (the maximum and the mean over
  * ranks) and, with -c, appends one CSV row. -x (for the tests) also fails
  * the job when a message is missing, doubled or corrupt, or when a rank holds
  * connections to more peers than it talked to (2 x PEERS) plus its two ring
- * neighbours. -b runs MPICH alone: MPI_Init, one MPI_Allreduce, MPI_Finalize.
+ * neighbours, or more descriptors or memory than those connections and a
+ * constant allowance: untouched peers must cost nothing. -b runs MPICH alone: MPI_Init, one MPI_Allreduce, MPI_Finalize.
  * Idle ranks sleep in mr_wait(), so that hundreds of ranks share two cores.
  */
 #include "mailrail.h"
@@ -24,17 +25,21 @@
 
 #include <dirent.h>
 #include <mpi.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 /* The measures, in the order of the CSV columns after substrate, policy and ranks. */
 enum {
     M_MPI_INIT_S,        /* MPI_Init (MPICH's own start). */
     M_MR_INIT_S,         /* mr_init() after MPI_Init. */
+    M_MPI_INIT_CPU_S,    /* CPU time (user and system) of this rank in MPI_Init ... */
+    M_MR_INIT_CPU_S,     /* ... and in mr_init(): its own work, whatever the others' wait. */
     M_TRAFFIC_S,         /* The sparse exchange and quiescence. */
     M_MR_FINALIZE_S,     /* mr_finalize(). */
-    M_RSS_MPI_MB,        /* Resident high-water mark after MPI_Init. */
+    M_RSS_MPI_MB,        /* Resident memory after MPI_Init. */
     M_RSS_INIT_MB,       /* ... after mr_init(). */
     M_RSS_END_MB,        /* ... after the traffic. */
+    M_RSS_PEAK_MB,       /* The resident high-water mark (MPICH's start sets it). */
     M_FDS_MPI,           /* Open descriptors after MPI_Init. */
     M_FDS_INIT,          /* ... after mr_init(). */
     M_FDS_END,           /* ... after the traffic. */
@@ -46,9 +51,17 @@ enum {
 };
 
 static const char *const measure_names[M_COUNT] = {
-    "mpi_init_s", "mr_init_s", "traffic_s", "mr_finalize_s", "rss_mpi_mb", "rss_init_mb",
-    "rss_end_mb", "fds_mpi", "fds_init", "fds_end", "peers_init", "peers_end",
+    "mpi_init_s", "mr_init_s", "mpi_init_cpu_s", "mr_init_cpu_s", "traffic_s", "mr_finalize_s", "rss_mpi_mb", "rss_init_mb",
+    "rss_end_mb", "rss_peak_mb", "fds_mpi", "fds_init", "fds_end", "peers_init", "peers_end",
     "init_collectives", "init_kb"};
+
+/*
+ * -x: what MailRail may hold besides one connection (and 64 KiB) per peer it
+ * talked to, whatever the job's size: its listener, epoll and UCX's own
+ * descriptors (13 with UCX 1.13), and the pools and UCX's worker (about 6 MiB).
+ */
+#define STRICT_OWN_FDS 32
+#define STRICT_OWN_MB 12.0
 
 typedef struct header {
     int32_t source;
@@ -71,6 +84,31 @@ static int open_fds(void)
     while (readdir(d) != NULL) n++;
     closedir(d);
     return n - 3; /* ".", ".." and the directory's own descriptor. */
+}
+
+/* This process's resident memory now (VmRSS) in MiB, or 0. */
+static double rss_now_mb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+
+    if (f == NULL) return 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1) break;
+    }
+    fclose(f);
+    return (double)kb / 1024;
+}
+
+/* CPU seconds this process has used, user and system. */
+static double cpu_s(void)
+{
+    struct rusage ru;
+
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
 static void fail(const char *what)
@@ -228,33 +266,52 @@ int main(int argc, char **argv)
         }
     }
     t0 = tool_now();
+    double c0 = cpu_s();
     MPI_Init(&argc, &argv);
     v[M_MPI_INIT_S] = tool_now() - t0;
+    v[M_MPI_INIT_CPU_S] = cpu_s() - c0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    v[M_RSS_MPI_MB] = (double)tool_peak_rss_kb() / 1024;
+    v[M_RSS_MPI_MB] = rss_now_mb();
     v[M_FDS_MPI] = open_fds();
     if (!baseline) {
         MPI_Comm comm = MPI_COMM_WORLD;
         t0 = tool_now();
+        c0 = cpu_s();
         check(mr_init_mpi(&comm, sizeof(comm)), "mr_init");
         v[M_MR_INIT_S] = tool_now() - t0;
-        v[M_RSS_INIT_MB] = (double)tool_peak_rss_kb() / 1024;
+        v[M_MR_INIT_CPU_S] = cpu_s() - c0;
+        v[M_RSS_INIT_MB] = rss_now_mb();
         v[M_FDS_INIT] = open_fds();
         check(mr_get_stats(&stats), "mr_get_stats");
         v[M_PEERS_INIT] = (double)stats.peers_connected;
         v[M_INIT_COLLECTIVES] = (double)stats.init_collectives;
         v[M_INIT_KB] = (double)stats.init_bootstrap_bytes / 1024;
         if (npeers > 0) traffic(npeers, messages, bytes, v);
-        v[M_RSS_END_MB] = (double)tool_peak_rss_kb() / 1024;
+        v[M_RSS_END_MB] = rss_now_mb();
         v[M_FDS_END] = open_fds();
         check(mr_get_stats(&stats), "mr_get_stats");
         v[M_PEERS_END] = (double)stats.peers_connected;
-        if (strict && (v[M_PEERS_INIT] > 2 || v[M_PEERS_END] > 2.0 * npeers + 2)) {
+        /* Untouched peers cost nothing: connections, descriptors and memory by peers talked to. */
+        double talked = 2.0 * npeers + 2;
+        if (strict && (v[M_PEERS_INIT] > 2 || v[M_PEERS_END] > talked)) {
             char text[160];
             snprintf(text, sizeof(text), "holds connections to %.0f peers after init and %.0f "
                      "after talking to %d, more than the ring's 2 plus 2 x %d", v[M_PEERS_INIT],
                      v[M_PEERS_END], npeers, npeers);
+            fail(text);
+        }
+        if (strict && v[M_FDS_END] - v[M_FDS_MPI] > talked + STRICT_OWN_FDS) {
+            char text[160];
+            snprintf(text, sizeof(text), "MailRail holds %.0f descriptors after talking to %d "
+                     "peers, more than %.0f", v[M_FDS_END] - v[M_FDS_MPI], npeers,
+                     talked + STRICT_OWN_FDS);
+            fail(text);
+        }
+        if (strict && v[M_RSS_END_MB] - v[M_RSS_MPI_MB] > STRICT_OWN_MB + talked / 16) {
+            char text[160];
+            snprintf(text, sizeof(text), "MailRail added %.1f MiB of resident memory, more than "
+                     "%.1f", v[M_RSS_END_MB] - v[M_RSS_MPI_MB], STRICT_OWN_MB + talked / 16);
             fail(text);
         }
         t0 = tool_now();
@@ -265,6 +322,7 @@ int main(int argc, char **argv)
         MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
         if (sum != size) fail("MPI_Allreduce gave a wrong sum");
     }
+    v[M_RSS_PEAK_MB] = (double)tool_peak_rss_kb() / 1024;
     MPI_Reduce(v, vmax, M_COUNT, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(v, vsum, M_COUNT, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
     if (rank == 0) {

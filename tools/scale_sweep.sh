@@ -73,6 +73,7 @@ awk -F, -v OFS=, '
 NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; print "series,ranks,measure,value"; next }
 $c["substrate"] == "mpich" {
     print "mpich", $c["ranks"], "init_s", $c["mpi_init_s_max"]
+    if ("mpi_init_cpu_s_mean" in c) print "mpich", $c["ranks"], "init_cpu_s", $c["mpi_init_cpu_s_mean"]
     print "mpich", $c["ranks"], "rss_mb", $c["rss_mpi_mb_mean"]
     print "mpich", $c["ranks"], "fds", $c["fds_mpi_mean"]
     next
@@ -80,6 +81,7 @@ $c["substrate"] == "mpich" {
 {
     s = $c["substrate"]
     print s, $c["ranks"], "init_s", $c["mr_init_s_max"]
+    if ("mr_init_cpu_s_mean" in c) print s, $c["ranks"], "init_cpu_s", $c["mr_init_cpu_s_mean"]
     print s, $c["ranks"], "finalize_s", $c["mr_finalize_s_max"]
     print s, $c["ranks"], "rss_mb", $c["rss_init_mb_mean"] - $c["rss_mpi_mb_mean"]
     print s, $c["ranks"], "rss_end_mb", $c["rss_end_mb_mean"] - $c["rss_mpi_mb_mean"]
@@ -122,6 +124,7 @@ plot() { # measure title ylabel
     fi
 }
 plot init_s "Init per rank: mr_init() after MPI_Init, and MPICH's MPI_Init" "seconds (slowest rank)"
+plot init_cpu_s "CPU time of one rank in mr_init() (MPICH: in MPI_Init)" "CPU seconds (mean)"
 plot finalize_s "mr_finalize()" "seconds (slowest rank)"
 plot rss_mb "Resident memory mr_init() adds per rank (MPICH: after MPI_Init)" "MiB (mean)"
 plot fds "Descriptors mr_init() adds per rank (MPICH: after MPI_Init)" "descriptors (mean)"

@@ -85,6 +85,14 @@ void mr__substrate_closing(mr_substrate_t *s);
 /* The stats() operation: adds base.rejected to connections_rejected. */
 void mr__substrate_stats(mr_substrate_t *s, mr_stats_t *stats);
 
+/* Adds `n` to stats->peers_connected, when the caller's struct is recent enough to have it. */
+static inline void mr__stats_add_peers(mr_stats_t *stats, uint64_t n)
+{
+    if (stats->size >= offsetof(mr_stats_t, peers_connected) + sizeof(stats->peers_connected)) {
+        stats->peers_connected += n;
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Send requests and their completions.                                      */
 

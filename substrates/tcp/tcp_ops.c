@@ -150,9 +150,7 @@ void tcp__close(mr_substrate_t *s)
 static void tcp_stats(mr_substrate_t *s, mr_stats_t *stats)
 {
     mr__substrate_stats(s, stats);
-    if (s != NULL && stats->size >= offsetof(mr_stats_t, peers_connected) + sizeof(uint64_t)) {
-        stats->peers_connected += (uint64_t)s->nestablished;
-    }
+    if (s != NULL) mr__stats_add_peers(stats, (uint64_t)s->nestablished);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -183,9 +183,7 @@ void ucx__close(mr_substrate_t *s)
 static void ucx_stats(mr_substrate_t *s, mr_stats_t *stats)
 {
     mr__batcher_stats(&s->batcher, stats);
-    if (stats->size >= offsetof(mr_stats_t, peers_connected) + sizeof(uint64_t)) {
-        stats->peers_connected += s->nendpoints;
-    }
+    mr__stats_add_peers(stats, s->nendpoints);
 }
 
 static const mr_substrate_ops_t ucx_ops = {
