@@ -431,6 +431,7 @@ START_TEST(rank_pool_grows_to_its_credits)
         expect_all_from(&t, senders, nsend, per_sender);
     }
     ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
     unsetenv("MAILRAIL_RANK_CREDITS");
     unsetenv("MAILRAIL_MAX_RECVS");
     setenv("MAILRAIL_FLOWCTL", initial_policy, 1);
