@@ -42,7 +42,8 @@ static mr_status_t rt_wait_bootstrap(uint64_t deadline)
     while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) {
         if (mr__now_ns() > deadline) {
             mr_error("A collective of the bootstrap did not complete within %u s "
-                     "(MAILRAIL_TIMEOUT); another rank is stuck or gone.",
+                     "(MAILRAIL_TIMEOUT); another rank is stuck or gone, or only slow: with "
+                     "many ranks per core, raise MAILRAIL_TIMEOUT (docs/scale.md).",
                      (unsigned)rt.cfg.timeout_s);
             rt.unclean = true;
             return MR_ERR_TIMEOUT;
