@@ -76,6 +76,7 @@ mr_status_t mr__credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit,
     }
     o->win.adaptive = adaptive;
     o->win.window = initial;
+    o->win.per_rank_q8 = 0; /* Every holder starts at the floor, MR_CREDIT_INITIAL. */
     o->win.active = 1;
     o->static_return_at = mr__credit_return_at(limit, o->threshold);
     return MR_OK;
@@ -139,7 +140,7 @@ static void credit_queue(mr_credit_owed_t *o, int key)
 /* Makes `rank` the latest sender of `key`. */
 static void credit_note_sender(mr_credit_key_t *k, int rank)
 {
-    int i = 0, last, keep = k->weight < MR_CREDIT_SPLIT ? (int)k->weight : MR_CREDIT_SPLIT;
+    int i = 0, last, keep = k->weight < MR_CREDIT_SENDERS ? (int)k->weight : MR_CREDIT_SENDERS;
 
     if (k->nsenders != 0 && k->sender[0] == rank) return;
     while (i < k->nsenders && k->sender[i] != rank) i++;
@@ -150,35 +151,31 @@ static void credit_note_sender(mr_credit_key_t *k, int rank)
 }
 
 /*
- * Sends `n` credits to `key`, split among its recent senders. MR_AGAIN leaves
- * the rest owed for a retry; a sender that is gone leaves the others, and
- * when none is left the key's credits no longer matter.
+ * Sends `n` credits to `key` in one control message, to its latest sender.
+ * MR_AGAIN leaves them owed for a retry; a sender that is gone leaves them to
+ * the next, and when none is left the key's credits no longer matter. One
+ * message per return is what makes a node's control traffic k times smaller
+ * than k ranks' (its neighbours learn of the credits through the shared pool).
  */
 static mr_status_t credit_send(mr_credit_owed_t *o, int key, uint32_t n)
 {
     mr_credit_key_t *k = &o->key[key];
-    uint32_t parts = k->nsenders < n ? k->nsenders : n;
+    mr_status_t status = MR_OK;
 
-    for (uint32_t i = 0; i < parts;) {
-        uint32_t share = n / parts + (i < n % parts);
-        mr_status_t status = o->send_control(o->core, k->sender[i], share);
-
+    if (n == 0 || k->nsenders == 0) return MR_OK;
+    while (k->nsenders > 0) {
+        status = o->send_control(o->core, k->sender[0], n);
         if (status == MR_OK) {
-            credit_granted(o, key, share);
-            i++;
-        } else if (status == MR_AGAIN) {
-            return MR_AGAIN;
-        } else {
-            /* The peer is gone: the rest goes to the others, next time. */
-            k->sender[i] = k->sender[--k->nsenders];
-            if (k->nsenders == 0) {
-                k->owed = 0;
-                return status;
-            }
-            return MR_AGAIN;
+            credit_granted(o, key, n);
+            return MR_OK;
         }
+        if (status == MR_AGAIN) return MR_AGAIN;
+        /* The peer is gone: the next latest sender takes the return. */
+        k->nsenders--;
+        memmove(&k->sender[0], &k->sender[1], k->nsenders * sizeof(k->sender[0]));
     }
-    return MR_OK;
+    k->owed = 0;
+    return status;
 }
 
 /* Sends what may be returned to `key`; what is not sent goes on the retry list. */
@@ -202,6 +199,7 @@ static void credit_window_update(mr_credit_window_t *w, uint32_t limit)
     uint32_t n = per >= (double)limit ? limit : (uint32_t)per + 1;
 
     w->window = n < floor ? floor : n;
+    w->per_rank_q8 = per >= (double)limit ? (uint64_t)limit << 8 : (uint64_t)(per * 256.0) + 1;
 }
 
 /* Starts a new epoch: the keys and loops of the last one are what counts now. */
@@ -317,6 +315,12 @@ int mr__credit_owed_progress(mr_credit_owed_t *o)
     }
     o->nretry = kept;
     return sent;
+}
+
+int mr__credit_owed_outstanding(const mr_credit_owed_t *o, uint32_t *out, int count)
+{
+    for (int k = 0; k < count && k < o->nkeys; k++) out[k] = o->key[k].held;
+    return o->nkeys;
 }
 
 mr_status_t mr__credit_clock_init(mr_credit_clock_t *c, int ndest)

@@ -30,15 +30,18 @@
  */
 #define MR_CREDIT_INITIAL 2
 /*
- * A return to a key that stands for several ranks is split among up to this
- * many of its most recent senders: whichever of them gets a core first puts
- * its part in the node's pool, instead of all of it waiting for one rank.
+ * A key that stands for several ranks (a node) remembers this many of its
+ * latest distinct senders: a return goes, whole, in one message to the latest,
+ * which puts it in the node's pool and wakes the neighbours that wait for it;
+ * when that rank is gone, to the next.
  */
-#define MR_CREDIT_SPLIT 4
+#define MR_CREDIT_SENDERS 4
 
 typedef struct mr_credit_window {
     bool adaptive;
-    uint32_t window;          /* Credits per active sending rank outstanding now. */
+    uint32_t window;          /* Credits per active sending rank outstanding now, */
+    uint64_t per_rank_q8;     /* and the same before rounding, in 1/256ths: a holder
+                                 that stands for k ranks gets k times it, rounded up. */
     double rate;              /* Most arrivals per second lately (a decaying maximum). */
     uint64_t loop_ns;         /* Shortest credit loop of the last epoch, or 0. */
     uint64_t loop_fresh_ns;   /* Shortest of this epoch, or 0. */
@@ -57,8 +60,8 @@ typedef struct mr_credit_key {
     uint32_t epoch;           /* The last epoch it sent in, and how much: */
     uint32_t epoch_arrivals;
     uint64_t probe_t0;        /* When credits went to it with none held, or 0. */
-    int32_t sender[MR_CREDIT_SPLIT]; /* Its last distinct senders, the latest first: */
-    uint8_t nsenders;         /* returns go to them. */
+    int32_t sender[MR_CREDIT_SENDERS]; /* Its last distinct senders, the latest first: */
+    uint8_t nsenders;         /* returns go to the first. */
     uint8_t queued;           /* On the retry list. */
     bool adaptive;            /* Granted up to the window (else the whole share). */
     uint32_t weight;          /* Adaptive: the sending ranks it stands for. */
@@ -122,9 +125,11 @@ void mr__credit_owed_consume(mr_credit_owed_t *o, int key, int rank);
 static inline uint32_t mr__credit_owed_window(const mr_credit_owed_t *o, int key)
 {
     const mr_credit_key_t *k = &o->key[key];
-    uint64_t window = (uint64_t)o->win.window * k->weight;
+    uint64_t window = ((uint64_t)o->win.per_rank_q8 * k->weight + 255) >> 8;
+    uint32_t floor = o->limit < MR_CREDIT_INITIAL ? o->limit : MR_CREDIT_INITIAL;
 
-    return k->adaptive && window < o->limit ? (uint32_t)window : o->limit;
+    if (!k->adaptive || window >= o->limit) return o->limit;
+    return window > floor ? (uint32_t)window : floor;
 }
 
 /* What may be granted back to `key` now: freed slots, up to its window. */
@@ -162,6 +167,9 @@ static inline void mr__credit_owed_put_back(mr_credit_owed_t *o, int key, uint32
     o->key[key].owed += n;
     o->key[key].held -= n;
 }
+
+/* Copies up to `count` keys' outstanding credits into `out`; returns the number of keys. */
+int mr__credit_owed_outstanding(const mr_credit_owed_t *o, uint32_t *out, int count);
 
 /* Sends returns that were refused or came due outside a release. Returns how many. */
 int mr__credit_owed_progress(mr_credit_owed_t *o);

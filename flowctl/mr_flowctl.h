@@ -95,6 +95,24 @@ typedef struct mr_flowctl_ops {
      * any pool will do.
      */
     uint64_t (*recv_slots_needed)(const mr_flowctl_params_t *params);
+    /*
+     * Copies up to `count` holders' outstanding credits (granted, messages not
+     * arrived) into `out`; returns the number of holders. NULL: none granted.
+     */
+    int (*grants)(mr_flowctl_t *fc, uint32_t *out, int count);
+    /*
+     * A descriptor that becomes readable when this rank should wake from a
+     * sleep in mr_wait() for credits (another process put them in shared
+     * memory), or -1. The core adds it to the substrate's wait once. NULL: none.
+     */
+    int (*wake_fd)(mr_flowctl_t *fc);
+    /*
+     * Called with sleeping = true before the core sleeps with sends waiting for
+     * credit, when the substrate waits on wake_fd(); returns true when the
+     * policy asked to be woken, and the core then offers the deferred sends
+     * credits once more before it sleeps. Called with false after the sleep.
+     */
+    bool (*sleep)(mr_flowctl_t *fc, bool sleeping);
 } mr_flowctl_ops_t;
 
 /* Names accepted by MAILRAIL_FLOWCTL, NULL-terminated, in table order. */

@@ -147,6 +147,7 @@ uint32_t rt_send_take(void)
     bool full = rt.cfg.send_bytes != 0 && rt.pending_bytes >= rt.cfg.send_bytes;
     uint32_t idx = full ? MR_NIL : mr__pool_get(&rt.send_pool);
 
+    rt.reserve_blocked = idx == MR_NIL;
     if (idx == MR_NIL) rt.stats.reserve_failures++;
     else rt.sends[idx].state = SEND_RESERVED;
     return idx;
@@ -463,9 +464,24 @@ mr_status_t mr_wait(int timeout_ms)
     if (rt.arrivals.head != MR_NIL || rt.failures_unreported > 0 || rt_items_waiting()) {
         return MR_OK;
     }
+    /* A send buffer freed since mr_reserve() failed (by mr_receive()'s progress, say): once. */
+    if (rt.reserve_blocked && mr__pool_in_use(&rt.send_pool) < rt.cfg.send_slots &&
+        (rt.cfg.send_bytes == 0 || rt.pending_bytes < rt.cfg.send_bytes)) {
+        rt.reserve_blocked = false;
+        return MR_OK;
+    }
     /* Deferred sends that found credit count as news: do not sleep on them. */
     int moved = rt.deferq.depth > 0 ? rt_drain(true) : 0;
+    /*
+     * Sends that wait for credits another process may put in shared memory:
+     * ask flow control to be woken, then look once more (they may have come
+     * just before).
+     */
+    bool marked = moved == 0 && timeout_ms > 0 && rt.deferq.depth > 0 && rt.wake_registered &&
+                  rt.flowctl->sleep(rt.fc, true);
+    if (marked) moved = rt_drain(true);
     events = rt_progress(moved > 0 ? 0 : timeout_ms);
+    if (marked) rt.flowctl->sleep(rt.fc, false);
     if (events < 0) return (mr_status_t)events;
     bool news = events + moved > 0 || rt.arrivals.head != MR_NIL || rt.failures_unreported > 0;
     return news ? MR_OK : MR_AGAIN;

@@ -214,6 +214,25 @@ static void rt_size_recv_pool(void)
     rt.cfg.recv_slots = needed;
 }
 
+/*
+ * Lets a rank that sleeps for credits be woken by flow control (the node
+ * policy's neighbours): its descriptor joins what the substrate waits on.
+ * Without it such a rank sleeps until its mr_wait() timeout.
+ */
+static void rt_register_wake(void)
+{
+    int fd = rt.flowctl->wake_fd != NULL ? rt.flowctl->wake_fd(rt.fc) : -1;
+
+    rt.wake_registered = false;
+    if (fd < 0 || rt.flowctl->sleep == NULL) return;
+    if (!MR_SUBSTRATE_OPS_HAS(rt.substrate, wake_fd) || rt.substrate->wake_fd == NULL) {
+        mr_debug("The %s substrate cannot wake a sleeping rank for credits; such ranks sleep "
+                 "until their mr_wait() timeout.", rt.substrate->name);
+        return;
+    }
+    rt.wake_registered = rt.substrate->wake_fd(rt.sub, fd) == MR_OK;
+}
+
 static mr_status_t rt_open_flowctl(void)
 {
     mr_flowctl_params_t params = rt_flowctl_params();
@@ -347,6 +366,7 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     rt_clock_step(&clock, "addresses");
     status = rt.substrate->connect(rt.sub, rt.addrs, rt.addr_len);
     if (status == MR_OK) status = rt_watch_neighbours();
+    if (status == MR_OK) rt_register_wake();
     status = rt_agree(status);
     if (status != MR_OK) goto err_addrs;
     rt_clock_step(&clock, "connect");
@@ -421,6 +441,7 @@ static void rt_drop_arrivals(void)
 static mr_status_t rt_wait_collective(uint64_t deadline)
 {
     mr_status_t status;
+    unsigned polls = 0;
 
     while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) {
         if (rt.any_failure) {
@@ -434,7 +455,9 @@ static mr_status_t rt_wait_collective(uint64_t deadline)
             return MR_ERR_TIMEOUT;
         }
         rt_drop_arrivals();
-        rt_progress(1);
+        /* Peers' traffic wakes the wait; the collective does not: poll less and less often. */
+        polls++;
+        rt_progress(polls < MR_BACKOFF_YIELDS ? 1 : polls < 4 * MR_BACKOFF_YIELDS ? 4 : 16);
     }
     return status;
 }

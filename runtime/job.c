@@ -38,6 +38,7 @@ mr_status_t rt_bcast(void *buf, size_t len, int root)
 static mr_status_t rt_wait_bootstrap(uint64_t deadline)
 {
     mr_status_t status;
+    unsigned polls = 0;
 
     while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) {
         if (mr__now_ns() > deadline) {
@@ -48,7 +49,7 @@ static mr_status_t rt_wait_bootstrap(uint64_t deadline)
             rt.unclean = true;
             return MR_ERR_TIMEOUT;
         }
-        sched_yield();
+        mr__backoff(&polls);
     }
     return status;
 }
@@ -226,7 +227,8 @@ mr_status_t rt_barrier(void *core)
     rt_count_collective(0);
     status = rt.bootstrap->ibarrier(rt.bs);
     if (status != MR_OK) return status;
-    while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) sched_yield();
+    unsigned polls = 0;
+    while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) mr__backoff(&polls);
     return status;
 }
 

@@ -71,12 +71,28 @@ mr_status_t mr_get_stats(mr_stats_t *stats)
     }
     snapshot = rt.stats;
     snapshot.peak_deferred_depth = rt.deferq.peak_depth;
+    snapshot.deferred_now = rt.deferq.depth;
     snapshot.recv_slots_in_use = mr__pool_in_use(&rt.recv_pool);
     rt.flowctl->stats(rt.fc, &snapshot);
     if (rt.substrate->stats != NULL) rt.substrate->stats(rt.sub, &snapshot);
     size = stats->size < sizeof(snapshot) ? stats->size : sizeof(snapshot);
     snapshot.size = size;
     memcpy(stats, &snapshot, size);
+    return MR_OK;
+}
+
+mr_status_t mr_get_credit_grants(uint32_t *outstanding, int count, int *holders)
+{
+    RT_CHECK_READY("mr_get_credit_grants()");
+    if (outstanding == NULL || holders == NULL || count < 0) {
+        mr_error("mr_get_credit_grants(): NULL, or a negative count.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (rt.flowctl->grants == NULL) {
+        mr_error("mr_get_credit_grants(): MAILRAIL_FLOWCTL=%s grants no credits.", rt.flowctl->name);
+        return MR_ERR_UNSUPPORTED;
+    }
+    *holders = rt.flowctl->grants(rt.fc, outstanding, count);
     return MR_OK;
 }
 

@@ -130,6 +130,8 @@ typedef struct rt_runtime {
 
     unsigned receive_calls;
     unsigned idle_polls;
+    bool wake_registered;  /* The substrate's wait includes flow control's wake_fd(). */
+    bool reserve_blocked;  /* The last mr_reserve() found no send buffer. */
     mr_stats_t stats;
 } rt_runtime_t;
 
@@ -184,6 +186,7 @@ mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind);
 bool rt_report_failure(void);
 /* Called when a poll found nothing: lets other ranks have the core now and then. */
 void rt_idle(void);
+
 
 /* failures.c: peer failures, and notices of them around a ring of all ranks. */
 /* Rank `rank` failed, as the substrate (reporter -1) or rank `reporter` says. */

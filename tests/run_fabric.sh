@@ -6,9 +6,12 @@
 # transport on eth0); every rank must report that every message arrived exactly
 # once, MailRail must see 2 nodes but 4 ranks on one machine (for
 # MAILRAIL_YIELD), and the shaped port must have carried at least the payload
-# sent across it. Then a job is interrupted with SIGINT and a
-# failing job is run. After each run no namespace mrf<PID>* and no
-# /dev/shm/mailrail-* segment of the run may remain.
+# sent across it. A fourth job checks from inside the ranks that each runs in
+# its host's CPU cgroup (--cpu host, when the kernel has a cpu controller) and
+# that $FABRIC_PORT_COUNTERS reads the victim port. Then a job is interrupted
+# with SIGINT and a failing job is run. After each run no namespace
+# mrf<PID>*, no cgroup mrf<PID> and no /dev/shm/mailrail-* segment of the run
+# may remain.
 #
 #   run_fabric.sh FABRIC_SH MPIEXEC MAILRAIL_DEMO
 #
@@ -55,6 +58,9 @@ check_clean() {
     ns=$(ip netns list 2>/dev/null | awk '{print $1}' | grep "^mrf${pid}\(sw\|h[0-9]*\)$")
     [ -z "$ns" ] || fail "$what: namespaces left behind: $ns"
     ls -d /tmp/"mrf${pid}".* >/dev/null 2>&1 && fail "$what: run directory left behind"
+    for cg in /sys/fs/cgroup/cpu /sys/fs/cgroup; do
+        [ -d "$cg/mrf${pid}" ] && fail "$what: cgroup $cg/mrf${pid} left behind"
+    done
     for seg in $(shm_segments | comm -13 <(echo "$shm_before") -); do
         # A segment of another job that is still running is not ours.
         local creator
@@ -73,6 +79,7 @@ MAILRAIL_LOG_LEVEL=debug fabric_run tcp-none "$demo" $count $bytes || echo "JOB 
 MAILRAIL_FLOWCTL=node fabric_run tcp-node "$demo" $count $bytes || echo "JOB tcp-node FAILED"
 fabric_substrate ucx
 MAILRAIL_FLOWCTL=node fabric_run ucx-node "$demo" $count $bytes || echo "JOB ucx-node FAILED"
+fabric_run probe sh -c 'echo "rank \$PMI_RANK cgroup \$(grep -m1 -E "(^|[:,])cpu(,|:)" /proc/self/cgroup)"; echo "rank \$PMI_RANK ports \$(\$FABRIC_PORT_COUNTERS)"' || echo "JOB probe FAILED"
 EOF
 # fabric.sh bounds itself (--total-timeout); $! must be its own PID, which names
 # its namespaces.
@@ -109,6 +116,18 @@ if [ -f "$tmp/counters.csv" ]; then
     done
 else
     fail "no counters file"
+fi
+# From inside each rank: the victim port's counters (cumulative: at least what
+# the three jobs sent across it) and, with a cpu controller, the host's cgroup.
+n=$(grep -cE "^rank [0-3] ports [0-9]+ [0-9]+ [0-9]+ [0-9]+$" "$tmp/out")
+[ "$n" -eq 4 ] || fail "$n of 4 ranks read the port counters with \$FABRIC_PORT_COUNTERS"
+sent=$(awk '$3 == "ports" { print $4; exit }' "$tmp/out")
+[ "${sent:-0}" -ge $((3 * across)) ] || fail "\$FABRIC_PORT_COUNTERS reads ${sent:-nothing} bytes sent, less than the $((3 * across)) of the three jobs"
+if [ -e /sys/fs/cgroup/cpu/cpu.shares ] || grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    for r in 0 1 2 3; do
+        grep -qE "^rank $r cgroup .*/mrf${pid}/h$((r / 2))$" "$tmp/out" ||
+            fail "rank $r does not run in the cgroup of host $((r / 2))"
+    done
 fi
 check_clean "$pid" "jobs"
 

@@ -50,6 +50,31 @@ static void tiny_pools(int credits_per_pair, const char *send_slots)
     setenv("MAILRAIL_RANKS_PER_NODE", "4", 1);
 }
 
+/*
+ * mr_get_credit_grants() after a quiesced incast with one credit per pair (a
+ * node's share under node): one entry per rank under rank, per node under
+ * node, none under none; never more outstanding than granted.
+ */
+static void check_credit_grants(void)
+{
+    uint32_t out[MR_TEST_MAX_RANKS];
+    int holders = -1;
+    mr_status_t st = mr_get_credit_grants(out, world_size, &holders);
+
+    if (!credit_policy()) {
+        ck_assert_int_eq(st, MR_ERR_UNSUPPORTED);
+        return;
+    }
+    ck_assert_int_eq(st, MR_OK);
+    ck_assert_int_eq(holders, strcmp(initial_policy, "rank") == 0 ? world_size : mr_node_count());
+    /* Recv slots are one per rank: a pair holds 1, a node of 4 its 4. */
+    uint32_t share = strcmp(initial_policy, "rank") == 0 ? 1 : 4;
+    for (int h = 0; h < holders; h++) ck_assert_uint_le(out[h], share);
+    ck_assert_int_eq(mr_get_credit_grants(NULL, 1, &holders), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_get_credit_grants(out, -1, &holders), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_get_credit_grants(out, 0, &holders), MR_OK);
+}
+
 /* 7:1 incast: every other rank floods rank 0, with one credit per pair. */
 START_TEST(incast_exactly_once)
 {
@@ -78,7 +103,11 @@ START_TEST(incast_exactly_once)
     /* With a handful of credits and 150 messages each, senders had to defer. */
     uint64_t deferred = sum_over_ranks(stats.deferred_sends);
     if (credit_policy()) ck_assert_uint_gt(deferred, 0);
+    check_credit_grants();
     ck_assert_int_eq(mr_finalize(), MR_OK);
+    uint32_t one;
+    int holders;
+    ck_assert_int_eq(mr_get_credit_grants(&one, 1, &holders), MR_ERR_NOT_INITIALIZED);
     free(t.seen);
 }
 END_TEST
@@ -272,6 +301,71 @@ START_TEST(node_returns_fewer_credits_than_rank)
 }
 END_TEST
 
+/*
+ * Senders that sleep in mr_wait() for credit are woken when it comes: the
+ * four ranks of node 0 send to rank 4 (node 1) with 2 credits per node (1
+ * per pair under rank) and sleep up to 5 s at a time whenever they cannot
+ * send. Under node, credits come back to one of them, which puts them in the
+ * node's pool and wakes a neighbour; under rank, to each on its own
+ * connection. A sleeper that is not woken sleeps the full 5 s, which fails.
+ */
+START_TEST(sleepers_are_woken_for_credit)
+{
+    const uint32_t per_sender = 60;
+    const int victim = 4;
+    double longest = 0;
+    tally_t t;
+    mr_stats_t stats = {.size = sizeof(stats)};
+
+    tiny_pools(2, "4");
+    setenv("MAILRAIL_NODE_CREDITS", "2", 1);
+    setenv("MAILRAIL_RANK_CREDITS", "1", 1);
+    init_on_world();
+    unsetenv("MAILRAIL_NODE_CREDITS");
+    unsetenv("MAILRAIL_RANK_CREDITS");
+    tally_init(&t, per_sender);
+    bool sender = world_rank < 4 && world_size > victim;
+    for (uint32_t seq = 0; sender && seq < per_sender; seq++) {
+        void *buf;
+        mr_status_t st;
+        while ((st = mr_reserve(&buf)) == MR_AGAIN) {
+            drain(&t);
+            double t0 = now_s();
+            st = mr_wait(5000);
+            if (now_s() - t0 > longest) longest = now_s() - t0;
+            ck_assert(st == MR_OK || st == MR_AGAIN);
+        }
+        ck_assert_int_eq(st, MR_OK);
+        fill_message(buf, 64, world_rank, victim, seq);
+        ck_assert_int_eq(mr_send(buf, 64, victim), MR_OK);
+    }
+    /* Until every deferred send has left: each wait must end well before 5 s. */
+    while (sender) {
+        ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+        if (stats.deferred_now == 0) break;
+        double t0 = now_s();
+        mr_status_t st = mr_wait(5000);
+        if (now_s() - t0 > longest) longest = now_s() - t0;
+        ck_assert(st == MR_OK || st == MR_AGAIN);
+    }
+    /* The victim sleeps too while nothing comes. */
+    while (world_rank == victim && t.count < 4 * per_sender) {
+        if (drain(&t) == 0) ck_assert(mr_wait(5000) == MR_OK || t.count < 4 * per_sender);
+    }
+    quiesce(&t);
+    if (world_rank == victim) {
+        const int senders[4] = {0, 1, 2, 3};
+        expect_all_from(&t, senders, 4, per_sender);
+    }
+    ck_assert_msg(longest < 2.5, "rank %d slept %.2f s in mr_wait() with credit due", world_rank,
+                  longest);
+    ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    if (strcmp(policy(), "none") != 0 && sender) ck_assert_uint_gt(stats.deferred_sends, 0);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
 /* Counts /dev/shm entries that are MailRail node segments. */
 static int count_segments(void)
 {
@@ -445,6 +539,7 @@ static Suite *flowctl_suite(void)
 
     snprintf(initial_policy, sizeof(initial_policy), "%s", policy());
     tcase_add_test(tc, incast_exactly_once);
+    tcase_add_test(tc, sleepers_are_woken_for_credit);
     tcase_add_test(tc, all_to_all_exactly_once);
     tcase_add_test(tc, no_deadlock_when_receiving_only_under_backpressure);
     tcase_add_test(tc, fifo_per_destination);

@@ -370,12 +370,13 @@ static mr_status_t credit_record(void *core, int dest, uint32_t imm)
 }
 
 /*
- * A key that stands for 4 ranks on another host (a node) may hold the floor of
- * 2 credits per rank, and a return is split among its recent senders, the
- * latest first; a sender that is gone leaves its part to the others. A key on
- * this host (weight 0) gets its whole share back, from its one last sender.
+ * A key that stands for 4 ranks on another host (a node) gets 4 times the
+ * window per rank (once the rate is known; the floor of 2 credits per key
+ * before), and a return goes whole, in one message, to its latest sender; a
+ * sender that is gone leaves it to the next. A key on this host (weight 0)
+ * gets its whole share back, from its one last sender.
  */
-START_TEST(credit_returns_split_among_a_nodes_senders)
+START_TEST(credit_returns_go_whole_to_a_nodes_latest_sender)
 {
     credit_calls_t calls = {.failed_rank = -1};
     mr_flowctl_params_t params = {.return_threshold = 4, .core = &calls,
@@ -386,7 +387,13 @@ START_TEST(credit_returns_split_among_a_nodes_senders)
     ck_assert_int_eq(mr__credit_owed_init(&o, 2, 64, true, weight, &params), MR_OK);
     ck_assert_uint_eq(o.key[0].held, MR_CREDIT_INITIAL);
     ck_assert_uint_eq(o.key[1].held, 64);
-    ck_assert_uint_eq(mr__credit_owed_window(&o, 0), 4 * MR_CREDIT_INITIAL);
+    /* Before any rate is known: the floor, per key whatever it stands for. */
+    ck_assert_uint_eq(mr__credit_owed_window(&o, 0), MR_CREDIT_INITIAL);
+    /* 1.5 credits per rank: a node of 4 may have 6 outstanding. */
+    o.win.per_rank_q8 = 3 << 7;
+    ck_assert_uint_eq(mr__credit_owed_window(&o, 0), 6);
+    o.win.per_rank_q8 = 2 << 8;
+    ck_assert_uint_eq(mr__credit_owed_window(&o, 0), 8);
     ck_assert_uint_eq(mr__credit_owed_return_at(&o, 0), 2);
     /* The first arrival makes the rest of the window due, to the only sender. */
     mr__credit_owed_arrived(&o, 0, 10);
@@ -397,7 +404,7 @@ START_TEST(credit_returns_split_among_a_nodes_senders)
     ck_assert_uint_eq(o.key[0].held, 8);
     ck_assert_uint_eq(o.key[0].owed, 55);
 
-    /* Five senders: the four latest are kept; 12 is gone, so 13, 10 and 11 share. */
+    /* Five senders: the four latest are kept, the latest first. */
     const int order[8] = {12, 13, 14, 10, 11, 13, 12, 13};
     for (int i = 0; i < 8; i++) mr__credit_owed_arrived(&o, 0, order[i]);
     ck_assert_int_eq(o.key[0].nsenders, 4);
@@ -405,19 +412,15 @@ START_TEST(credit_returns_split_among_a_nodes_senders)
     ck_assert_int_eq(o.key[0].sender[1], 12);
     ck_assert_int_eq(o.key[0].sender[2], 11);
     ck_assert_int_eq(o.key[0].sender[3], 10);
+    /* 13 is gone: the whole return goes to 12, in one message. */
     calls.n = 0;
-    calls.failed_rank = 12;
-    ck_assert_int_eq(mr__credit_owed_progress(&o), 0);
-    ck_assert_int_eq(calls.n, 1);
-    ck_assert_int_eq(calls.dest[0], 13);
-    ck_assert_uint_eq(calls.credits[0], 2);
-    ck_assert_int_eq(o.key[0].nsenders, 3);
+    calls.failed_rank = 13;
     ck_assert_int_eq(mr__credit_owed_progress(&o), 1);
-    ck_assert_int_eq(calls.n, 4);
-    for (int i = 1; i < 4; i++) {
-        ck_assert(calls.dest[i] == 13 || calls.dest[i] == 10 || calls.dest[i] == 11);
-        ck_assert_uint_eq(calls.credits[i], 2);
-    }
+    ck_assert_int_eq(calls.n, 1);
+    ck_assert_int_eq(calls.dest[0], 12);
+    ck_assert_uint_eq(calls.credits[0], 8);
+    ck_assert_int_eq(o.key[0].nsenders, 3);
+    ck_assert_int_eq(o.key[0].sender[0], 12);
     ck_assert_uint_eq(o.key[0].held, 8);
     ck_assert_uint_eq(o.key[0].owed, 47);
 
@@ -579,14 +582,14 @@ START_TEST(node_segment_owner_only_and_stale_cleanup)
     snprintf(expected, sizeof(expected), "/mailrail-%s-n3", job);
     ck_assert_str_eq(name, expected);
     mask = umask(0);
-    ck_assert_int_eq(mr__node_segment_create(name, job, 3, 4, 8, &seg), MR_OK);
+    ck_assert_int_eq(mr__node_segment_create(name, job, 3, 4, 2, 8, &seg), MR_OK);
     umask(mask);
     st = segment_stat(name);
     ck_assert_uint_eq(st.st_mode & 07777, 0600);
     ck_assert_uint_eq(st.st_uid, geteuid());
     ck_assert_int_eq(seg->creator_pid, (int32_t)getpid());
     ck_assert_uint_eq(atomic_load(&seg->credits[3].n), 8);
-    ck_assert_int_eq(mr__node_segment_create(name, job, 3, 4, 8, &again), MR_ERR_SYSTEM);
+    ck_assert_int_eq(mr__node_segment_create(name, job, 3, 4, 2, 8, &again), MR_ERR_SYSTEM);
     ck_assert_ptr_null(again);
     mr__node_segment_cleanup_stale();
     ck_assert_uint_eq(segment_stat(name).st_ino, st.st_ino);
@@ -599,7 +602,7 @@ START_TEST(node_segment_owner_only_and_stale_cleanup)
     child = fork();
     ck_assert_int_ge(child, 0);
     if (child == 0) {
-        if (mr__node_segment_create(name, job, 4, 2, 1, &seg) == MR_OK) kill(getpid(), SIGKILL);
+        if (mr__node_segment_create(name, job, 4, 2, 1, 1, &seg) == MR_OK) kill(getpid(), SIGKILL);
         _exit(1);
     }
     ck_assert_int_eq(waitpid(child, &status, 0), child);
@@ -677,7 +680,7 @@ static Suite *unit_suite(void)
     tcase_add_test(tc, ptrmap_matches_reference);
     suite_add_tcase(s, tc);
     tc = tcase_create("credit");
-    tcase_add_test(tc, credit_returns_split_among_a_nodes_senders);
+    tcase_add_test(tc, credit_returns_go_whole_to_a_nodes_latest_sender);
     tcase_add_test(tc, credit_piggyback_from_half_a_return);
     tcase_add_test(tc, node_stash_goes_back_at_progress);
     suite_add_tcase(s, tc);

@@ -16,12 +16,24 @@
  *     -o PREFIX     STATS_PREFIX (default incast_stats)
  *     -w            wait (mr_wait, 1 ms at most) instead of spinning when there is nothing
  *                   to do: for ranks that outnumber cores, as on tools/fabric/
+ *     -W MS         -w, sleeping at most MS milliseconds at a time (default 1)
+ *     -P COMMAND    rank 0 runs COMMAND (with sh) before and after each trial; it prints
+ *                   cumulative "bytes packets drops" of the bottleneck (tools/fabric's
+ *                   $FABRIC_PORT_COUNTERS), and each trial's differences go to the CSV
  *     -q            quiet: only the summary lines
  *
+ * The policies are interleaved: trial 0 of every policy, then trial 1, and so
+ * on, so that a slow phase of a shared machine does not fall on one policy.
+ * With -i a victim's samples also hold its receive slots in use and the
+ * credits it has granted and not yet seen arrive, per sending node.
  * Every rank sends MESSAGES messages, each to a victim drawn at random (never
  * itself), and receives aggressively: before its first send, while waiting
  * for a send buffer and after each send. There is no compute. Only the
- * communication is timed, from a barrier to global quiescence. Each trial
+ * communication is timed: from a barrier to the moment the last message
+ * arrived (every victim learns before the clock starts how many messages it
+ * will receive) and every sender's deferred sends were handed over. Global
+ * quiescence (mr_quiesce) follows, untimed, before the checks. Ranks wait in
+ * the barrier and in quiescence with -w without spinning. Each trial
  * initializes MailRail afresh with the policy under test, so that counters and
  * peaks are per trial. Every victim checks that it received exactly what was
  * sent to it (count, bytes and a checksum of every message).
@@ -53,7 +65,9 @@ typedef struct incast_options {
     double period_s;
     const char *stats_prefix;
     bool quiet;
-    bool wait;               /* -w: mr_wait() when idle. */
+    bool wait;               /* -w: mr_wait() when idle, */
+    int wait_ms;             /* for at most this long (-W). */
+    const char *port_command; /* -P, or NULL. */
 } incast_options_t;
 
 /* One sample of the sub-second statistics. */
@@ -61,6 +75,8 @@ typedef struct incast_sample {
     double t;
     uint64_t sent, sent_bytes, received, received_bytes;
     double max_send_gap, max_recv_gap;
+    double epoch;            /* Wall clock (s since 1970), to align with outside samplers. */
+    uint64_t slots_in_use;   /* Victims: receive slots held. */
 } incast_sample_t;
 
 /* What one rank measured in one trial. */
@@ -73,18 +89,25 @@ typedef struct incast_trial {
     uint64_t deferred;       /* Sum over ranks. */
     int nodes;               /* As MailRail sees them. */
     bool verified;
+    long long port[3];       /* -P: bytes, packets, drops during the trial; -1 without. */
 } incast_trial_t;
 
 typedef struct incast_rank {
     int rank, size;
     bool is_victim;
     int *victims;            /* opts.victims ranks. */
+    int *order;              /* Per message: the index of its victim, drawn before the clock. */
+    uint64_t expect;         /* Victims: messages that will come in this trial. */
     /* Sent per victim (index into victims): messages, bytes, checksum. */
     uint64_t *sent_count, *sent_bytes, *sent_sum;
     uint64_t recv_count, recv_bytes, recv_sum;
     /* Sub-second statistics. */
     incast_sample_t *samples;
     size_t nsamples, max_samples;
+    uint32_t *granted;       /* Victims: max_samples x nodes credits outstanding per node. */
+    uint32_t *holders;       /* Scratch for mr_get_credit_grants(): one per rank. */
+    int nodes;               /* Nodes as MailRail sees them (per trial). */
+    bool have_grants;        /* The policy grants credits. */
     double start, next_sample, last_send, last_recv, max_send_gap, max_recv_gap;
     uint64_t sent_total, sent_total_bytes;
 } incast_rank_t;
@@ -94,6 +117,23 @@ static uint64_t incast_tag(int source, uint64_t seq)
 {
     uint64_t state = ((uint64_t)source << 40) ^ (seq + 0x9E3779B97F4A7C15ull);
     return tool_random(&state);
+}
+
+/* The credits this victim has outstanding, summed per sending node, into row[nodes]. */
+static void incast_sample_grants(incast_rank_t *r, uint32_t *row)
+{
+    int holders = 0;
+
+    memset(row, 0, (size_t)r->nodes * sizeof(*row));
+    if (!r->have_grants ||
+        mr_get_credit_grants(r->holders, r->size, &holders) != MR_OK) return;
+    bool per_rank = holders == r->size && strcmp(mr_flowctl_name(), "rank") == 0;
+    int own = mr_node_of(r->rank);
+    for (int h = 0; h < holders && h < r->size; h++) {
+        int node = per_rank ? mr_node_of(h) : h;
+        /* The victim's own node holds its static share: no network in between. */
+        if (node >= 0 && node < r->nodes && node != own) row[node] += r->holders[h];
+    }
 }
 
 static void incast_sample(incast_rank_t *r, double now)
@@ -109,6 +149,12 @@ static void incast_sample(incast_rank_t *r, double now)
     s->received_bytes = r->recv_bytes;
     s->max_send_gap = r->max_send_gap;
     s->max_recv_gap = r->max_recv_gap;
+    s->epoch = tool_wall_now();
+    if (r->is_victim) {
+        mr_stats_t st = {.size = sizeof(st)};
+        if (mr_get_stats(&st) == MR_OK) s->slots_in_use = st.recv_slots_in_use;
+        incast_sample_grants(r, r->granted + (r->nsamples - 1) * (size_t)r->nodes);
+    }
     r->max_send_gap = r->max_recv_gap = 0;
     while (r->next_sample <= now) r->next_sample += 1.0; /* Replaced by the period below. */
 }
@@ -141,7 +187,7 @@ static mr_status_t incast_idle(const incast_options_t *o, incast_rank_t *r, size
     mr_status_t st = incast_receive_all(r, bytes);
 
     if (st != MR_OK || !o->wait || r->recv_count != before) return st;
-    st = mr_wait(1);
+    st = mr_wait(o->wait_ms);
     return st == MR_AGAIN ? MR_OK : st;
 }
 
@@ -150,6 +196,79 @@ typedef struct incast_run {
     incast_rank_t *r;
     double period_s;
 } incast_run_t;
+
+/* -w: collectives wait without spinning (see incast_wait). */
+static bool incast_sleepy;
+
+/*
+ * Completes `req`; with -w by testing with growing naps (20 us to 5 ms), since
+ * MPI's own waits spin and a thousand spinning ranks on two cores leave none
+ * of them time to get anything done.
+ */
+static void incast_wait(MPI_Request *req)
+{
+    int done = 0;
+    long ns = 20000;
+
+    if (!incast_sleepy) {
+        MPI_Wait(req, MPI_STATUS_IGNORE);
+        return;
+    }
+    while (MPI_Test(req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = ns};
+        nanosleep(&ts, NULL);
+        if (ns < 5000000) ns += ns / 4;
+    }
+}
+
+static void incast_allreduce(const void *in, void *out, int n, MPI_Datatype type, MPI_Op op)
+{
+    MPI_Request req;
+
+    MPI_Iallreduce(in, out, n, type, op, MPI_COMM_WORLD, &req);
+    incast_wait(&req);
+}
+
+/*
+ * Draws every message's victim (never oneself) and tells each victim how many
+ * will come, before the clock starts.
+ */
+static void incast_draw(const incast_options_t *o, incast_rank_t *r, uint64_t *rng)
+{
+    int others = o->victims - (r->is_victim ? 1 : 0);
+    uint64_t *mine = calloc((size_t)o->victims, sizeof(uint64_t));
+    uint64_t *total = calloc((size_t)o->victims, sizeof(uint64_t));
+
+    for (long i = 0; others > 0 && i < o->messages; i++) {
+        int k = (int)(tool_random(rng) % (uint64_t)others), v = 0;
+        for (;; v++) {
+            if (r->victims[v] == r->rank) continue;
+            if (k-- == 0) break;
+        }
+        r->order[i] = v;
+        mine[v]++;
+    }
+    incast_allreduce(mine, total, o->victims, MPI_UINT64_T, MPI_SUM);
+    r->expect = 0;
+    for (int v = 0; v < o->victims; v++) {
+        if (r->victims[v] == r->rank) r->expect = total[v];
+    }
+    free(mine);
+    free(total);
+}
+
+/*
+ * The barrier that starts the clock. With -w it sleeps between tests, so that
+ * hundreds of ranks per core leave the early ones the cores (MPI_Barrier spins).
+ */
+static void incast_barrier(const incast_options_t *o)
+{
+    MPI_Request req;
+
+    (void)o;
+    MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    incast_wait(&req);
+}
 
 /* One trial's communication: sends, receives, quiescence. Returns this rank's seconds. */
 static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *seconds)
@@ -160,17 +279,13 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
     mr_status_t st;
     int others = o->victims - (r->is_victim ? 1 : 0);
 
-    MPI_Barrier(MPI_COMM_WORLD);
+    incast_draw(o, r, rng);
+    incast_barrier(o);
     r->start = r->last_send = r->last_recv = tool_now();
     r->next_sample = r->start;
     st = incast_receive_all(r, bytes);
     for (long i = 0; st == MR_OK && others > 0 && i < o->messages; i++) {
-        /* A random victim other than oneself. */
-        int k = (int)(tool_random(rng) % (uint64_t)others), v = 0;
-        for (;; v++) {
-            if (r->victims[v] == r->rank) continue;
-            if (k-- == 0) break;
-        }
+        int v = r->order[i];
         void *buf;
         while ((st = mr_reserve(&buf)) == MR_AGAIN) {
             st = incast_idle(o, r, bytes);
@@ -196,6 +311,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
             r->next_sample = r->start + run->period_s * (double)r->nsamples;
         }
     }
+    /* Until everything expected arrived and every deferred send was handed over. */
     while (st == MR_OK) {
         st = incast_receive_all(r, bytes);
         if (st != MR_OK) break;
@@ -204,14 +320,23 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
             incast_sample(r, now);
             r->next_sample = r->start + run->period_s * (double)r->nsamples;
         }
-        st = mr_quiesce();
-        if (st == MR_OK) break;
-        st = st == MR_AGAIN ? incast_idle(o, r, bytes) : st;
+        mr_stats_t stats = {.size = sizeof(stats)};
+        st = mr_get_stats(&stats);
+        if (st != MR_OK || (r->recv_count >= r->expect && stats.deferred_now == 0)) break;
+        st = incast_idle(o, r, bytes);
     }
     *seconds = tool_now() - r->start;
     if (run->period_s > 0) {
         r->next_sample = 0;
         incast_sample(r, tool_now());
+    }
+    /* Global quiescence, untimed: nothing may be left in flight for the checks. */
+    while (st == MR_OK) {
+        st = incast_receive_all(r, bytes);
+        if (st != MR_OK) break;
+        st = mr_quiesce();
+        if (st == MR_OK) break;
+        st = st == MR_AGAIN ? incast_idle(o, r, bytes) : st;
     }
     return st;
 }
@@ -228,7 +353,7 @@ static bool incast_verify(const incast_options_t *o, incast_rank_t *r)
         mine[3 * v + 1] = r->sent_bytes[v];
         mine[3 * v + 2] = r->sent_sum[v];
     }
-    MPI_Allreduce(mine, total, 3 * o->victims, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    incast_allreduce(mine, total, 3 * o->victims, MPI_UINT64_T, MPI_SUM);
     if (r->is_victim) {
         int v = 0;
         while (r->victims[v] != r->rank) v++;
@@ -244,7 +369,7 @@ static bool incast_verify(const incast_options_t *o, incast_rank_t *r)
     } else {
         ok = r->recv_count == 0;
     }
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    incast_allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN);
     free(mine);
     free(total);
     return all_ok;
@@ -263,20 +388,45 @@ static void incast_write_samples(const incast_options_t *o, incast_rank_t *r, co
         return;
     }
     fprintf(f, "rank,elapsed_s,sent,sent_bytes,received,received_bytes,send_complete_pct,"
-               "recv_complete_pct,max_send_gap_s,max_recv_gap_s\n");
+               "recv_complete_pct,max_send_gap_s,max_recv_gap_s,epoch_s,recv_slots_in_use");
+    for (int n = 0; n < r->nodes; n++) fprintf(f, ",granted_node%d", n);
+    fprintf(f, "\n");
     uint64_t expect_recv = 0;
     if (r->is_victim) expect_recv = r->recv_count; /* Known once the trial is over. */
     for (size_t i = 0; i < r->nsamples; i++) {
         incast_sample_t *s = &r->samples[i];
         long sends = o->victims - (r->is_victim ? 1 : 0) > 0 ? o->messages : 0;
-        fprintf(f, "%d,%.6f,%llu,%llu,%llu,%llu,%.2f,%.2f,%.6f,%.6f\n", r->rank, s->t,
+        fprintf(f, "%d,%.6f,%llu,%llu,%llu,%llu,%.2f,%.2f,%.6f,%.6f", r->rank, s->t,
                 (unsigned long long)s->sent, (unsigned long long)s->sent_bytes,
                 (unsigned long long)s->received, (unsigned long long)s->received_bytes,
                 sends ? 100.0 * (double)s->sent / (double)sends : 100.0,
                 expect_recv ? 100.0 * (double)s->received / (double)expect_recv : 100.0,
                 s->max_send_gap, s->max_recv_gap);
+        fprintf(f, ",%.6f,%llu", s->epoch, (unsigned long long)s->slots_in_use);
+        for (int n = 0; n < r->nodes; n++) {
+            fprintf(f, ",%u", r->is_victim && r->granted ? r->granted[i * (size_t)r->nodes + n] : 0);
+        }
+        fprintf(f, "\n");
     }
     fclose(f);
+}
+
+/*
+ * Rank 0 only: runs the -P command and reads its "bytes packets drops".
+ * Returns false (and says why once) when it cannot.
+ */
+static bool incast_port_probe(const char *command, long long counters[3])
+{
+    FILE *p = popen(command, "r");
+    int n = 0, status;
+
+    if (p != NULL) {
+        n = fscanf(p, "%lld %lld %lld", &counters[0], &counters[1], &counters[2]);
+        status = pclose(p);
+        if (n == 3 && status == 0) return true;
+    }
+    fprintf(stderr, "mailrail_incast: -P '%s' did not print \"bytes packets drops\"\n", command);
+    return false;
 }
 
 /* Runs one trial of one policy; fills *out identically on every rank. */
@@ -309,11 +459,27 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     r->sent_total = r->sent_total_bytes = 0;
     r->nsamples = 0;
     r->max_send_gap = r->max_recv_gap = 0;
+    r->have_grants = strcmp(policy, "none") != 0;
+    if (r->samples != NULL && r->is_victim && r->nodes != mr_node_count()) {
+        free(r->granted);
+        r->nodes = mr_node_count();
+        r->granted = calloc(r->max_samples * (size_t)r->nodes, sizeof(*r->granted));
+        if (r->granted == NULL) r->nodes = 0;
+    }
+    if (!r->is_victim || r->samples == NULL) r->nodes = 0;
     tool_reset_peak_rss();
 
+    long long before[3] = {-1, -1, -1}, after[3] = {-1, -1, -1};
+    bool probed = r->rank == 0 && o->port_command != NULL &&
+                  incast_port_probe(o->port_command, before);
     st = incast_communicate(&run, &rng, &seconds);
     mr_get_stats(&stats);
     uint64_t rss = tool_peak_rss_kb();
+    if (probed && incast_port_probe(o->port_command, after)) {
+        for (int i = 0; i < 3; i++) out->port[i] = after[i] - before[i];
+    } else {
+        for (int i = 0; i < 3; i++) out->port[i] = -1;
+    }
     if (st != MR_OK) {
         fprintf(stderr, "mailrail_incast: rank %d: %s\n", r->rank, mr_status_string(st));
         mr_finalize();
@@ -326,9 +492,9 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     uint64_t mine[5] = {r->is_victim ? r->recv_bytes * 8 : 0, r->is_victim ? stats.peak_recv_slots_in_use : 0,
                         r->is_victim ? rss : 0, stats.credit_returns_sent, stats.deferred_sends};
     uint64_t sum[5], max[5];
-    MPI_Allreduce(mine, sum, 5, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-    MPI_Allreduce(mine, max, 5, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(&seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    incast_allreduce(mine, sum, 5, MPI_UINT64_T, MPI_SUM);
+    incast_allreduce(mine, max, 5, MPI_UINT64_T, MPI_MAX);
+    incast_allreduce(&seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX);
     out->nodes = mr_node_count();
     out->bits_received = sum[0];
     out->peak_slots = max[1];
@@ -369,7 +535,8 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
     o->trials = 3;
     o->seed = 1;
     o->stats_prefix = "incast_stats";
-    while ((c = getopt(argc, argv, "v:V:b:m:t:p:s:c:i:o:qwh")) != -1) {
+    o->wait_ms = 1;
+    while ((c = getopt(argc, argv, "v:V:b:m:t:p:s:c:i:o:P:W:qwh")) != -1) {
         switch (c) {
         case 'v': ok &= tool_parse_int(optarg, 1, INT_MAX, &o->victims); break;
         case 'V': o->victim_list = optarg; break;
@@ -383,6 +550,8 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
         case 'o': o->stats_prefix = optarg; break;
         case 'q': o->quiet = true; break;
         case 'w': o->wait = true; break;
+        case 'W': o->wait = true; ok &= tool_parse_int(optarg, 0, 60000, &o->wait_ms); break;
+        case 'P': o->port_command = optarg; break;
         default: return -1;
         }
     }
@@ -407,11 +576,14 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &r.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &r.size);
-    if (incast_parse(argc, argv, &o) != 0 || o.victims > r.size) {
+    int parsed = incast_parse(argc, argv, &o);
+    incast_sleepy = o.wait;
+    if (parsed != 0 || o.victims > r.size) {
         if (r.rank == 0) {
             fprintf(stderr, "usage: mpiexec -n N mailrail_incast [-v victims<=N | -V rank,rank...] [-b bytes] "
                             "[-m messages] [-t trials] [-p none,rank,node] [-s seed] "
-                            "[-c file.csv] [-i period_ms] [-o stats_prefix] [-w] [-q]\n");
+                            "[-c file.csv] [-i period_ms] [-o stats_prefix] [-P command] [-w | -W ms] "
+                            "[-q]\n");
         }
         MPI_Finalize();
         return 2;
@@ -454,9 +626,11 @@ int main(int argc, char **argv)
     r.sent_count = calloc((size_t)o.victims, sizeof(uint64_t));
     r.sent_bytes = calloc((size_t)o.victims, sizeof(uint64_t));
     r.sent_sum = calloc((size_t)o.victims, sizeof(uint64_t));
+    r.order = calloc(o.messages > 0 ? (size_t)o.messages : 1, sizeof(int));
     if (o.period_s > 0) {
         r.max_samples = 1 << 16;
         r.samples = calloc(r.max_samples, sizeof(*r.samples));
+        r.holders = calloc((size_t)r.size, sizeof(*r.holders));
     }
     if (r.rank == 0) {
         printf("# mailrail_incast: %d ranks, %d victim(s) (%s):", r.size, o.victims,
@@ -469,7 +643,8 @@ int main(int argc, char **argv)
             if (csv != NULL && ftell(csv) == 0) {
                 fprintf(csv, "policy,trial,ranks,nodes,victims,bytes,messages_per_rank,seconds,"
                              "goodput_gbps,victim_peak_recv_slots,victim_peak_rss_kb,"
-                             "credit_returns,deferred_sends,verified\n");
+                             "credit_returns,deferred_sends,verified,port_bytes,port_packets,"
+                             "port_drops\n");
             }
         }
         if (!o.quiet) {
@@ -480,11 +655,13 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
 
-    double median_seconds[INCAST_MAX_POLICIES] = {0};
-    for (int p = 0; p < o.npolicies && status == 0; p++) {
-        double secs[INCAST_MAX_TRIALS], gbps[INCAST_MAX_TRIALS];
-        incast_trial_t t = {0}, last = {0};
-        for (int k = 0; k < o.trials; k++) {
+    /* Trial-major: every policy's trial k runs before any policy's trial k + 1. */
+    double secs[INCAST_MAX_POLICIES][INCAST_MAX_TRIALS], gbps[INCAST_MAX_POLICIES][INCAST_MAX_TRIALS];
+    incast_trial_t last[INCAST_MAX_POLICIES];
+    memset(last, 0, sizeof(last));
+    for (int k = 0; k < o.trials && status == 0; k++) {
+        for (int p = 0; p < o.npolicies && status == 0; p++) {
+            incast_trial_t t = {0};
             mr_status_t st = incast_trial(&o, &r, o.policies[p], k, &t);
             if (st != MR_OK || !t.verified) {
                 if (r.rank == 0) {
@@ -494,46 +671,44 @@ int main(int argc, char **argv)
                 status = 1;
                 break;
             }
-            secs[k] = t.seconds;
-            gbps[k] = (double)t.bits_received / t.seconds / 1e9;
-            last = t;
-            if (r.rank == 0) {
-                if (!o.quiet) {
-                    printf("  %-6s %5d %10.4f %12.3f %10llu %12.1f %10llu %10llu %s\n",
-                           o.policies[p], k, t.seconds, gbps[k],
-                           (unsigned long long)t.peak_slots, (double)t.peak_rss_kb / 1024.0,
-                           (unsigned long long)t.credit_returns,
-                           (unsigned long long)t.deferred, "yes");
-                    fflush(stdout);
-                }
-                if (csv != NULL) {
-                    fprintf(csv, "%s,%d,%d,%d,%d,%zu,%ld,%.6f,%.4f,%llu,%llu,%llu,%llu,1\n",
-                            o.policies[p], k, r.size, t.nodes, o.victims, o.bytes, o.messages,
-                            t.seconds, gbps[k], (unsigned long long)t.peak_slots,
-                            (unsigned long long)t.peak_rss_kb,
-                            (unsigned long long)t.credit_returns,
-                            (unsigned long long)t.deferred);
-                }
+            secs[p][k] = t.seconds;
+            gbps[p][k] = (double)t.bits_received / t.seconds / 1e9;
+            last[p] = t;
+            if (r.rank != 0) continue;
+            if (!o.quiet) {
+                printf("  %-6s %5d %10.4f %12.3f %10llu %12.1f %10llu %10llu %s\n", o.policies[p],
+                       k, t.seconds, gbps[p][k], (unsigned long long)t.peak_slots,
+                       (double)t.peak_rss_kb / 1024.0, (unsigned long long)t.credit_returns,
+                       (unsigned long long)t.deferred, "yes");
+                fflush(stdout);
+            }
+            if (csv != NULL) {
+                fprintf(csv, "%s,%d,%d,%d,%d,%zu,%ld,%.6f,%.4f,%llu,%llu,%llu,%llu,1,%lld,%lld,%lld\n",
+                        o.policies[p], k, r.size, t.nodes, o.victims, o.bytes, o.messages,
+                        t.seconds, gbps[p][k], (unsigned long long)t.peak_slots,
+                        (unsigned long long)t.peak_rss_kb, (unsigned long long)t.credit_returns,
+                        (unsigned long long)t.deferred, t.port[0], t.port[1], t.port[2]);
+                fflush(csv);
             }
         }
-        if (status != 0) break;
-        median_seconds[p] = tool_median(secs, o.trials);
-        if (r.rank == 0) {
-            printf("mailrail_incast: %s: median %.4f s, %.3f Gb/s goodput, speedup over %s "
-                   "%.2fx, victim peak %llu receive slots, %llu credit returns\n",
-                   o.policies[p], median_seconds[p], tool_median(gbps, o.trials),
-                   o.policies[0], median_seconds[0] / median_seconds[p],
-                   (unsigned long long)last.peak_slots,
-                   (unsigned long long)last.credit_returns);
-            fflush(stdout);
-        }
+    }
+    for (int p = 0; p < o.npolicies && status == 0 && r.rank == 0; p++) {
+        double base = tool_median(secs[0], o.trials), mine = tool_median(secs[p], o.trials);
+        printf("mailrail_incast: %s: median %.4f s, %.3f Gb/s goodput, speedup over %s "
+               "%.2fx, victim peak %llu receive slots, %llu credit returns\n",
+               o.policies[p], mine, tool_median(gbps[p], o.trials), o.policies[0], base / mine,
+               (unsigned long long)last[p].peak_slots, (unsigned long long)last[p].credit_returns);
+        fflush(stdout);
     }
     if (csv != NULL) fclose(csv);
     free(r.victims);
     free(r.sent_count);
     free(r.sent_bytes);
     free(r.sent_sum);
+    free(r.order);
     free(r.samples);
+    free(r.granted);
+    free(r.holders);
     MPI_Finalize();
     return status;
 }

@@ -24,6 +24,14 @@ static inline double tool_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The wall clock, in seconds since 1970: to line samples up with other processes'. */
+static inline double tool_wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* xorshift64*: a small, seedable generator that gives the same numbers everywhere. */
 static inline uint64_t tool_random(uint64_t *state)
 {

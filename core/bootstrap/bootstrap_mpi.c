@@ -4,6 +4,7 @@
  * libmailrail.so does not depend on MPI.
  */
 #include "mr_bootstrap.h"
+#include "mr_time.h"
 
 #include <mpi.h>
 #include <sched.h>
@@ -44,11 +45,12 @@ static mr_status_t bootstrap_check(mr_bootstrap_t *b, int rc, const char *what)
 static mr_status_t bootstrap_wait(mr_bootstrap_t *b, MPI_Request *req, const char *what)
 {
     int done = 0;
+    unsigned polls = 0;
 
     for (;;) {
         mr_status_t status = bootstrap_check(b, MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
         if (status != MR_OK || done) return status;
-        sched_yield();
+        mr__backoff(&polls);
     }
 }
 

@@ -236,9 +236,10 @@ MR_API mr_status_t mr_receive(mr_message_t *message);
  * the substrate has news (a message or items, a credit return, a completed send) or
  * `timeout_ms` milliseconds have passed. For ranks that outnumber cores: a
  * rank with nothing to do gives its core to the others instead of spinning.
- * Credits that neighbours on the same node return through shared memory
- * (MAILRAIL_FLOWCTL=node) do not wake it, so keep the timeout short (1 ms)
- * while sends are deferred. Takes no message: call mr_receive() (or pull items) next.
+ * Returns at once when mr_reserve() last returned MR_AGAIN and a send buffer
+ * is free now (an earlier call freed it). Under MAILRAIL_FLOWCTL=node, credits
+ * that a neighbour on the same node puts in the shared pool wake it too. Takes
+ * no message: call mr_receive() (or pull items) next.
  *
  * Returns:
  *   MR_OK                   something may be ready (a message is waiting, a
@@ -316,6 +317,8 @@ typedef struct mr_stats {
                                          which keeps its own). */
     uint64_t init_collectives;        /* Collectives of the bootstrap (MPI) that mr_init() ran. */
     uint64_t init_bootstrap_bytes;    /* Bytes this rank contributed to them. */
+    uint64_t deferred_now;            /* Sends deferred now, waiting for credit or for the
+                                         substrate. */
 } mr_stats_t;
 
 /*
@@ -326,6 +329,19 @@ typedef struct mr_stats {
  * version of the struct) or MR_ERR_NOT_INITIALIZED.
  */
 MR_API mr_status_t mr_get_stats(mr_stats_t *stats);
+
+/*
+ * This rank's grants as a receiver: for each credit holder (each sending rank
+ * under MAILRAIL_FLOWCTL=rank, indexed by rank; each sending node under node,
+ * indexed by mr_node_of()), the credits it was granted whose messages have not
+ * arrived yet. Writes min(count, holders) entries into `outstanding` and sets
+ * *holders to the number of holders. Cheap enough to sample every few
+ * milliseconds, to watch what a receiver lets its senders have in flight.
+ *
+ * Returns MR_OK, MR_ERR_UNSUPPORTED under none (it grants nothing),
+ * MR_ERR_INVALID_PARAM (NULL, or a negative count) or MR_ERR_NOT_INITIALIZED.
+ */
+MR_API mr_status_t mr_get_credit_grants(uint32_t *outstanding, int count, int *holders);
 
 /*
  * Writes a printable form of rank `rank`'s substrate address (for example

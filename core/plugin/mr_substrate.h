@@ -216,6 +216,16 @@ typedef struct mr_substrate_ops {
      * of ranks it does not talk to.
      */
     mr_status_t (*watch)(mr_substrate_t *s, int rank);
+
+    /*
+     * Adds descriptor `fd` to what a sleeping progress() waits on: when it is
+     * readable, progress() returns at least 1 without sleeping. The substrate
+     * reads nothing from it (its owner drains it) and does not close it. Lets
+     * flow control wake a rank that sleeps in mr_wait() for credits another
+     * process put in shared memory. May be NULL: such a rank then sleeps until
+     * its timeout.
+     */
+    mr_status_t (*wake_fd)(mr_substrate_t *s, int fd);
 } mr_substrate_ops_t;
 
 /* The smallest ops table the core accepts: the first version's fields. */

@@ -19,6 +19,7 @@
 #include "mr_credit.h"
 #include "mr_log.h"
 #include "mr_node_segment.h"
+#include "mr_node_wake.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,11 @@ struct mr_flowctl {
     bool *listed;
     int *stashed;
     int nstashed;
+    /* Sleeping for credits of the shared pools, and waking neighbours (node_wake.c). */
+    mr_node_wake_t wake;
+    int *local_rank;          /* The node's ranks, ascending. */
+    int nblocked;             /* Receivers this rank's sends wait for credits of, */
+    int blocked_hint;         /* the last of them to run out. */
 };
 
 /*
@@ -77,6 +83,8 @@ static void node_stash_return(mr_flowctl_t *fc);
 static void node_finalize(mr_flowctl_t *fc)
 {
     if (fc->seg != NULL) node_stash_return(fc);
+    mr__node_wake_close(&fc->wake);
+    free(fc->local_rank);
     mr__node_segment_unmap(fc->seg);
     free(fc->stash);
     free(fc->listed);
@@ -118,7 +126,7 @@ static mr_status_t node_attach(mr_flowctl_t *fc, const mr_flowctl_params_t *para
     if (fc->creator) {
         mr__node_segment_cleanup_stale();
         status = mr__node_segment_create(fc->segment_name, params->job_id, fc->node,
-                                        params->size, fc->per_node, &fc->seg);
+                                        params->size, fc->wake.nlocal, fc->per_node, &fc->seg);
         /* Receivers on other hosts grant little to start; on this host, all at once. */
         int my_host = params->host_of_rank[fc->rank];
         for (int r = 0; status == MR_OK && r < params->size; r++) {
@@ -131,12 +139,31 @@ static mr_status_t node_attach(mr_flowctl_t *fc, const mr_flowctl_params_t *para
     barrier = params->barrier(params->core);
     if (!fc->creator && status == MR_OK && barrier == MR_OK) {
         status = mr__node_segment_open(fc->segment_name, params->job_id, fc->node, params->size,
-                                      fc->per_node, &fc->seg);
+                                      fc->wake.nlocal, fc->per_node, &fc->seg);
     }
     if (barrier == MR_OK) barrier = params->barrier(params->core);
     /* Every rank of the node has mapped it (or failed): the name is no longer needed. */
     if (fc->creator && fc->seg != NULL) mr__node_segment_unlink(fc->segment_name);
     return status != MR_OK ? status : barrier;
+}
+
+/* The ranks of this node, ascending, and this rank's index among them. */
+static mr_status_t node_list_local(mr_flowctl_t *fc, const mr_flowctl_params_t *params)
+{
+    int n = 0;
+
+    fc->local_rank = malloc((size_t)params->size * sizeof(*fc->local_rank));
+    if (fc->local_rank == NULL) {
+        mr_error("Cannot allocate the rank list of node %d.", fc->node);
+        return MR_ERR_NO_MEMORY;
+    }
+    for (int r = 0; r < params->size; r++) {
+        if (params->node_of_rank[r] != fc->node) continue;
+        if (r == fc->rank) fc->wake.me = n;
+        fc->local_rank[n++] = r;
+    }
+    fc->wake.nlocal = n;
+    return MR_OK;
 }
 
 static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **out)
@@ -152,6 +179,7 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
         mr_error("Cannot allocate the node flow-control state.");
         return MR_ERR_NO_MEMORY;
     }
+    mr__node_wake_init(&fc->wake);
     fc->rank = params->rank;
     fc->node = params->node_of_rank[params->rank];
     fc->node_of = params->node_of_rank;
@@ -173,6 +201,7 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
                                                   fc->adaptive, weight, params);
     free(weight);
     if (status == MR_OK) status = mr__credit_clock_init(&fc->clock, params->size);
+    if (status == MR_OK) status = node_list_local(fc, params);
     if (status == MR_OK) {
         fc->stash = calloc((size_t)params->size, sizeof(*fc->stash));
         fc->listed = calloc((size_t)params->size, sizeof(*fc->listed));
@@ -185,6 +214,10 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     /* Every rank must reach the barriers in node_attach, even after a local failure. */
     mr_status_t attached = node_attach(fc, params);
     if (status == MR_OK) status = attached;
+    if (status == MR_OK) {
+        status = mr__node_wake_open(&fc->wake, fc->seg, params->job_id, fc->local_rank,
+                                   fc->wake.nlocal, fc->wake.me);
+    }
     if (status != MR_OK) {
         node_finalize(fc);
         return status;
@@ -230,6 +263,7 @@ static void node_stash_return(mr_flowctl_t *fc)
         if (fc->stash[dest] > 0) {
             atomic_fetch_add_explicit(&fc->seg->credits[dest].n, fc->stash[dest],
                                       memory_order_acq_rel);
+            mr__node_wake_others(&fc->wake, dest, fc->stash[dest]);
             fc->stash[dest] = 0;
         }
         fc->listed[dest] = false;
@@ -242,10 +276,15 @@ static bool node_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
     int dest_node = fc->node_of[dest];
 
     if (fc->stash[dest] == 0 && !node_stash_fill(fc, dest)) {
+        if (fc->clock.since[dest] == 0) {
+            fc->nblocked++;
+            fc->blocked_hint = dest;
+        }
         mr__credit_clock_blocked(&fc->clock, dest);
         return false;
     }
     fc->stash[dest]--;
+    if (fc->clock.since[dest] != 0) fc->nblocked--;
     mr__credit_clock_granted(&fc->clock, dest);
     /* Credits owed to the destination's node ride along (never to one's own node). */
     *imm = fc->piggyback && dest_node != fc->node ? mr__credit_owed_take(&fc->owed, dest_node) : 0;
@@ -258,6 +297,7 @@ static void node_deposit(mr_flowctl_t *fc, int dest, uint32_t n)
 {
     uint32_t before = atomic_fetch_add_explicit(&fc->seg->credits[dest].n, n, memory_order_acq_rel);
 
+    mr__node_wake_others(&fc->wake, dest, n);
     if (before + n > fc->per_node && !fc->overflow_logged) {
         mr_error("Rank %d's credits for this node reached %u, more than the %u it grants; a "
                  "peer returned credits it was not owed.", dest, before + n, fc->per_node);
@@ -311,6 +351,7 @@ static void node_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 static int node_progress(mr_flowctl_t *fc)
 {
     if (fc->nstashed > 0) node_stash_return(fc);
+    mr__node_wake_progress(&fc->wake);
     return mr__credit_owed_progress(&fc->owed);
 }
 
@@ -318,6 +359,34 @@ static void node_stats(mr_flowctl_t *fc, mr_stats_t *stats)
 {
     stats->piggybacked_credits += fc->piggybacked;
     stats->zero_credit_ns += fc->clock.total_ns;
+}
+
+static int node_wake_fd(mr_flowctl_t *fc)
+{
+    return fc->wake.fd;
+}
+
+/*
+ * Before a sleep: with sends waiting for credits of the shared pools, puts the
+ * stash back (a neighbour may use it meanwhile) and asks to be woken when
+ * credits for the receiver it waits for (or for any) come in. After: awake.
+ */
+static bool node_sleep(mr_flowctl_t *fc, bool sleeping)
+{
+    uint32_t waits_for;
+
+    if (!sleeping) return mr__node_wake_sleep(&fc->wake, false, 0);
+    if (fc->nblocked == 0) return false;
+    waits_for = fc->nblocked == 1 && fc->clock.since[fc->blocked_hint] != 0
+                    ? (uint32_t)fc->blocked_hint + 1
+                    : MR_NODE_WAIT_ANY;
+    if (fc->nstashed > 0) node_stash_return(fc);
+    return mr__node_wake_sleep(&fc->wake, true, waits_for);
+}
+
+static int node_grants(mr_flowctl_t *fc, uint32_t *out, int count)
+{
+    return mr__credit_owed_outstanding(&fc->owed, out, count);
 }
 
 const mr_flowctl_ops_t mr__flowctl_node_ops = {
@@ -337,4 +406,7 @@ const mr_flowctl_ops_t mr__flowctl_node_ops = {
     .stats = node_stats,
     .finalize = node_finalize,
     .recv_slots_needed = node_recv_slots_needed,
+    .grants = node_grants,
+    .wake_fd = node_wake_fd,
+    .sleep = node_sleep,
 };

@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define MR_NODE_SEGMENT_MAGIC 0x31304e4f4e524d00ull /* "\0MRNON01" */
-#define MR_NODE_SEGMENT_VERSION 2
+#define MR_NODE_SEGMENT_VERSION 3
 #define MR_NODE_SEGMENT_PREFIX "mailrail-"
 
 /*
@@ -29,6 +29,16 @@ typedef struct mr_node_credit {
     _Alignas(64) _Atomic uint32_t n;
 } mr_node_credit_t;
 
+/*
+ * One per rank of the node (by its index among them): nonzero while the rank
+ * sleeps in mr_wait() for credits, the receiving rank it waits for plus one, or
+ * MR_NODE_WAIT_ANY. A rank that deposits credits wakes sleepers (node_wake.c).
+ */
+#define MR_NODE_WAIT_ANY UINT32_MAX
+typedef struct mr_node_sleeper {
+    _Alignas(64) _Atomic uint32_t waits_for;
+} mr_node_sleeper_t;
+
 typedef struct mr_node_segment {
     uint64_t magic;
     uint32_t version;
@@ -36,21 +46,28 @@ typedef struct mr_node_segment {
     int32_t ranks;           /* Entries in credits[]. */
     int32_t creator_pid;     /* Lets a later run see that the creator is gone. */
     uint32_t per_node;       /* Credits granted by each receiver to this node. */
-    uint32_t reserved;
+    int32_t local_ranks;     /* Ranks of this node: entries in the sleepers array. */
     char job_id[48];
-    mr_node_credit_t credits[]; /* Per receiving rank. */
+    _Atomic uint32_t sleeping; /* How many of the sleepers wait now. */
+    mr_node_credit_t credits[]; /* Per receiving rank; the sleepers follow. */
 } mr_node_segment_t;
+
+/* The sleepers, after the credits. */
+static inline mr_node_sleeper_t *mr__node_sleepers(mr_node_segment_t *seg)
+{
+    return (mr_node_sleeper_t *)(void *)&seg->credits[seg->ranks];
+}
 
 /* The segment's name for a job and node: "/mailrail-<job>-n<node>". */
 void mr__node_segment_name(char *buf, size_t len, const char *job_id, int node);
 
 /* Creates, sizes and fills the segment; sets *out only on MR_OK. */
 mr_status_t mr__node_segment_create(const char *name, const char *job_id, int node, int ranks,
-                                   uint32_t per_node, mr_node_segment_t **out);
+                                   int local_ranks, uint32_t per_node, mr_node_segment_t **out);
 
 /* Maps a segment another rank created, checking that it is this job's. */
 mr_status_t mr__node_segment_open(const char *name, const char *job_id, int node, int ranks,
-                                 uint32_t per_node, mr_node_segment_t **out);
+                                 int local_ranks, uint32_t per_node, mr_node_segment_t **out);
 
 /* Removes a segment's name; mappings stay valid. */
 void mr__node_segment_unlink(const char *name);

@@ -15,9 +15,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static size_t segment_bytes(int ranks)
+static size_t segment_bytes(int ranks, int local_ranks)
 {
-    return sizeof(mr_node_segment_t) + (size_t)ranks * sizeof(mr_node_credit_t);
+    return sizeof(mr_node_segment_t) + (size_t)ranks * sizeof(mr_node_credit_t) +
+           (size_t)local_ranks * sizeof(mr_node_sleeper_t);
 }
 
 void mr__node_segment_name(char *buf, size_t len, const char *job_id, int node)
@@ -26,9 +27,9 @@ void mr__node_segment_name(char *buf, size_t len, const char *job_id, int node)
 }
 
 mr_status_t mr__node_segment_create(const char *name, const char *job_id, int node, int ranks,
-                                   uint32_t per_node, mr_node_segment_t **out)
+                                   int local_ranks, uint32_t per_node, mr_node_segment_t **out)
 {
-    size_t bytes = segment_bytes(ranks);
+    size_t bytes = segment_bytes(ranks, local_ranks);
     mr_node_segment_t *seg;
     int fd;
 
@@ -53,8 +54,11 @@ mr_status_t mr__node_segment_create(const char *name, const char *job_id, int no
     seg->ranks = ranks;
     seg->creator_pid = (int32_t)getpid();
     seg->per_node = per_node;
+    seg->local_ranks = local_ranks;
     snprintf(seg->job_id, sizeof(seg->job_id), "%s", job_id);
     for (int r = 0; r < ranks; r++) atomic_init(&seg->credits[r].n, per_node);
+    atomic_init(&seg->sleeping, 0);
+    for (int r = 0; r < local_ranks; r++) atomic_init(&mr__node_sleepers(seg)[r].waits_for, 0);
     /* The magic goes last: a segment with it is complete. */
     atomic_thread_fence(memory_order_release);
     seg->magic = MR_NODE_SEGMENT_MAGIC;
@@ -68,9 +72,9 @@ err_unlink:
 }
 
 mr_status_t mr__node_segment_open(const char *name, const char *job_id, int node, int ranks,
-                                 uint32_t per_node, mr_node_segment_t **out)
+                                 int local_ranks, uint32_t per_node, mr_node_segment_t **out)
 {
-    size_t bytes = segment_bytes(ranks);
+    size_t bytes = segment_bytes(ranks, local_ranks);
     struct stat st;
     mr_node_segment_t *seg;
     int fd;
@@ -95,6 +99,7 @@ mr_status_t mr__node_segment_open(const char *name, const char *job_id, int node
     atomic_thread_fence(memory_order_acquire);
     if (seg->magic != MR_NODE_SEGMENT_MAGIC || seg->version != MR_NODE_SEGMENT_VERSION ||
         seg->node != node || seg->ranks != ranks || seg->per_node != per_node ||
+        seg->local_ranks != local_ranks ||
         strncmp(seg->job_id, job_id, sizeof(seg->job_id)) != 0) {
         mr_error("The node credit segment %s does not belong to this job (node %d, %d ranks, "
                  "%u credits).", name, node, ranks, per_node);
@@ -114,7 +119,7 @@ void mr__node_segment_unlink(const char *name)
 
 void mr__node_segment_unmap(mr_node_segment_t *seg)
 {
-    if (seg != NULL) munmap(seg, segment_bytes(seg->ranks));
+    if (seg != NULL) munmap(seg, segment_bytes(seg->ranks, seg->local_ranks));
 }
 
 /* True when `name` in /dev/shm is a MailRail node segment whose creator is gone. */

@@ -177,6 +177,11 @@ static void rank_stats(mr_flowctl_t *fc, mr_stats_t *stats)
     stats->zero_credit_ns += fc->clock.total_ns;
 }
 
+static int rank_grants(mr_flowctl_t *fc, uint32_t *out, int count)
+{
+    return mr__credit_owed_outstanding(&fc->owed, out, count);
+}
+
 const mr_flowctl_ops_t mr__flowctl_rank_ops = {
     .abi_version = MR_FLOWCTL_ABI_VERSION,
     .ops_size = sizeof(mr_flowctl_ops_t),
@@ -194,4 +199,5 @@ const mr_flowctl_ops_t mr__flowctl_rank_ops = {
     .stats = rank_stats,
     .finalize = rank_finalize,
     .recv_slots_needed = rank_recv_slots_needed,
+    .grants = rank_grants,
 };

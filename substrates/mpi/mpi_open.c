@@ -40,10 +40,11 @@ static int comm_dup_yielding(MPI_Comm base, MPI_Comm *out)
 {
     MPI_Request req;
     int done = 0, rc = MPI_Comm_idup(base, out, &req);
+    unsigned polls = 0;
 
     while (rc == MPI_SUCCESS && !done) {
         rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (rc == MPI_SUCCESS && !done) sched_yield();
+        if (rc == MPI_SUCCESS && !done) mr__backoff(&polls);
     }
     return rc;
 }
@@ -223,6 +224,7 @@ mr_status_t mpi__open(const mr_substrate_params_t *p, mr_substrate_t **out)
     if (s == NULL) return mpi_open_out_of_memory(p);
     mr__base_init(&s->base, p);
     s->data_comm = s->ctrl_comm = MPI_COMM_NULL;
+    s->wake_fd = -1;
     /*
      * MPI_Comm_dup is collective: every check that could fail on some ranks
      * only comes after it, so that no rank is left waiting in it. The core

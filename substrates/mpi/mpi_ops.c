@@ -23,6 +23,7 @@ static const mr_substrate_ops_t mpi_ops = {
     .send = mpi__send,
     .send_control = mpi__send_control,
     .progress = mpi__progress,
+    .wake_fd = mpi__wake_fd,
     .release_recv = mpi__release_recv,
     .format_address = mpi__format_address,
     .closing = mr__substrate_closing, /* Nothing to flush: the core waited for every data send. */

@@ -6,6 +6,7 @@
  */
 #include "mpi_substrate.h"
 
+#include <poll.h>
 #include <sched.h>
 
 /* Runs the peer_failed() upcalls queued by mpi__peer_mark_failed(). progress() only. */
@@ -347,6 +348,12 @@ static int progress_once(mr_substrate_t *s)
     return events;
 }
 
+mr_status_t mpi__wake_fd(mr_substrate_t *s, int fd)
+{
+    s->wake_fd = fd;
+    return MR_OK;
+}
+
 int mpi__progress(mr_substrate_t *s, int timeout_ms)
 {
     uint64_t deadline;
@@ -374,7 +381,15 @@ int mpi__progress(mr_substrate_t *s, int timeout_ms)
         } else {
             now = mr__now_ns();
             if (now >= deadline) return 0;
-            nap(deadline - now < (uint64_t)MRMPI_NAP_NS ? (long)(deadline - now) : MRMPI_NAP_NS);
+            long ns = deadline - now < (uint64_t)MRMPI_NAP_NS ? (long)(deadline - now) : MRMPI_NAP_NS;
+            if (s->wake_fd < 0) {
+                nap(ns);
+            } else {
+                /* The nap ends early when flow control is woken (mpi__wake_fd). */
+                struct pollfd pfd = {.fd = s->wake_fd, .events = POLLIN};
+                struct timespec ts = {.tv_sec = 0, .tv_nsec = ns};
+                if (ppoll(&pfd, 1, &ts, NULL) > 0) return 1;
+            }
         }
         rounds++;
         s->ctrl_hot = true; /* Between naps, credits must not wait for an 8th pass. */

@@ -99,6 +99,7 @@ enum { PEER_OK = 0, PEER_FAIL_PENDING = 1, PEER_FAILED = 2 };
 
 struct mr_substrate {
     mr__substrate_base_t base; /* base.rejected: ranks failed for a protocol error. */
+    int wake_fd;               /* Flow control's wake-up descriptor, or -1. */
     mpi_config_t cfg;
 
     MPI_Comm data_comm, ctrl_comm;
@@ -240,6 +241,7 @@ void mpi__release_recv(mr_substrate_t *s, void *handle);
 
 /* mpi_progress.c */
 int mpi__progress(mr_substrate_t *s, int timeout_ms);
+mr_status_t mpi__wake_fd(mr_substrate_t *s, int fd);
 
 /* mpi_close.c */
 void mpi__close(mr_substrate_t *s);

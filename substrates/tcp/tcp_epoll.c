@@ -105,6 +105,8 @@ int tcp__dispatch(mr_substrate_t *s, const struct epoll_event *e)
             tcp__pending_event(s, &s->pending[idx], e->events);
         }
         return 0;
+    case TAG_WAKE:
+        return 1; /* Flow control's wake-up: its owner drains it. */
     case TAG_PEER:
         if (idx < (uint32_t)s->base.size) {
             tcp_conn_t *c = &s->conns[idx];

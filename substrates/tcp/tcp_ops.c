@@ -82,6 +82,18 @@ static mr_status_t tcp_send_control(mr_substrate_t *s, int dest, uint32_t imm)
 /* ------------------------------------------------------------------------ */
 /* Progress and close.                                                      */
 
+static mr_status_t tcp_wake_fd(mr_substrate_t *s, int fd)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = TAG(TAG_WAKE, 0, 0)};
+
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        MR__LOG(s, MR_LOG_WARN, "TCP substrate: cannot watch wake-up descriptor %d: %s.", fd,
+                strerror(errno));
+        return MR_ERR_SYSTEM;
+    }
+    return MR_OK;
+}
+
 static int tcp_progress(mr_substrate_t *s, int timeout_ms)
 {
     struct epoll_event evs[TCP_MAX_EVENTS];
@@ -175,6 +187,7 @@ static const mr_substrate_ops_t tcp_ops = {
     .stats = tcp_stats,
     .close = tcp__close,
     .watch = tcp__watch,
+    .wake_fd = tcp_wake_fd,
 };
 
 MR__SUBSTRATE_ENTRY(tcp_ops)

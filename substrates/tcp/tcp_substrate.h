@@ -66,7 +66,7 @@
 #define TCP_DROP_LOG_BURST 10     /* Dropped-connection warnings per second. */
 
 /* epoll tags: type in bits 56-63, generation in bits 32-55, index in bits 0-31. */
-enum { TAG_LISTEN = 1, TAG_PEER = 2, TAG_PENDING = 3 };
+enum { TAG_LISTEN = 1, TAG_PEER = 2, TAG_PENDING = 3, TAG_WAKE = 4 };
 #define TAG(type, gen, idx)                                                              \
     (((uint64_t)(type) << 56) | ((uint64_t)((gen) & 0xffffffu) << 32) | (uint64_t)(uint32_t)(idx))
 

@@ -93,6 +93,10 @@ void ucx__check_events(mr_substrate_t *s, int timeout_ms)
     for (int i = 0; i < n; i++) {
         uint64_t tag = evs[i].data.u64;
         if (tag == 0) continue; /* The worker's event fd: the caller progresses. */
+        if (tag == UCX_TAG_WAKE) {
+            s->woken = true; /* Flow control's wake-up: its owner drains it. */
+            continue;
+        }
         int rank = (int)(tag - 1);
         if (rank >= 0 && rank < s->base.size && s->peers[rank].pidfd >= 0) {
             ucx_peer_t *p = &s->peers[rank];

@@ -6,6 +6,7 @@
 #include "ucx_substrate.h"
 
 #include <sched.h>
+#include <sys/epoll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -50,6 +51,10 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
         }
         events += s->cb_events;
         s->cb_events = 0;
+        if (s->woken) {
+            s->woken = false;
+            events++;
+        }
         if (s->failq_count > 0) events += ucx__drain_failed(s);
         if (s->batches_done != NULL) events += ucx__batches_complete(s);
         if (!mr__done_empty(&s->done)) events += mr__done_drain(s, &s->done, &s->free_sreqs);
@@ -74,6 +79,17 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
     }
     s->upcalls_ok = false;
     return events;
+}
+
+static mr_status_t ucx_wake_fd(mr_substrate_t *s, int fd)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = UCX_TAG_WAKE};
+
+    if (s->epfd < 0 || epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        MR__LOG(s, MR_LOG_WARN, "UCX substrate: cannot watch wake-up descriptor %d.", fd);
+        return MR_ERR_SYSTEM;
+    }
+    return MR_OK;
 }
 
 static void ucx_release_recv(mr_substrate_t *s, void *handle)
@@ -207,6 +223,7 @@ static const mr_substrate_ops_t ucx_ops = {
     .settings_passthrough_prefix = UCX_OWN_PREFIX,
     .job_wide_settings = ucx__job_wide_settings,
     .watch = ucx__watch,
+    .wake_fd = ucx_wake_fd,
 };
 
 MR__SUBSTRATE_ENTRY(ucx_ops)

@@ -64,6 +64,7 @@
 #define UCX_CLOSE_EP_MS 1000      /* Longest wait for the endpoints to close after it. */
 #define UCX_PROTO_LOG_BURST 10    /* Protocol errors logged before going quiet. */
 #define UCX_MAX_EVENTS 32
+#define UCX_TAG_WAKE UINT64_MAX   /* epoll tag of flow control's wake-up descriptor. */
 /* Coalescing (mr_batch.h): batches being filled or in flight, and their size at most. */
 #define UCX_BATCHES 32u
 #define UCX_BATCH_BYTES 4096u
@@ -166,7 +167,8 @@ struct mr_substrate {
     ucp_worker_h worker;
     size_t ucx_req_size;       /* Bytes UCX needs before each user request. */
     int efd;                   /* The worker's event fd, or -1. */
-    int epfd;                  /* epoll over efd and the pidfds. */
+    int epfd;                  /* epoll over efd, the pidfds and a wake-up fd. */
+    bool woken;                /* The wake-up fd was readable in the last wait. */
     size_t npidfds;
 
     uint8_t addr[MR_SUBSTRATE_ADDR_MAX];

@@ -29,16 +29,20 @@
 #       and these variables are exported: FABRIC_HOSTS, FABRIC_RANKS_PER_HOST,
 #       FABRIC_VICTIM_HOSTS (host indices), FABRIC_VICTIM_RANKS (the first rank of each
 #       victim host), FABRIC_RANKS (all ranks), FABRIC_SENDER_HOSTS, FABRIC_SENDER_RANKS,
-#       FABRIC_VICTIM_RANKS_PER_HOST, FABRIC_NS_PREFIX.
+#       FABRIC_VICTIM_RANKS_PER_HOST, FABRIC_NS_PREFIX, and FABRIC_PORT_COUNTERS: a
+#       command that prints the victim ports' "sent_bytes sent_packets dropped
+#       backlog_bytes" (summed), usable from inside a job (mailrail_incast -P).
 #       The file runs in fabric.sh's own shell: `exit` ends the run (the fabric is
 #       still torn down), and the exit status of the run is that of the file.
 #   tools/fabric/fabric.sh --reap
-#       removes what runs killed with SIGKILL left behind: namespaces mrf<PID>*
-#       and run directories /tmp/mrf<PID>.* whose PID is no longer alive.
+#       removes what runs killed with SIGKILL left behind: namespaces mrf<PID>*,
+#       CPU cgroups mrf<PID> and run directories /tmp/mrf<PID>.* whose PID is no
+#       longer alive.
 #
 # Options:
 #   -H N              emulated hosts (default 5; 2..32)
-#   -R N              ranks per host (default 4; 1..64; at most 256 ranks in all)
+#   -R N              ranks per host (default 4; 1..256; at most 1,100 ranks in all, the
+#                     paper's 1,024:1 incast on 4 sender hosts plus a victim)
 #   -V N              victim hosts: the LAST N hosts (default 1; 0..H-1). Block placement:
 #                     the sender hosts hold R ranks each (rank r on host r / R), then
 #                     each victim host holds --victim-ranks ranks; FABRIC_VICTIM_RANKS
@@ -73,6 +77,14 @@
 #                     ucx: MAILRAIL_SUBSTRATE=ucx MAILRAIL_UCX_TLS=tcp,self
 #                     MAILRAIL_UCX_NET_DEVICES=eth0 MAILRAIL_UCX_ERROR_MODE=peer;
 #                     none: leave the MAILRAIL_* environment as it is (default tcp)
+#   --cpu host|shared  host (default): the ranks of each host run in a CPU cgroup of
+#                     their own, all with the same weight, so that each host gets an
+#                     equal share of the machine's cores when all are busy, as hosts
+#                     with cores of their own would: a victim host with one rank is not
+#                     starved by hundreds of sender ranks. shared: one pool of cores for
+#                     all ranks, as before. Without a cgroup cpu controller (v1
+#                     /sys/fs/cgroup/cpu or v2 with "cpu" in cgroup.controllers), host
+#                     falls back to shared with a warning
 #   --timeout SECONDS bound of each job (default 300): MPIEXEC_TIMEOUT, and `timeout`
 #   --total-timeout SECONDS  bound of the whole run, fabric included (default: 120 +
 #                     the job timeout with --, 3600 with --script)
@@ -100,8 +112,8 @@
 #
 # Teardown on exit, failure, SIGINT and SIGTERM: the running job is stopped, the
 # processes left in the namespaces are killed, the namespaces deleted (which
-# deletes their interfaces), and the /dev/shm/mailrail-* segments created by this
-# run's ranks removed. Namespace names carry the PID, so concurrent runs do not
+# deletes their interfaces), the CPU cgroups removed, and the /dev/shm/mailrail-*
+# segments created by this run's ranks removed. Namespace names carry the PID, so concurrent runs do not
 # collide and each removes only its own.
 #
 # Needs root and: ip, tc (Debian iproute2), ethtool (ethtool), unshare (util-linux),
@@ -131,8 +143,32 @@ if [ "${1:-}" = "--rank-wrapper" ]; then
     fi
     # The PID survives the execs below: it identifies this run's shm segments.
     echo "$$" >>"$FABRIC_RUNDIR/pids"
+    # The host's CPU share (--cpu host): its own cgroup, as if it had cores of its own.
+    if [ -n "${FABRIC_CGROUP:-}" ]; then
+        echo "$$" >"$FABRIC_CGROUP/h$host/cgroup.procs" ||
+            { echo "fabric.sh: rank $rank cannot join the cgroup of host $host" >&2; exit 2; }
+    fi
     exec ip netns exec "${FABRIC_NS_PREFIX}h$host" unshare --uts \
         sh -c 'echo "$0" >/proc/sys/kernel/hostname && exec "$@"' "mrf-h$host" "$@"
+fi
+
+# ---------------------------------------------------------------------------
+# Port counters from inside a job: `fabric.sh --port-counters` (the command in
+# $FABRIC_PORT_COUNTERS) prints "sent_bytes sent_packets dropped backlog_bytes",
+# summed over the victim hosts' switch ports, so that a tool that runs several
+# trials in one job can count each trial's drops. Runs in any of the run's
+# namespaces (tc -n enters the switch's), as root, like the ranks.
+# ---------------------------------------------------------------------------
+if [ "${1:-}" = "--port-counters" ]; then
+    case "${FABRIC_NS_PREFIX:-}" in mrf[0-9]*) ;; *) echo "fabric.sh: --port-counters: runs only under fabric.sh" >&2; exit 2 ;; esac
+    for v in ${FABRIC_VICTIM_HOSTS//,/ }; do
+        tc -n "${FABRIC_NS_PREFIX}sw" -s qdisc show dev "p$v" 2>/dev/null
+    done | awk '
+        $1 == "Sent" { b += $2; p += $4; d0 = $7; sub(",", "", d0); d += d0 }
+        $1 == "backlog" { q0 = $2; sub("b", "", q0); if (q0 ~ /K$/) { sub("K", "", q0); q0 *= 1024 }
+                          else if (q0 ~ /M$/) { sub("M", "", q0); q0 *= 1048576 }; q += q0 }
+        END { printf "%d %d %d %d\n", b, p, d, q }'
+    exit 0
 fi
 
 # ---------------------------------------------------------------------------
@@ -141,7 +177,7 @@ fi
 H=5 R=4 V=1 RV=''
 RATE=200mbit BUFFER=32kb BURST=8kb HOST_BURST=3kb HOSTBUF=16mb CC=reno
 SUBSTRATE=tcp JOB_TIMEOUT=300 TOTAL_TIMEOUT='' MAX_JOBS=100 COUNTERS='' MPIEXEC=mpiexec
-SUBNET=$(($$ % 256)) QUIET=0 MODE='' SCRIPT='' REAP=0
+SUBNET=$(($$ % 256)) QUIET=0 MODE='' SCRIPT='' REAP=0 CPU=host
 
 die() { echo "fabric.sh: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -o pipefail/p' "$FABRIC_SELF" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
@@ -162,6 +198,7 @@ while [ $# -gt 0 ]; do
         --host-burst) need_arg "$@"; HOST_BURST=$2; shift 2 ;;
         --cc) need_arg "$@"; CC=$2; shift 2 ;;
         --substrate) need_arg "$@"; SUBSTRATE=$2; shift 2 ;;
+        --cpu) need_arg "$@"; CPU=$2; shift 2 ;;
         --timeout) need_arg "$@"; JOB_TIMEOUT=$2; shift 2 ;;
         --total-timeout) need_arg "$@"; TOTAL_TIMEOUT=$2; shift 2 ;;
         --max-jobs) need_arg "$@"; MAX_JOBS=$2; shift 2 ;;
@@ -185,6 +222,26 @@ for tool in ip tc ethtool unshare timeout; do
         die "'$tool' is missing (Debian packages: iproute2 ethtool util-linux coreutils)"
 done
 
+# The cgroup directory with a cpu controller (v1, or v2 with cpu enabled below
+# the root), or nothing.
+cgroup_root() {
+    if [ -e /sys/fs/cgroup/cpu/cpu.shares ]; then
+        echo /sys/fs/cgroup/cpu
+    elif grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+        echo /sys/fs/cgroup
+    fi
+}
+# Removes a run's cgroup tree (its processes are gone or moved out).
+cgroup_remove() {
+    local d=$1 sub p
+    for sub in "$d"/h*; do
+        [ -d "$sub" ] || continue
+        for p in $(cat "$sub/cgroup.procs" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+        for _ in 1 2 3 4 5 6 7 8 9 10; do rmdir "$sub" 2>/dev/null && break; sleep 0.2; done
+    done
+    rmdir "$d" 2>/dev/null
+}
+
 if [ "$REAP" -eq 1 ]; then
     # Only namespaces and run directories of fabric.sh runs whose process is gone.
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^mrf[0-9]+(sw|h[0-9]+)$'); do
@@ -193,6 +250,11 @@ if [ "$REAP" -eq 1 ]; then
             for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
             ip netns del "$ns" && echo "removed namespace $ns"
         fi
+    done
+    for d in "$(cgroup_root)"/mrf[0-9]*; do
+        [ -d "$d" ] || continue
+        pid=${d##*/mrf}
+        kill -0 "$pid" 2>/dev/null || { cgroup_remove "$d"; echo "removed cgroup $d"; }
     done
     for d in /tmp/mrf[0-9]*.*; do
         [ -d "$d" ] || continue
@@ -205,15 +267,16 @@ fi
 [ -n "$MODE" ] || die "nothing to run: give -- PROG [ARGS] or --script FILE (see --help)"
 for v in H R V JOB_TIMEOUT MAX_JOBS SUBNET; do is_uint "${!v}" || die "$v must be a non-negative integer"; done
 [ "$H" -ge 2 ] && [ "$H" -le 32 ] || die "-H must be 2..32"
-[ "$R" -ge 1 ] && [ "$R" -le 64 ] || die "-R must be 1..64"
+[ "$R" -ge 1 ] && [ "$R" -le 256 ] || die "-R must be 1..256"
 RV=${RV:-$R}
-is_uint "$RV" && [ "$RV" -ge 1 ] && [ "$RV" -le 64 ] || die "--victim-ranks must be 1..64"
+is_uint "$RV" && [ "$RV" -ge 1 ] && [ "$RV" -le 256 ] || die "--victim-ranks must be 1..256"
 NRANKS=$(((H - V) * R + V * RV))
-[ $((H * R)) -le 256 ] || die "at most 256 ranks (H*R)"
+[ "$NRANKS" -le 1100 ] || die "at most 1,100 ranks in all (here $NRANKS)"
 [ "$V" -lt "$H" ] || die "-V must be less than -H (at least one sender host)"
 [ "$SUBNET" -le 255 ] || die "--subnet must be 0..255"
 [ "$JOB_TIMEOUT" -ge 1 ] || die "--timeout must be at least 1"
 case "$SUBSTRATE" in tcp|ucx|none) ;; *) die "--substrate must be tcp, ucx or none" ;; esac
+case "$CPU" in host|shared) ;; *) die "--cpu must be host or shared" ;; esac
 if [ "$MODE" = run ]; then
     [ $# -ge 1 ] || die "no program after --"
     : "${TOTAL_TIMEOUT:=$((JOB_TIMEOUT + 120))}"
@@ -237,6 +300,7 @@ NS_SW="${P}sw"
 NETS="10.213.$SUBNET"
 host_ns() { echo "${P}h$1"; }
 CREATED=()          # namespaces created by this run, for the teardown
+CGROUP=             # the run's cgroup (--cpu host), for the teardown
 RUNDIR=
 JOBPID=             # the `timeout` of the running job
 WATCHDOG=
@@ -289,6 +353,7 @@ teardown() {
         for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
     done
     for ns in "${CREATED[@]}"; do ip netns del "$ns" 2>/dev/null; done
+    [ -n "$CGROUP" ] && cgroup_remove "$CGROUP"
     remove_own_segments
     if [ -n "$WATCHDOG" ]; then kill "$WATCHDOG" 2>/dev/null; wait "$WATCHDOG" 2>/dev/null; fi
     [ -n "$RUNDIR" ] && rm -rf -- "$RUNDIR"
@@ -330,6 +395,22 @@ for ns in "$NS_SW" $(for ((h = 0; h < H; h++)); do host_ns "$h"; done); do
 done
 RUNDIR=$(mktemp -d "/tmp/${P}.XXXXXX") || die "cannot create a run directory in /tmp"
 : >"$RUNDIR/pids"
+
+# One CPU cgroup per host, equal weights (--cpu host).
+if [ "$CPU" = host ]; then
+    cgr=$(cgroup_root)
+    if [ -z "$cgr" ]; then
+        echo "fabric.sh: no cgroup cpu controller: every rank shares the cores (--cpu shared)" >&2
+    else
+        if [ "$cgr" = /sys/fs/cgroup ]; then
+            echo +cpu >"$cgr/cgroup.subtree_control" 2>/dev/null
+        fi
+        run mkdir "$cgr/$P"
+        CGROUP=$cgr/$P
+        [ "$cgr" = /sys/fs/cgroup ] && run sh -c "echo +cpu >'$CGROUP/cgroup.subtree_control'"
+        for ((h = 0; h < H; h++)); do run mkdir "$CGROUP/h$h"; done
+    fi
+fi
 
 # Per namespace: no IPv6 (no router solicitations or DAD on the ports), the
 # congestion control, loopback up.
@@ -404,7 +485,10 @@ export FABRIC_HOSTS=$H FABRIC_RANKS_PER_HOST=$R FABRIC_RANKS=$NRANKS
 export FABRIC_SENDER_HOSTS=$((H - V)) FABRIC_SENDER_RANKS=$(((H - V) * R)) FABRIC_VICTIM_RANKS_PER_HOST=$RV
 export FABRIC_VICTIM_HOSTS="${VICTIMS[*]}" FABRIC_VICTIM_RANKS=$victim_ranks
 export FABRIC_VICTIM_HOSTS=${FABRIC_VICTIM_HOSTS// /,}
-export FABRIC_NS_PREFIX=$P FABRIC_RUNDIR=$RUNDIR
+export FABRIC_NS_PREFIX=$P FABRIC_RUNDIR=$RUNDIR FABRIC_CGROUP=$CGROUP
+export FABRIC_PORT_COUNTERS="$FABRIC_SELF --port-counters"
+# mpiexec holds a few descriptors per rank: hundreds of ranks need more than 1024.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # MPICH's own UCX stays on shared memory; MailRail's UCX reads MAILRAIL_UCX_TLS first.
 export UCX_TLS=${UCX_TLS:-sm,self}
 

@@ -16,6 +16,9 @@
 #   deep       16:1 with a deep (4 MB) port buffer, for contrast
 #   ucx        the ratio sweep over UCX's TCP transport instead of the TCP substrate
 #   quick      the demo's short ratio sweep: 1, 4, 16, two trials, fewer messages
+#   paper      the paper's ratios 16, 64, 256, 1024 (--ratios): four sender hosts of
+#              ratio/4 ranks, the same data per victim at every ratio (MESSAGES x 16 /
+#              ratio messages per sender), goodput, drops, credit-return messages
 #   all        ratio workload victims timeline deep ucx
 #
 # Options:
@@ -24,12 +27,18 @@
 #   -m MESSAGES    messages per sender (default 1000)
 #   -b BYTES       message size (default 4096)
 #   -p POLICIES    comma-separated (default none,rank,node)
-#   --ratios LIST  senders per victim for ratio/ucx (default "1 2 4 8 16"; 1-4, or a
-#                  multiple of 4 up to 64: four sender hosts of ratio/4 ranks)
+#   --ratios LIST  senders per victim for ratio/ucx (default "1 2 4 8 16") and paper
+#                  (default "16 64 256 1024"), timeline (default 16): 1-4, or a multiple
+#                  of 4 up to 1024 (four sender hosts of ratio/4 ranks)
+#   --substrate S  tcp or ucx (UCX's TCP transport) for paper and timeline (default tcp)
+#   --paper        the paper's settings instead of the defaults: MAILRAIL_RANK_CREDITS=8,
+#                  MAILRAIL_NODE_CREDITS=512, MAILRAIL_CREDIT_RETURN_THRESHOLD=2,
+#                  MAILRAIL_PIGGYBACK=yes; results get "_paper"
 #   --build DIR    the meson build directory (default build)
 #   --rate RATE    the line rate (default 200mbit); --buffer SIZE the victim port (32kb)
 #   --spin         ranks spin in mr_receive() when idle (the paper's benchmark as it is)
 #                  instead of waiting in mr_wait(): 2 cores then starve; results get "_spin"
+#   --wait-ms MS   idle ranks sleep in mr_wait() up to MS ms at a time (default 1)
 #   --static       static grants, all at once, as before adaptive grants (and in the
 #                  paper): MAILRAIL_NODE_CREDITS = 1024 / nodes, MAILRAIL_RANK_CREDITS =
 #                  1024 / ranks (the receive pool divided evenly); results get "_static"
@@ -39,38 +48,44 @@
 # switch port. Ranks wait (mr_wait) instead of spinning when idle (incast -w):
 # 2 cores run up to 68 ranks. docs/incast.md has the results and their reading.
 
-# --- Inside fabric.sh (sourced by --script with --jobs): one layout's jobs. ---
+# --- Inside fabric.sh (sourced by --script with --jobs): one layout's job. ---
+# One MPI job runs every trial of every policy, interleaved (trial 0 of each
+# policy, then trial 1, ...): starting hundreds of ranks costs minutes here, so
+# it is paid once per layout; the incast tool reads the victim port's counters
+# before and after each trial through $FABRIC_PORT_COUNTERS (-P).
+port_sampler() {
+    # The victim ports' counters every ~10 ms, with the wall clock, until killed.
+    local out=$1
+    echo "epoch_s,port_bytes,port_packets,port_drops,port_backlog_bytes" >"$out"
+    while :; do
+        echo "$EPOCHREALTIME $($FABRIC_PORT_COUNTERS)" | tr ' ' ',' >>"$out"
+        sleep 0.01
+    done
+}
 sweep_jobs() {
     local exp=$1 substrate=$2 ratio=$3 victims=$4 messages=$5 trials=$6 policies=$7
     local bytes=$8 results=$9 tmp=${10} buffer=${11} build=${12} wait=${13} extra=${14:-}
-    local trial policy label row counters=$tmp/counters.csv
+    local label="$exp-$substrate-$ratio" sampler='' rc=0
     fabric_substrate "$substrate"
-    for ((trial = 1; trial <= trials; trial++)); do
-        for policy in ${policies//,/ }; do
-            label="$exp-$substrate-$ratio-$policy-$trial"
-            rm -f "$tmp/incast.csv"
-            # shellcheck disable=SC2086
-            fabric_run "$label" "$build/tools/mailrail_incast" -V @VICTIMS@ -m "$messages" \
-                -b "$bytes" -t 1 -p "$policy" -s "$trial" $wait -q -c "$tmp/incast.csv" $extra \
-                >"$tmp/job.out" 2>&1 || { cat "$tmp/job.out" >&2; return 1; }
-            grep -E "port h|elsewhere" "$tmp/job.out" | sed 's/^/  /'
-            # The job's row, joined with its ports' counters (summed over victim hosts).
-            row=$(tail -n 1 "$tmp/incast.csv")
-            awk -F, -v l="$label" '$1 == l { b += $3; d += $5 } END { print b + 0, d + 0 }' \
-                "$counters" | {
-                read -r port_bytes drops
-                awk -F, -v row="$row" -v e="$exp" -v s="$substrate" -v buf="$buffer" \
-                    -v r="$ratio" -v pb="$port_bytes" -v d="$drops" -v tr="$trial" 'BEGIN {
-                    split(row, c, ",")
-                    # policy,trial,ranks,nodes,victims,bytes,messages_per_rank,seconds,
-                    # goodput_gbps,victim_peak_recv_slots,victim_peak_rss_kb,credit_returns,...
-                    printf "%s,%s,%s,%d,%d,%d,%d,%s,%d,%.6f,%.2f,%.2f,%d,%d,%d,%d\n", e, s, buf, r,
-                        c[5], c[7], c[6], c[1], tr, c[8], c[9] * 1000, pb * 8 / c[8] / 1e6, d,
-                        c[10], c[11], c[12]
-                }' >>"$results"
-            }
-        done
-    done
+    rm -f "$tmp/incast.csv"
+    if [ -n "$extra" ]; then
+        port_sampler "$tmp/port_samples.csv" &
+        sampler=$!
+    fi
+    # shellcheck disable=SC2086
+    fabric_run "$label" "$build/tools/mailrail_incast" -V @VICTIMS@ -m "$messages" \
+        -b "$bytes" -t "$trials" -p "$policies" -s 1 $wait -q -c "$tmp/incast.csv" \
+        -P "$FABRIC_PORT_COUNTERS" $extra >"$tmp/job.out" 2>&1 || rc=$?
+    if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; fi
+    [ "$rc" -eq 0 ] || { cat "$tmp/job.out" >&2; return 1; }
+    grep -E "^mailrail_incast|elsewhere" "$tmp/job.out" | sed 's/^/  /'
+    # policy,trial,ranks,nodes,victims,bytes,messages_per_rank,seconds,goodput_gbps,
+    # victim_peak_recv_slots,victim_peak_rss_kb,credit_returns,deferred_sends,verified,
+    # port_bytes,port_packets,port_drops
+    awk -F, -v e="$exp" -v s="$substrate" -v buf="$buffer" -v r="$ratio" 'NR > 1 {
+        printf "%s,%s,%s,%d,%d,%d,%d,%s,%d,%.6f,%.2f,%.2f,%d,%d,%d,%d,%d\n", e, s, buf, r,
+            $5, $7, $6, $1, $2 + 1, $8, $9 * 1000, $15 * 8 / $8 / 1e6, $17, $10, $11, $12, $3
+    }' "$tmp/incast.csv" >>"$results"
 }
 if [ "${1:-}" = "--jobs" ]; then
     shift
@@ -80,11 +95,11 @@ fi
 
 # --- The driver. ---
 set -euo pipefail
-usage() { sed -n '2,39p' "$0" >&2; exit 2; }
+usage() { sed -n '2,/^$/p' "$0" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=build/incast trials=5 messages=1000 bytes=4096 policies=none,rank,node
-ratios="1 2 4 8 16" build=build rate=200mbit buffer=32kb exps=() static=0 wait=-w
+ratios='' build=build rate=200mbit buffer=32kb exps=() static=0 wait=-w paper=0 substrate=tcp
 while [ $# -gt 0 ]; do
     case $1 in
         -o) out=$2; shift 2 ;;
@@ -97,13 +112,26 @@ while [ $# -gt 0 ]; do
         --rate) rate=$2; shift 2 ;;
         --buffer) buffer=$2; shift 2 ;;
         --static) static=1; shift ;;
+        --paper) paper=1; shift ;;
+        --substrate) substrate=$2; shift 2 ;;
         --spin) wait=; shift ;;
+        --wait-ms) wait="-W $2"; shift 2 ;;
         -h|--help) usage ;;
         -*) echo "incast_sweep: unknown option $1" >&2; usage ;;
         *) exps+=("$1"); shift ;;
     esac
 done
 [ ${#exps[@]} -gt 0 ] || usage
+case $substrate in tcp|ucx) ;; *) echo "incast_sweep: --substrate tcp or ucx" >&2; exit 2 ;; esac
+for r in $ratios; do
+    case $r in ''|*[!0-9]*) echo "incast_sweep: --ratios: '$r' is not a number" >&2; exit 2 ;; esac
+    [ "$r" -ge 1 ] && { [ "$r" -le 4 ] || { [ $((r % 4)) -eq 0 ] && [ "$r" -le 1024 ]; }; } ||
+        { echo "incast_sweep: --ratios: $r is not 1-4 or a multiple of 4 up to 1024" >&2; exit 2; }
+done
+if [ "$paper" = 1 ]; then
+    export MAILRAIL_RANK_CREDITS=8 MAILRAIL_NODE_CREDITS=512 MAILRAIL_CREDIT_RETURN_THRESHOLD=2
+    export MAILRAIL_PIGGYBACK=yes
+fi
 [ "$(id -u)" -eq 0 ] || { echo "incast_sweep: needs root (network namespaces)" >&2; exit 1; }
 build=$(cd "$build" && pwd)
 [ -x "$build/tools/mailrail_incast" ] || { echo "incast_sweep: no $build/tools/mailrail_incast; build first" >&2; exit 1; }
@@ -111,7 +139,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-header="experiment,substrate,buffer,ratio,victims,messages_per_sender,bytes,policy,trial,seconds,goodput_mbps,port_mbps,port_drops,victim_peak_recv_slots,victim_peak_rss_kb,credit_returns"
+header="experiment,substrate,buffer,ratio,victims,messages_per_sender,bytes,policy,trial,seconds,goodput_mbps,port_mbps,port_drops,victim_peak_recv_slots,victim_peak_rss_kb,credit_returns,ranks"
 
 # Runs one layout: RATIO senders per victim, VICTIMS victim hosts.
 layout() {
@@ -124,13 +152,18 @@ layout() {
     fi
     echo "== $exp: $ratio sender(s) per victim, $victims victim(s), $msgs x $bytes B per sender, $substrate, port buffer $buf"
     rm -f "$tmp/counters.csv"
+    # Hundreds of ranks per core finish their collectives slowly (docs/scale.md).
+    [ "$ratio" -ge 256 ] && export MAILRAIL_TIMEOUT=${MAILRAIL_TIMEOUT:-600}
     if [ "$static" = 1 ]; then
         export MAILRAIL_NODE_CREDITS=$((1024 / hosts))
         export MAILRAIL_RANK_CREDITS=$((1024 / ((hosts - victims) * ranks + victims)))
     fi
+    # One job runs every trial: starting 1,025 ranks takes minutes on 2 cores, and
+    # each trial starts MailRail afresh.
+    local job_timeout=$((600 + (ratio * victims + 1) * (trl + 1)))
     "$here/fabric.sh" -q -H "$hosts" -R "$ranks" -V "$victims" --victim-ranks 1 \
-        --rate "$rate" --buffer "$buf" --substrate "$substrate" --timeout 600 \
-        --total-timeout 3000 --counters "$tmp/counters.csv" \
+        --rate "$rate" --buffer "$buf" --substrate "$substrate" --timeout "$job_timeout" \
+        --total-timeout $((job_timeout + 300)) --counters "$tmp/counters.csv" \
         --script "$0" --jobs "$exp" "$substrate" "$ratio" "$victims" "$msgs" "$trl" \
         "$policies" "$bytes" "$results" "$tmp" "$buf" "$build" "$wait" "$extra"
 }
@@ -148,19 +181,21 @@ summarize() {
         d[k, n[k]] = $col["port_drops"]; if ($col["victim_peak_recv_slots"] > slots[k]) slots[k] = $col["victim_peak_recv_slots"]
         if ($col["victim_peak_rss_kb"] > rss[k]) rss[k] = $col["victim_peak_rss_kb"]
         data[k] = $col["messages_per_sender"] * $col["bytes"] * $col["ratio"] / 1048576
+        cr[k, n[k]] = $col["credit_returns"]
     }
     function sort(a, m,   i, j, t) { for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t } }
     function med(a, m) { return m % 2 ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2 }
     END {
-        print X ",policy,trials,goodput_median_mbps,goodput_min_mbps,goodput_max_mbps,seconds_median,seconds_min,seconds_max,speedup_over_" ps[1] ",port_drops_median,victim_peak_recv_slots,victim_peak_rss_kb,data_per_victim_mib"
+        print X ",policy,trials,goodput_median_mbps,goodput_min_mbps,goodput_max_mbps,seconds_median,seconds_min,seconds_max,speedup_over_" ps[1] ",port_drops_median,victim_peak_recv_slots,victim_peak_rss_kb,data_per_victim_mib,credit_returns_median"
         for (i = 1; i <= nx; i++) for (j = 1; j <= np; j++) {
             k = xs[i] SUBSEP ps[j]; m = n[k]; if (!m) continue
             delete a; for (t = 1; t <= m; t++) a[t] = g[k, t]; sort(a, m); gm = med(a, m); glo = a[1]; ghi = a[m]
             delete b; for (t = 1; t <= m; t++) b[t] = s[k, t]; sort(b, m); sm[k] = med(b, m); slo = b[1]; shi = b[m]
             delete c; for (t = 1; t <= m; t++) c[t] = d[k, t]; sort(c, m)
+            delete f; for (t = 1; t <= m; t++) f[t] = cr[k, t]; sort(f, m); crm = med(f, m)
             base = xs[i] SUBSEP ps[1]
             if (!(base in sm)) { delete e; for (t = 1; t <= n[base]; t++) e[t] = s[base, t]; sort(e, n[base]); sm[base] = med(e, n[base]) }
-            printf "%s,%s,%d,%.1f,%.1f,%.1f,%.3f,%.3f,%.3f,%.2f,%d,%d,%d,%.1f\n", xs[i], ps[j], m, gm, glo, ghi, sm[k], slo, shi, sm[base] / sm[k], med(c, m), slots[k], rss[k], data[k]
+            printf "%s,%s,%d,%.1f,%.1f,%.1f,%.3f,%.3f,%.3f,%.2f,%d,%d,%d,%.1f,%d\n", xs[i], ps[j], m, gm, glo, ghi, sm[k], slo, shi, sm[base] / sm[k], med(c, m), slots[k], rss[k], data[k], crm
         }
     }' "$out/$exp.csv" >"$out/${exp}_summary.csv"
     # The table, columns aligned (awk: `column` is not on every Debian machine).
@@ -172,9 +207,14 @@ summarize() {
 
 line_rate=$(awk -v r="$rate" 'BEGIN { v = r + 0; if (r ~ /gbit/) v *= 1000; else if (r ~ /kbit/) v /= 1000; print v }')
 ratio_sweep() {
-    local exp=$1 substrate=$2 list=$3 msgs=$4 trl=$5
+    local exp=$1 substrate=$2 list=$3 msgs=$4 trl=$5 same_data=${6:-0} m
     echo "$header" >"$out/$exp.csv"
-    for r in $list; do layout "$exp" "$substrate" "$r" 1 "$msgs" "$trl" "$buffer"; done
+    for r in $list; do
+        # paper: the same data per victim at every ratio (16 x MESSAGES messages).
+        m=$msgs
+        if [ "$same_data" = 1 ]; then m=$(((msgs * 16 + r / 2) / r)); [ "$m" -ge 1 ] || m=1; fi
+        layout "$exp" "$substrate" "$r" 1 "$m" "$trl" "$buffer"
+    done
     summarize "$exp" ratio
     "$root/tools/plot/plot_lines.sh" -i "$out/${exp}_summary.csv" -o "$out/$exp.png" -x ratio \
         -y goodput_median_mbps -l goodput_min_mbps -u goodput_max_mbps -g policy -L \
@@ -187,6 +227,41 @@ ratio_sweep() {
         -X "senders per victim (incast ratio)" -Y "packets dropped per run"
 }
 
+# Joins the victim's samples (rank RATIO, the last) of every policy with the port
+# counters sampled beside them (by wall clock): arrivals per interval, slots in
+# use, credits outstanding per sending node, the port's queue and its drops since
+# the trial began.
+timeline_join() {
+    local ports=$1 victim=$2 p f first=1
+    for p in ${policies//,/ }; do
+        f="$tmp/tl.$p.0.$victim.csv"
+        [ -r "$f" ] || { echo "incast_sweep: no samples $f" >&2; return 1; }
+        awk -F, -v P="$p" -v first="$first" '
+            FNR == 1 { file++ }
+            file == 1 && FNR > 1 { pe[++np] = $1; pd[np] = $4; pq[np] = $5; next }
+            file == 2 && FNR == 1 {
+                for (i = 1; i <= NF; i++) col[$i] = i
+                g = ""; for (i = 1; i <= NF; i++) if ($i ~ /^granted_node/) { gc[++ng] = i; g = g "," $i }
+                if (first) print "policy,elapsed_s,arrivals_mbps,recv_slots_in_use,port_backlog_kb,port_drops" g
+                next
+            }
+            file == 2 {
+                e = $col["epoch_s"]
+                while (j < np && pe[j + 1] <= e) j++
+                if (d0 == "" && j > 0) d0 = pd[j]
+                if (n++) {
+                    line = sprintf("%s,%.3f,%.2f,%d,%.1f,%d", P, $col["elapsed_s"],
+                        ($col["received_bytes"] - b) * 8 / ($col["elapsed_s"] - t) / 1e6,
+                        $col["recv_slots_in_use"], j ? pq[j] / 1024 : 0, j ? pd[j] - d0 : 0)
+                    for (k = 1; k <= ng; k++) line = line "," $gc[k]
+                    print line
+                }
+                t = $col["elapsed_s"]; b = $col["received_bytes"]
+            }' "$ports" "$f"
+        first=0
+    done
+}
+
 expanded=()
 for exp in "${exps[@]}"; do
     if [ "$exp" = all ]; then expanded+=(ratio workload victims timeline deep ucx); else expanded+=("$exp"); fi
@@ -196,8 +271,16 @@ for name in "${expanded[@]}"; do
     [ "$static" = 1 ] && exp=${exp}_static
     [ -z "$wait" ] && exp=${exp}_spin
     case $name in
-        ratio) ratio_sweep "$exp" tcp "$ratios" "$messages" "$trials" ;;
-        ucx) ratio_sweep "$exp" ucx "$ratios" "$messages" "$trials" ;;
+        ratio) ratio_sweep "$exp" tcp "${ratios:-1 2 4 8 16}" "$messages" "$trials" ;;
+        ucx) ratio_sweep "$exp" ucx "${ratios:-1 2 4 8 16}" "$messages" "$trials" ;;
+        paper)
+            exp=${exp/paper/paper_$substrate}
+            [ "$paper" = 1 ] && exp=${exp}_paper
+            ratio_sweep "$exp" "$substrate" "${ratios:-16 64 256 1024}" "$messages" "$trials" 1
+            "$root/tools/plot/plot_lines.sh" -i "$out/${exp}_summary.csv" -o "$out/${exp}_returns.png" \
+                -x ratio -y credit_returns_median -g policy -L -G \
+                -t "Credit-return messages per run ($substrate, $rate, $buffer): median of $trials trials" \
+                -X "senders per victim (incast ratio)" -Y "credit-return messages" ;;
         quick) ratio_sweep "$exp" tcp "1 4 16" $((messages / 3)) 2 ;;
         workload)
             echo "$header" >"$out/$exp.csv"
@@ -224,19 +307,22 @@ for name in "${expanded[@]}"; do
             "$root/tools/plot/plot_incast.sh" "$out/$exp.csv" "$out/$exp.png" \
                 "16:1 through a deep (4 MB) port buffer ($rate)" ;;
         timeline)
-            echo "$header" >"$out/${exp}_runs.csv"
-            rm -f "$tmp"/tl.*
-            layout "$exp" tcp 16 1 "$messages" 1 "$buffer" "-i 10 -o $tmp/tl" "$out/${exp}_runs.csv"
-            # The victim is the last rank (16): its received bytes per 10 ms sample.
-            echo "policy,elapsed_s,received_mbps" >"$out/$exp.csv"
-            for p in ${policies//,/ }; do
-                awk -F, -v p="$p" 'NR > 1 { if (n++) printf "%s,%.3f,%.2f\n", p, $2, ($6 - b) * 8 / ($2 - t) / 1e6; t = $2; b = $6 }' \
-                    "$tmp/tl.$p.0.16.csv" >>"$out/$exp.csv"
+            # Per ratio: one trial per policy with the victim's samples every 10 ms
+            # (mailrail_incast -i) and the victim port's counters beside them.
+            for r in ${ratios:-16}; do
+                tl=${exp}_${substrate}_$r
+                [ "$paper" = 1 ] && tl=${tl}_paper
+                m=$(((messages * 16 + r / 2) / r)); [ "$m" -ge 1 ] || m=1
+                echo "$header" >"$out/${tl}_runs.csv"
+                rm -f "$tmp"/tl.* "$tmp/port_samples.csv"
+                layout "$tl" "$substrate" "$r" 1 "$m" 1 "$buffer" "-i 10 -o $tmp/tl" "$out/${tl}_runs.csv"
+                timeline_join "$tmp/port_samples.csv" "$r" >"$out/$tl.csv"
+                "$root/tools/plot/plot_timeline.sh" -i "$out/$tl.csv" -o "$out/$tl.png" \
+                    -p "$policies" -r "$line_rate" \
+                    -t "The victim at $r:1 on the emulated fabric ($substrate, $rate, $buffer), samples every 10 ms"
+                echo "CSV: $out/$tl.csv"
             done
-            "$root/tools/plot/plot_lines.sh" -i "$out/$exp.csv" -o "$out/$exp.png" -x elapsed_s \
-                -y received_mbps -g policy -s -r "$line_rate:line rate $rate" \
-                -t "Received at the victim every 10 ms, 16:1 on the emulated fabric ($rate, $buffer)" \
-                -X "time since the start (s)" -Y "received (Mbit/s)" ;;
+            continue ;;
         *) echo "incast_sweep: unknown experiment $exp" >&2; usage ;;
     esac
     echo "CSV: $out/$exp.csv"
