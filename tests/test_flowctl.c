@@ -75,6 +75,18 @@ static void check_credit_grants(void)
     ck_assert_int_eq(mr_get_credit_grants(out, 0, &holders), MR_OK);
 }
 
+/* mr_init() with tiny pools and static credits per pair (rank) and per node (node). */
+static void init_with_credits(int slots_per_rank, const char *send_slots, const char *rank_credits,
+                              const char *node_credits)
+{
+    tiny_pools(slots_per_rank, send_slots);
+    setenv("MAILRAIL_RANK_CREDITS", rank_credits, 1);
+    setenv("MAILRAIL_NODE_CREDITS", node_credits, 1);
+    init_on_world();
+    unsetenv("MAILRAIL_RANK_CREDITS");
+    unsetenv("MAILRAIL_NODE_CREDITS");
+}
+
 /* 7:1 incast: every other rank floods rank 0, with one credit per pair. */
 START_TEST(incast_exactly_once)
 {
@@ -263,12 +275,7 @@ static uint64_t incast_credit_returns(const char *flowctl)
 
     setenv("MAILRAIL_FLOWCTL", flowctl, 1);
     /* Static grants, as in the paper: eight credits per pair under rank; 32 per node under node. */
-    tiny_pools(8, "16");
-    setenv("MAILRAIL_RANK_CREDITS", "8", 1);
-    setenv("MAILRAIL_NODE_CREDITS", "32", 1);
-    init_on_world();
-    unsetenv("MAILRAIL_RANK_CREDITS");
-    unsetenv("MAILRAIL_NODE_CREDITS");
+    init_with_credits(8, "16", "8", "32");
     tally_init(&t, per_sender);
     if (world_rank != victim) exchange(&victim, 1, per_sender, &t);
     quiesce(&t);
@@ -317,12 +324,7 @@ START_TEST(sleepers_are_woken_for_credit)
     tally_t t;
     mr_stats_t stats = {.size = sizeof(stats)};
 
-    tiny_pools(2, "4");
-    setenv("MAILRAIL_NODE_CREDITS", "2", 1);
-    setenv("MAILRAIL_RANK_CREDITS", "1", 1);
-    init_on_world();
-    unsetenv("MAILRAIL_NODE_CREDITS");
-    unsetenv("MAILRAIL_RANK_CREDITS");
+    init_with_credits(2, "4", "1", "2");
     tally_init(&t, per_sender);
     bool sender = world_rank < 4 && world_size > victim;
     for (uint32_t seq = 0; sender && seq < per_sender; seq++) {

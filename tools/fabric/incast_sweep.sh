@@ -15,7 +15,10 @@
 #   timeline   16:1, the victim's received rate every 10 ms, one trial per policy
 #   deep       16:1 with a deep (4 MB) port buffer, for contrast
 #   ucx        the ratio sweep over UCX's TCP transport instead of the TCP substrate
-#   quick      the demo's short ratio sweep: 1, 4, 16, two trials, fewer messages
+#   quick      the demo's run: 64:1 (250 messages per sender), three trials of each
+#              policy, in about a minute
+#   replot     the summary and figures again from OUT/NAME.csv (--name NAME), e.g.
+#              after appending the rows of a separate run to it
 #   paper      the paper's ratios 16, 64, 256, 1024 (--ratios): four sender hosts of
 #              ratio/4 ranks, the same data per victim at every ratio (MESSAGES x 16 /
 #              ratio messages per sender), goodput, drops, credit-return messages
@@ -99,7 +102,7 @@ usage() { sed -n '2,/^$/p' "$0" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=build/incast trials=5 messages=1000 bytes=4096 policies=none,rank,node
-ratios='' build=build rate=200mbit buffer=32kb exps=() static=0 wait=-w paper=0 substrate=tcp
+replot='' ratios='' build=build rate=200mbit buffer=32kb exps=() static=0 wait=-w paper=0 substrate=tcp
 while [ $# -gt 0 ]; do
     case $1 in
         -o) out=$2; shift 2 ;;
@@ -113,6 +116,7 @@ while [ $# -gt 0 ]; do
         --buffer) buffer=$2; shift 2 ;;
         --static) static=1; shift ;;
         --paper) paper=1; shift ;;
+        --name) replot=$2; shift 2 ;;
         --substrate) substrate=$2; shift 2 ;;
         --spin) wait=; shift ;;
         --wait-ms) wait="-W $2"; shift 2 ;;
@@ -215,6 +219,12 @@ ratio_sweep() {
         if [ "$same_data" = 1 ]; then m=$(((msgs * 16 + r / 2) / r)); [ "$m" -ge 1 ] || m=1; fi
         layout "$exp" "$substrate" "$r" 1 "$m" "$trl" "$buffer"
     done
+    ratio_plots "$exp" "$substrate" "$trl"
+}
+
+# The summary and the figures of a ratio sweep's CSV ($out/EXP.csv).
+ratio_plots() {
+    local exp=$1 substrate=$2 trl=$3
     summarize "$exp" ratio
     "$root/tools/plot/plot_lines.sh" -i "$out/${exp}_summary.csv" -o "$out/$exp.png" -x ratio \
         -y goodput_median_mbps -l goodput_min_mbps -u goodput_max_mbps -g policy -L \
@@ -225,6 +235,12 @@ ratio_sweep() {
         -y port_drops_median -g policy -L \
         -t "Packets the victim's switch port dropped ($substrate, $rate, $buffer): median of $trl trials" \
         -X "senders per victim (incast ratio)" -Y "packets dropped per run"
+    if [ "$(awk -F, 'NR > 1 && $16 > 0 { n++ } END { print n + 0 }' "$out/$exp.csv")" -gt 0 ]; then
+        "$root/tools/plot/plot_lines.sh" -i "$out/${exp}_summary.csv" -o "$out/${exp}_returns.png" \
+            -x ratio -y credit_returns_median -g policy -L -G \
+            -t "Credit-return messages per run ($substrate, $rate, $buffer): median of $trl trials" \
+            -X "senders per victim (incast ratio)" -Y "credit-return messages"
+    fi
 }
 
 # Joins the victim's samples (rank RATIO, the last) of every policy with the port
@@ -276,12 +292,14 @@ for name in "${expanded[@]}"; do
         paper)
             exp=${exp/paper/paper_$substrate}
             [ "$paper" = 1 ] && exp=${exp}_paper
-            ratio_sweep "$exp" "$substrate" "${ratios:-16 64 256 1024}" "$messages" "$trials" 1
-            "$root/tools/plot/plot_lines.sh" -i "$out/${exp}_summary.csv" -o "$out/${exp}_returns.png" \
-                -x ratio -y credit_returns_median -g policy -L -G \
-                -t "Credit-return messages per run ($substrate, $rate, $buffer): median of $trials trials" \
-                -X "senders per victim (incast ratio)" -Y "credit-return messages" ;;
-        quick) ratio_sweep "$exp" tcp "1 4 16" $((messages / 3)) 2 ;;
+            ratio_sweep "$exp" "$substrate" "${ratios:-16 64 256 1024}" "$messages" "$trials" 1 ;;
+        replot)
+            # Summary and figures again from $out/NAME.csv (runs appended to it by hand).
+            [ -n "$replot" ] && [ -r "$out/$replot.csv" ] ||
+                { echo "incast_sweep: replot needs --name NAME with $out/NAME.csv" >&2; exit 2; }
+            ratio_plots "$replot" "$(awk -F, 'NR == 2 { print $2 }' "$out/$replot.csv")" "$trials"
+            exp=$replot ;;
+        quick) ratio_sweep "$exp" tcp "64" "$messages" 3 1 ;;
         workload)
             echo "$header" >"$out/$exp.csv"
             for f in 1 2 4 8; do layout "$exp" tcp 16 1 $((messages * f / 8)) "$trials" "$buffer"; done
