@@ -15,7 +15,8 @@ cc="clang -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno
 inc="-Icore -Icore/include -Icore/plugin -Iflowctl -Iflowctl/node -I$generated -Itools -Isubstrates/common"
 core="core/config.c core/log.c flowctl/flowctl_registry.c flowctl/flowctl_settings.c
       flowctl/credit.c flowctl/none/flowctl_none.c
-      flowctl/rank/flowctl_rank.c flowctl/node/flowctl_node.c flowctl/node/node_segment.c"
+      flowctl/rank/flowctl_rank.c flowctl/node/flowctl_node.c flowctl/node/node_segment.c
+      flowctl/node/node_wake.c"
 # shellcheck disable=SC2086
 $cc $inc tests/fuzz/fuzz_config.c $core -o "$out/fuzz_config"
 # shellcheck disable=SC2086
