@@ -75,7 +75,6 @@ mr_status_t mr__credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit,
         o->key[k].epoch = UINT32_MAX;
     }
     o->win.adaptive = adaptive;
-    o->win.window = initial;
     o->win.per_rank_q8 = 0; /* Every holder starts at the floor, MR_CREDIT_INITIAL. */
     o->win.active = 1;
     o->static_return_at = mr__credit_return_at(limit, o->threshold);
@@ -91,8 +90,8 @@ static uint32_t credit_active(const mr_credit_window_t *w)
 void mr__credit_owed_fini(mr_credit_owed_t *o)
 {
     if (o->win.adaptive && o->win.rate > 0) {
-        mr_debug("Credit window: %u per rank over %u active sending rank(s); peak rate %.0f messages/s, "
-                 "shortest credit loop %.1f us.", o->win.window, credit_active(&o->win),
+        mr_debug("Credit window: %.2f per rank over %u active sending rank(s); peak rate %.0f messages/s, "
+                 "shortest credit loop %.1f us.", (double)o->win.per_rank_q8 / 256.0, credit_active(&o->win),
                  o->win.rate, (double)o->win.loop_ns / 1e3);
     }
     free(o->key);
@@ -186,7 +185,8 @@ static void credit_owed_return(mr_credit_owed_t *o, int key)
 
 /*
  * Sizes the window: the arrivals of one horizon at the receiver's best recent
- * rate, shared by the ranks that send to it, at least MR_CREDIT_INITIAL each.
+ * rate, shared by the ranks that send to it (mr__credit_owed_window() applies
+ * the floor of MR_CREDIT_INITIAL per holder).
  */
 static void credit_window_update(mr_credit_window_t *w, uint32_t limit)
 {
@@ -195,10 +195,7 @@ static void credit_window_update(mr_credit_window_t *w, uint32_t limit)
                         : w->loop_ns;
     uint64_t horizon = 2 * loop > CREDIT_HORIZON_NS ? 2 * loop : CREDIT_HORIZON_NS;
     double per = w->rate * (double)horizon / 1e9 / (double)credit_active(w);
-    uint32_t floor = limit < MR_CREDIT_INITIAL ? limit : MR_CREDIT_INITIAL;
-    uint32_t n = per >= (double)limit ? limit : (uint32_t)per + 1;
 
-    w->window = n < floor ? floor : n;
     w->per_rank_q8 = per >= (double)limit ? (uint64_t)limit << 8 : (uint64_t)(per * 256.0) + 1;
 }
 

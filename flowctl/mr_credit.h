@@ -39,8 +39,7 @@
 
 typedef struct mr_credit_window {
     bool adaptive;
-    uint32_t window;          /* Credits per active sending rank outstanding now, */
-    uint64_t per_rank_q8;     /* and the same before rounding, in 1/256ths: a holder
+    uint64_t per_rank_q8;     /* Credits per active sending rank, in 1/256ths: a holder
                                  that stands for k ranks gets k times it, rounded up. */
     double rate;              /* Most arrivals per second lately (a decaying maximum). */
     uint64_t loop_ns;         /* Shortest credit loop of the last epoch, or 0. */

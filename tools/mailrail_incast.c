@@ -261,11 +261,10 @@ static void incast_draw(const incast_options_t *o, incast_rank_t *r, uint64_t *r
  * The barrier that starts the clock. With -w it sleeps between tests, so that
  * hundreds of ranks per core leave the early ones the cores (MPI_Barrier spins).
  */
-static void incast_barrier(const incast_options_t *o)
+static void incast_barrier(void)
 {
     MPI_Request req;
 
-    (void)o;
     MPI_Ibarrier(MPI_COMM_WORLD, &req);
     incast_wait(&req);
 }
@@ -280,7 +279,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
     int others = o->victims - (r->is_victim ? 1 : 0);
 
     incast_draw(o, r, rng);
-    incast_barrier(o);
+    incast_barrier();
     r->start = r->last_send = r->last_recv = tool_now();
     r->next_sample = r->start;
     st = incast_receive_all(r, bytes);

@@ -89,16 +89,7 @@ static int open_fds(void)
 /* This process's resident memory now (VmRSS) in MiB, or 0. */
 static double rss_now_mb(void)
 {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    unsigned long long kb = 0;
-
-    if (f == NULL) return 0;
-    while (fgets(line, sizeof(line), f) != NULL) {
-        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1) break;
-    }
-    fclose(f);
-    return (double)kb / 1024;
+    return (double)tool_status_kb("VmRSS: %llu kB") / 1024;
 }
 
 /* CPU seconds this process has used, user and system. */

@@ -122,8 +122,8 @@ static inline bool tool_parse_unsigned(const char *text, unsigned *out)
     return true;
 }
 
-/* The resident-memory high-water mark of this process in KiB (VmHWM), or 0. */
-static inline uint64_t tool_peak_rss_kb(void)
+/* A "Vm...: N kB" line of /proc/self/status ("VmHWM: %llu kB", say), in KiB, or 0. */
+static inline uint64_t tool_status_kb(const char *format)
 {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
@@ -131,10 +131,16 @@ static inline uint64_t tool_peak_rss_kb(void)
 
     if (f == NULL) return 0;
     while (fgets(line, sizeof(line), f) != NULL) {
-        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+        if (sscanf(line, format, &kb) == 1) break;
     }
     fclose(f);
     return kb;
+}
+
+/* The resident-memory high-water mark of this process in KiB (VmHWM), or 0. */
+static inline uint64_t tool_peak_rss_kb(void)
+{
+    return tool_status_kb("VmHWM: %llu kB");
 }
 
 /* Resets the high-water mark, so that each trial or phase measures its own (Linux clear_refs 5). */

@@ -99,6 +99,7 @@ bool mr__node_wake_sleep(mr_node_wake_t *w, bool sleeping, uint32_t waits_for)
     if (w->fd < 0) return false;
     mine = &mr__node_sleepers(w->seg)[w->me].waits_for;
     if (sleeping) {
+        wake_drain(w); /* Stray wake-ups (late or foreign) must not end this sleep. */
         atomic_store(mine, waits_for);
         atomic_fetch_add(&w->seg->sleeping, 1);
         /* Pairs with the fence in mr__node_wake_others(): see the top of the file. */

@@ -84,7 +84,8 @@ static mr_status_t tcp_send_control(mr_substrate_t *s, int dest, uint32_t imm)
 
 static mr_status_t tcp_wake_fd(mr_substrate_t *s, int fd)
 {
-    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = TAG(TAG_WAKE, 0, 0)};
+    /* Edge-triggered: a wake-up its owner has not read yet wakes once, not forever. */
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = TAG(TAG_WAKE, 0, 0)};
 
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         MR__LOG(s, MR_LOG_WARN, "TCP substrate: cannot watch wake-up descriptor %d: %s.", fd,

@@ -83,7 +83,8 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
 
 static mr_status_t ucx_wake_fd(mr_substrate_t *s, int fd)
 {
-    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = UCX_TAG_WAKE};
+    /* Edge-triggered: a wake-up its owner has not read yet wakes once, not forever. */
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = UCX_TAG_WAKE};
 
     if (s->epfd < 0 || epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         MR__LOG(s, MR_LOG_WARN, "UCX substrate: cannot watch wake-up descriptor %d.", fd);
