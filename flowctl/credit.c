@@ -256,10 +256,13 @@ void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
 
     if (k->held > 0) {
         k->held--;
-    } else if (!o->underflow_logged) {
-        mr_error("A message from rank %d came without a credit this rank granted; do all "
-                 "ranks use the same MAILRAIL_FLOWCTL and credit settings?", rank);
-        o->underflow_logged = true;
+    } else {
+        o->uncredited++;
+        if (!o->underflow_logged) {
+            mr_error("A message from rank %d came without a credit this rank granted; do all "
+                     "ranks use the same MAILRAIL_FLOWCTL and credit settings?", rank);
+            o->underflow_logged = true;
+        }
     }
     if (!k->adaptive) return;
     credit_window_arrival(o, k);

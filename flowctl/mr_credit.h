@@ -72,6 +72,7 @@ typedef struct mr_credit_owed {
     unsigned threshold;   /* MAILRAIL_CREDIT_RETURN_THRESHOLD. */
     uint32_t static_return_at; /* Return to a static key once this many are returnable. */
     bool underflow_logged;
+    uint64_t uncredited;  /* Arrivals beyond a key's credits (mr_stats_t.breach_uncredited). */
     mr_credit_key_t *key;
     int *retry;           /* Keys with a return to send from progress. */
     int nretry;

@@ -83,7 +83,7 @@ typedef struct mr_flowctl_ops {
     /* Retries control messages the substrate refused earlier. Returns work done. */
     int (*progress)(mr_flowctl_t *fc);
 
-    /* Adds the policy's counters to *stats. */
+    /* Adds the policy's counters to *stats, breaches of its invariants included. */
     void (*stats)(mr_flowctl_t *fc, mr_stats_t *stats);
 
     /* Frees everything. */
@@ -113,6 +113,12 @@ typedef struct mr_flowctl_ops {
      * credits once more before it sleeps. Called with false after the sleep.
      */
     bool (*sleep)(mr_flowctl_t *fc, bool sleeping);
+    /*
+     * The most messages this policy lets be in flight to this rank at once:
+     * every holder's credits added up. The core checks arrivals against it
+     * (mr_stats_t.breach_beyond_grant). NULL: the policy bounds nothing.
+     */
+    uint64_t (*recv_bound)(mr_flowctl_t *fc);
 } mr_flowctl_ops_t;
 
 /* Names accepted by MAILRAIL_FLOWCTL, NULL-terminated, in table order. */

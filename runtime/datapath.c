@@ -86,7 +86,29 @@ static void up_recv_slot_abandon(void *core, void *slot)
 {
     (void)core;
     uint32_t idx = mr__pool_index(&rt.recv_pool, slot);
-    if (idx != MR_NIL && rt.recvs[idx].state == RECV_FILLING) rt_recv_free(idx);
+    if (idx != MR_NIL && rt.recvs[idx].state == RECV_FILLING) {
+        rt_recv_free(idx);
+        return;
+    }
+    rt.stats.breach_unacquired++;
+    mr_error("internal: substrate %s gave back a receive slot it did not acquire.",
+             rt.substrate->name);
+}
+
+/*
+ * Counts what arrived since `before` messages were in flight to this rank:
+ * a new peak, and arrivals beyond what flow control granted. Messages only
+ * arrive in progress (and to oneself), so its end sees every peak.
+ */
+static void rt_inflight_grew(uint64_t before)
+{
+    uint64_t now = mr__pool_in_use(&rt.recv_pool) + rt.held;
+
+    if (now <= before) return;
+    if (now > rt.stats.peak_recv_inflight) rt.stats.peak_recv_inflight = now;
+    if (rt.recv_bound != 0 && now > rt.recv_bound) {
+        rt.stats.breach_beyond_grant += now - (before > rt.recv_bound ? before : rt.recv_bound);
+    }
 }
 
 /* A datagram in receive slot `idx` arrived: charge its credit and queue it. */
@@ -116,6 +138,7 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
     if (handle == NULL) {
         idx = mr__pool_index(&rt.recv_pool, data);
         if (idx == MR_NIL || rt.recvs[idx].state != RECV_FILLING) {
+            rt.stats.breach_unacquired++;
             mr_error("internal: substrate %s delivered a buffer it did not acquire.",
                      rt.substrate->name);
             return MR_ERR_INVALID_BUFFER;
@@ -209,9 +232,11 @@ mr_status_t rt_send_control(void *core, int dest, uint32_t imm)
 /* Copies a message to oneself into a receive slot. */
 static mr_status_t rt_deliver_self(uint32_t idx)
 {
+    uint64_t before = mr__pool_in_use(&rt.recv_pool) + rt.held;
     uint32_t r = rt_recv_take();
 
     if (r == MR_NIL) return MR_AGAIN;
+    rt_inflight_grew(before);
     memcpy(rt.recvs[r].data, mr__pool_slot(&rt.send_pool, idx), rt.sends[idx].length);
     rt_queue_push(&rt.arrivals, r, rt.rank, rt.sends[idx].length);
     rt_send_free(idx);
@@ -298,8 +323,11 @@ static int rt_drain(bool until_stuck)
 
 int rt_progress(int timeout_ms)
 {
+    uint64_t before = mr__pool_in_use(&rt.recv_pool) + rt.held;
     int events = rt.substrate->progress(rt.sub, timeout_ms);
 
+    if (rt.sub_held != NULL) rt.held = rt.sub_held(rt.sub);
+    rt_inflight_grew(before);
     rt.progress_epoch++;
     if (events < 0) return events;
     events += rt.flowctl->progress(rt.fc);

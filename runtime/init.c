@@ -236,8 +236,10 @@ static void rt_register_wake(void)
 static mr_status_t rt_open_flowctl(void)
 {
     mr_flowctl_params_t params = rt_flowctl_params();
+    mr_status_t status = rt.flowctl->init(&params, &rt.fc);
 
-    return rt.flowctl->init(&params, &rt.fc);
+    if (status == MR_OK && rt.flowctl->recv_bound != NULL) rt.recv_bound = rt.flowctl->recv_bound(rt.fc);
+    return status;
 }
 
 /* Opens the substrate and reads this rank's address. */
@@ -265,6 +267,7 @@ static mr_status_t rt_open_substrate(uint8_t *addr, size_t *len)
 
     status = rt.substrate->open(&params, &rt.sub);
     if (status != MR_OK) return status;
+    rt.sub_held = MR_SUBSTRATE_OPS_HAS(rt.substrate, held) ? rt.substrate->held : NULL;
     status = rt.substrate->get_address(rt.sub, addr, len);
     if (status != MR_OK) {
         rt.substrate->close(rt.sub);

@@ -73,6 +73,8 @@ mr_status_t mr_get_stats(mr_stats_t *stats)
     snapshot.peak_deferred_depth = rt.deferq.peak_depth;
     snapshot.deferred_now = rt.deferq.depth;
     snapshot.recv_slots_in_use = mr__pool_in_use(&rt.recv_pool);
+    snapshot.recv_granted = rt.recv_bound != 0 ? rt.recv_bound : rt.cfg.recv_slots;
+    snapshot.recv_inflight = snapshot.recv_slots_in_use + rt.held;
     rt.flowctl->stats(rt.fc, &snapshot);
     if (rt.substrate->stats != NULL) rt.substrate->stats(rt.sub, &snapshot);
     size = stats->size < sizeof(snapshot) ? stats->size : sizeof(snapshot);

@@ -132,6 +132,10 @@ typedef struct rt_runtime {
     unsigned idle_polls;
     bool wake_registered;  /* The substrate's wait includes flow control's wake_fd(). */
     bool reserve_blocked;  /* The last mr_reserve() found no send buffer. */
+    /* The pool bound from the wire's side (datapath.c, docs/reliability.md). */
+    uint64_t recv_bound;   /* Flow control's recv_bound(), or 0: it bounds nothing. */
+    uint64_t (*sub_held)(mr_substrate_t *s); /* The substrate's held(), or NULL. */
+    uint64_t held;         /* What it returned after the last progress. */
     mr_stats_t stats;
 } rt_runtime_t;
 

@@ -2,6 +2,7 @@
  * Helpers shared by the multi-rank tests (see mr_test.h).
  */
 #include "mr_test.h"
+#include "tool_common.h"
 
 #include <mpi.h>
 #include <stdarg.h>
@@ -229,6 +230,11 @@ int run_suite_on_all_ranks(int argc, char **argv, Suite *(*make_suite)(void))
     srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, world_rank == 0 ? CK_NORMAL : CK_SILENT);
     failed = srunner_ntests_failed(sr);
+    /* A filter (CK_RUN_CASE, CK_RUN_TEST) that matches nothing must not pass. */
+    if (srunner_ntests_run(sr) == 0) {
+        if (world_rank == 0) fprintf(stderr, "No test ran: a run that checks nothing fails.\n");
+        failed = 1;
+    }
     srunner_free(sr);
     /* Every rank's verdict counts. */
     MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -237,4 +243,23 @@ int run_suite_on_all_ranks(int argc, char **argv, Suite *(*make_suite)(void))
     }
     MPI_Finalize();
     return any_failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+void check_invariants(void)
+{
+    mr_stats_t st = {.size = sizeof(st)};
+    char why[512];
+
+    ck_assert_int_eq(mr_get_stats(&st), MR_OK);
+    const char *breach = tool_invariant_breach(&st, mr_flowctl_name(), why, sizeof(why));
+    ck_assert_msg(breach == NULL, "%s", breach);
+    /* Every message in flight is one in a slot or one the substrate holds. */
+    ck_assert_uint_ge(st.recv_inflight, st.recv_slots_in_use);
+    ck_assert_uint_le(st.recv_inflight, st.peak_recv_inflight);
+}
+
+mr_status_t finalize_checked(void)
+{
+    if (mr_substrate_name() != NULL) check_invariants();
+    return mr_finalize();
 }

@@ -86,6 +86,15 @@ void exchange_bursts(const int *dests, int ndest, uint32_t per_dest, unsigned bu
 /* Checks that exactly the messages 0..per_src-1 of each source arrived. */
 void expect_all_from(const tally_t *t, const int *sources, int nsrc, uint32_t per_src);
 
+/* Asserts that this rank's counters break no credit invariant (tool_invariant_breach()). */
+void check_invariants(void);
+
+/*
+ * mr_finalize(), after check_invariants() while MailRail is initialized: the
+ * tests end every job through it, so that every test checks the invariants.
+ */
+mr_status_t finalize_checked(void);
+
 /*
  * Initializes MPI, runs the suite with every test collective (no fork),
  * combines every rank's verdict, finalizes MPI and returns the exit status.

@@ -87,26 +87,36 @@ static void init_with_credits(int slots_per_rank, const char *send_slots, const 
     unsetenv("MAILRAIL_NODE_CREDITS");
 }
 
-/* 7:1 incast: every other rank floods rank 0, with one credit per pair. */
-START_TEST(incast_exactly_once)
+/* mr_init() with one slot per rank; lists the senders of an incast to rank 0. */
+static int incast_setup(uint32_t per_sender, int *senders, tally_t *t)
 {
-    const uint32_t per_sender = 150;
-    int victim = 0, senders[MR_TEST_MAX_RANKS], nsend = 0;
-    tally_t t;
-    mr_stats_t stats = {.size = sizeof(stats)};
+    int nsend = 0;
 
     tiny_pools(1, "8");
     init_on_world();
     for (int r = 1; r < world_size; r++) senders[nsend++] = r;
-    tally_init(&t, per_sender);
+    tally_init(t, per_sender);
+    return nsend;
+}
+
+/* 7:1 incast: every other rank floods rank 0, with one credit per pair. */
+START_TEST(incast_exactly_once)
+{
+    const uint32_t per_sender = 150;
+    int victim = 0, senders[MR_TEST_MAX_RANKS];
+    tally_t t;
+    mr_stats_t stats = {.size = sizeof(stats)};
+    int nsend = incast_setup(per_sender, senders, &t);
+
     if (world_rank != victim) exchange(&victim, 1, per_sender, &t);
     quiesce(&t);
     ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
     if (world_rank == victim) {
         expect_all_from(&t, senders, nsend, per_sender);
-        /* The receiver never holds more messages than its pool has slots. */
-        ck_assert_uint_le(stats.peak_recv_slots_in_use, (uint64_t)world_size);
+        /* Quiesced: nothing in a slot or held; the grant is the pool (finalize_checked). */
         ck_assert_uint_eq(stats.recv_slots_in_use, 0);
+        ck_assert_uint_eq(stats.recv_inflight, 0);
+        ck_assert_uint_eq(stats.recv_granted, (uint64_t)world_size);
         if (credit_policy()) ck_assert_uint_gt(stats.credit_returns_sent, 0);
     } else {
         ck_assert_uint_eq(t.count, 0);
@@ -116,7 +126,7 @@ START_TEST(incast_exactly_once)
     uint64_t deferred = sum_over_ranks(stats.deferred_sends);
     if (credit_policy()) ck_assert_uint_gt(deferred, 0);
     check_credit_grants();
-    ck_assert_int_eq(mr_finalize(), MR_OK);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
     uint32_t one;
     int holders;
     ck_assert_int_eq(mr_get_credit_grants(&one, 1, &holders), MR_ERR_NOT_INITIALIZED);
@@ -152,12 +162,73 @@ static mr_stats_t all_to_all_round(int credits)
     quiesce(&t);
     expect_all_from(&t, all, world_size, per_dest);
     ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
-    ck_assert_uint_le(stats.peak_recv_slots_in_use, (uint64_t)credits * world_size);
+    /* Static grants: credits per pair from every rank, or a node's share from each node. */
+    if (credit_policy()) {
+        ck_assert_uint_eq(stats.recv_granted, (uint64_t)credits * world_size);
+        ck_assert_uint_le(stats.peak_recv_inflight, stats.recv_granted);
+    }
     ck_assert_uint_eq(stats.messages_sent, (uint64_t)per_dest * world_size);
-    ck_assert_int_eq(mr_finalize(), MR_OK);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
     free(t.seen);
     return stats;
 }
+
+/*
+ * The pool bound from the wire's side: rank 0 takes messages into all its
+ * slots (one per rank) and holds them while the others keep sending.
+ * Under rank and node the messages in flight to it (in slots, or held by
+ * the substrate for want of one) never exceed what it granted; under none
+ * they do, by what the substrate took in besides, and the test prints how much.
+ */
+START_TEST(pool_bound_from_the_wire)
+{
+    const uint32_t per_sender = 40;
+    int victim = 0, senders[MR_TEST_MAX_RANKS];
+    void *held[MR_TEST_MAX_RANKS];
+    int nheld = 0;
+    tally_t t;
+    mr_stats_t stats = {.size = sizeof(stats)};
+    int nsend = incast_setup(per_sender, senders, &t);
+
+    if (world_rank != victim) {
+        exchange(&victim, 1, per_sender, &t);
+    } else {
+        /* Hold every slot for 300 ms; under none until they overflow, within 5 s. */
+        double start = now_s();
+        mr_message_t m;
+        do {
+            if (nheld < world_size && mr_receive(&m) == MR_OK) {
+                uint32_t seq = check_message(&m);
+                t.seen[(size_t)m.source * per_sender + seq] = 1;
+                t.count++;
+                held[nheld++] = m.data;
+                continue;
+            }
+            (void)mr_wait(5);
+            ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+        } while (now_s() - start < 0.3 ||
+                 (!credit_policy() && stats.peak_recv_inflight <= stats.recv_granted &&
+                  now_s() - start < 5.0));
+        ck_assert_int_ge(nheld, nsend); /* Under rank, one per sender is all they may send. */
+        ck_assert_uint_eq(stats.recv_granted, (uint64_t)world_size);
+        if (credit_policy()) {
+            ck_assert_uint_le(stats.peak_recv_inflight, stats.recv_granted);
+        } else {
+            ck_assert_uint_gt(stats.peak_recv_inflight, stats.recv_granted);
+            fprintf(stderr, "pool_bound_from_the_wire: none over %s: %llu messages in flight "
+                    "to a rank that has %llu slots\n", mr_substrate_name(),
+                    (unsigned long long)stats.peak_recv_inflight,
+                    (unsigned long long)stats.recv_granted);
+        }
+        ck_assert_uint_ge(stats.recv_inflight, (uint64_t)nheld);
+        for (int i = 0; i < nheld; i++) ck_assert_int_eq(mr_release(held[i]), MR_OK);
+    }
+    quiesce(&t);
+    if (world_rank == victim) expect_all_from(&t, senders, nsend, per_sender);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
+    free(t.seen);
+}
+END_TEST
 
 /*
  * All-to-all with two static credits per pair: everyone defers. Then with
@@ -214,7 +285,7 @@ START_TEST(no_deadlock_when_receiving_only_under_backpressure)
     }
     quiesce(&t);
     expect_all_from(&t, others, n, per_dest);
-    ck_assert_int_eq(mr_finalize(), MR_OK);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
     free(t.seen);
 }
 END_TEST
@@ -260,7 +331,7 @@ START_TEST(fifo_per_destination)
     tally_init(&t, 1);
     quiesce(&t);
     ck_assert_uint_eq(t.count, 0);
-    ck_assert_int_eq(mr_finalize(), MR_OK);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
     free(t.seen);
 }
 END_TEST
@@ -281,7 +352,7 @@ static uint64_t incast_credit_returns(const char *flowctl)
     quiesce(&t);
     ck_assert_uint_eq(t.count, world_rank == victim ? (uint64_t)(world_size - 1) * per_sender : 0);
     ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
-    ck_assert_int_eq(mr_finalize(), MR_OK);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
     free(t.seen);
     return sum_over_ranks(stats.credit_returns_sent);
 }
@@ -363,7 +434,7 @@ START_TEST(sleepers_are_woken_for_credit)
                   longest);
     ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
     if (strcmp(policy(), "none") != 0 && sender) ck_assert_uint_gt(stats.deferred_sends, 0);
-    ck_assert_int_eq(mr_finalize(), MR_OK);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
     free(t.seen);
 }
 END_TEST
@@ -432,7 +503,7 @@ START_TEST(segments_cleaned_up)
         /* No node segment name is left while the job runs. */
         ck_assert_int_eq(count_segments(), 0);
     }
-    ck_assert_int_eq(mr_finalize(), MR_OK);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
     MPI_Barrier(MPI_COMM_WORLD);
     if (world_rank == 0) ck_assert_int_eq(count_segments(), 0);
     setenv("MAILRAIL_FLOWCTL", initial_policy, 1);
@@ -468,7 +539,7 @@ START_TEST(impossible_credit_settings)
     setenv("MAILRAIL_FLOWCTL", "rank", 1);
     setenv("MAILRAIL_RANK_CREDITS", "8", 1);
     init_on_world();
-    ck_assert_int_eq(mr_finalize(), MR_OK);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
     unsetenv("MAILRAIL_RANK_CREDITS");
     setenv("MAILRAIL_FLOWCTL", initial_policy, 1);
 }
@@ -526,7 +597,7 @@ START_TEST(rank_pool_grows_to_its_credits)
         for (int r = 1; r < world_size; r++) senders[nsend++] = r;
         expect_all_from(&t, senders, nsend, per_sender);
     }
-    ck_assert_int_eq(mr_finalize(), MR_OK);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
     free(t.seen);
     unsetenv("MAILRAIL_RANK_CREDITS");
     unsetenv("MAILRAIL_MAX_RECVS");
@@ -542,6 +613,7 @@ static Suite *flowctl_suite(void)
     snprintf(initial_policy, sizeof(initial_policy), "%s", policy());
     tcase_add_test(tc, incast_exactly_once);
     tcase_add_test(tc, sleepers_are_woken_for_credit);
+    tcase_add_test(tc, pool_bound_from_the_wire);
     tcase_add_test(tc, all_to_all_exactly_once);
     tcase_add_test(tc, no_deadlock_when_receiving_only_under_backpressure);
     tcase_add_test(tc, fifo_per_destination);

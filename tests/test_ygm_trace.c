@@ -3,7 +3,8 @@
  * the layout is detected, and every malformed input is refused with the
  * file name and the offset, never read past. Traces as YGM's tracer writes
  * them with YGM_MPI_TRACE=1 (older layout, send completions as second type-1
- * records naming a request id) are read, and only those records are let through.
+ * records naming a request id) are read, and only those records are let through;
+ * so are the real traces of tests/ygm/, record by record.
  */
 #include "ygm_trace.h"
 
@@ -579,6 +580,76 @@ START_TEST(ygm_write_old_completion)
 }
 END_TEST
 
+/*
+ * Traces recorded by YGM's own tracer (tests/ygm/README.md): 2 ranks of
+ * ygm_traffic.cpp, communication records only (n2_comm) and with YGM's MPI
+ * records too (n2_both). What YGM reported when it ran: 335,736 async events
+ * (GLOBAL_ASYNC_COUNT) and 11 barriers. The MPI records must match across the
+ * ranks: what one sent, the other received.
+ */
+typedef struct ygm_counts {
+    size_t kind[6];
+    uint64_t async_bytes;
+} ygm_counts_t;
+
+static ygm_counts_t real_trace(const char *dir, const char *set, int rank)
+{
+    char path[512], err[256];
+    ygm_trace_t t;
+    ygm_counts_t c = {0};
+
+    snprintf(path, sizeof(path), "%s/traces/%s/trace_%d.bin", dir, set, rank);
+    ck_assert_msg(ygm_trace_read(path, YGM_LAYOUT_AUTO, 2, &t, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_int_eq(t.layout, YGM_LAYOUT_OLD); /* The tracer of YGM pull request 268. */
+    for (size_t i = 0; i < t.count; i++) {
+        const ygm_record_t *r = &t.records[i];
+        c.kind[r->kind]++;
+        if (r->kind == YGM_ASYNC) {
+            ck_assert_int_ge(r->peer, 0);
+            ck_assert_int_le(r->peer, 1);
+            c.async_bytes += r->size;
+        }
+    }
+    ygm_trace_free(&t);
+    return c;
+}
+
+START_TEST(real_ygm_traces)
+{
+    const char *tarball = getenv("MR_TEST_YGM_TARBALL");
+    char dir[] = "/tmp/mailrail-ygm-XXXXXX", cmd[1024];
+
+    ck_assert_msg(tarball != NULL, "MR_TEST_YGM_TARBALL names tests/ygm/ygm-pr268-n2.tar.xz");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd), "tar -xJf '%s' -C '%s'", tarball, dir);
+    ck_assert_msg(system(cmd) == 0, "%s failed (is xz-utils installed?)", cmd);
+    for (int both = 0; both < 2; both++) {
+        const char *set = both ? "n2_both" : "n2_comm";
+        ygm_counts_t r0 = real_trace(dir, set, 0), r1 = real_trace(dir, set, 1);
+        ck_assert_uint_eq(r0.kind[YGM_ASYNC] + r1.kind[YGM_ASYNC], 335736);
+        ck_assert_uint_eq(r0.kind[YGM_ASYNC], 167873);
+        ck_assert_uint_eq(r0.async_bytes + r1.async_bytes, 9283514);
+        for (int k = YGM_BARRIER_BEGIN; k <= YGM_BARRIER_END; k++) {
+            ck_assert_uint_eq(r0.kind[k], 11);
+            ck_assert_uint_eq(r1.kind[k], 11);
+        }
+        if (!both) {
+            ck_assert_uint_eq(r0.kind[YGM_MPI_SEND] + r0.kind[YGM_MPI_RECV] +
+                                  r0.kind[YGM_MPI_SEND_COMPLETE], 0);
+            continue;
+        }
+        /* Every MPI send completed, and arrived at the other rank. */
+        ck_assert_uint_gt(r0.kind[YGM_MPI_SEND], 0);
+        ck_assert_uint_eq(r0.kind[YGM_MPI_SEND_COMPLETE], r0.kind[YGM_MPI_SEND]);
+        ck_assert_uint_eq(r1.kind[YGM_MPI_SEND_COMPLETE], r1.kind[YGM_MPI_SEND]);
+        ck_assert_uint_eq(r0.kind[YGM_MPI_SEND], r1.kind[YGM_MPI_RECV]);
+        ck_assert_uint_eq(r1.kind[YGM_MPI_SEND], r0.kind[YGM_MPI_RECV]);
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ygm_trace");
@@ -596,6 +667,7 @@ int main(void)
     tcase_add_test(tc, ygm_in_range_type1_is_a_send);
     tcase_add_test(tc, ygm_truncation_everywhere);
     tcase_add_test(tc, ygm_write_old_completion);
+    tcase_add_test(tc, real_ygm_traces);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -80,11 +80,17 @@ static inline int hist_owner(const hist_state_t *h, uint64_t index)
     return owner < (uint64_t)h->size ? (int)owner : h->size - 1;
 }
 
+/* The generator state of `rank`'s keys in `trial`. */
+static uint64_t hist_seed(const hist_options_t *o, int rank, int trial)
+{
+    return 0x853c49e6748fea9bull ^ ((uint64_t)o->seed << 20) ^ (uint64_t)rank ^
+           ((uint64_t)trial << 40);
+}
+
 /* Draws this trial's keys; the same for the baseline and the items. */
 static void hist_draw(const hist_options_t *o, hist_state_t *h, int trial)
 {
-    uint64_t rng = 0x853c49e6748fea9bull ^ ((uint64_t)o->seed << 20) ^ (uint64_t)h->rank ^
-                   ((uint64_t)trial << 40);
+    uint64_t rng = hist_seed(o, h->rank, trial);
     for (long i = 0; i < o->inserts; i++) h->keys[i] = hist_index(o, &rng);
 }
 
@@ -165,13 +171,45 @@ static void hist_baseline(const hist_options_t *o, hist_state_t *h, double *seco
     MPI_Allreduce(&mine, seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 }
 
-static bool hist_verify(const hist_options_t *o, const hist_state_t *h)
+/* The baseline counts into its own table, not the owners': only its total can be checked. */
+static bool hist_sums_up(const hist_options_t *o, const hist_state_t *h)
 {
     uint64_t mine = 0, total = 0;
 
     for (uint64_t b = 0; b < h->bins_per_rank; b++) mine += h->table[b];
     MPI_Allreduce(&mine, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     return total == (uint64_t)h->size * (uint64_t)o->inserts;
+}
+
+/*
+ * Checks every bin of this rank against a serial count: it draws every rank's
+ * keys of `trial` again and counts those it owns. A key sent to the wrong
+ * owner, lost or counted twice shows in its bin. Collective; true on every
+ * rank when every rank's bins are right.
+ */
+static bool hist_verify(const hist_options_t *o, const hist_state_t *h, int trial)
+{
+    uint64_t *expect = calloc(h->bins_per_rank, sizeof(*expect));
+    uint64_t my_base = h->my_base, wrong = 0, wrong_all = 0;
+
+    for (int r = 0; expect != NULL && r < h->size; r++) {
+        uint64_t rng = hist_seed(o, r, trial);
+        for (long i = 0; i < o->inserts; i++) {
+            uint64_t key = hist_index(o, &rng);
+            if (hist_owner(h, key) == h->rank) expect[key - my_base]++;
+        }
+    }
+    for (uint64_t b = 0; b < h->bins_per_rank; b++) {
+        if (expect == NULL || h->table[b] != expect[b]) wrong++;
+    }
+    if (wrong != 0) {
+        fprintf(stderr, "mailrail_histogram: rank %d: %llu of its %llu bins differ from the "
+                "serial count\n", h->rank, (unsigned long long)wrong,
+                (unsigned long long)h->bins_per_rank);
+    }
+    free(expect);
+    MPI_Allreduce(&wrong, &wrong_all, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    return wrong_all == 0;
 }
 
 static int hist_parse(int argc, char **argv, hist_options_t *o)
@@ -248,7 +286,7 @@ static double hist_policy(const hist_options_t *o, hist_state_t *h, const char *
         hist_draw(o, h, k);
         if (o->baseline) {
             hist_baseline(o, h, &base);
-            if (!hist_verify(o, h)) {
+            if (!hist_sums_up(o, h)) {
                 if (h->rank == 0) fprintf(stderr, "mailrail_histogram: the baseline is wrong\n");
                 mr_finalize();
                 return -1;
@@ -256,11 +294,11 @@ static double hist_policy(const hist_options_t *o, hist_state_t *h, const char *
             hist_report(o, h, csv, policy, "baseline", k, base, 0);
         }
         st = hist_items(o, h, a, &t);
-        bool ok = st == MR_OK && hist_verify(o, h);
+        bool ok = st == MR_OK && hist_verify(o, h, k);
         if (!ok) {
             if (h->rank == 0) {
                 fprintf(stderr, "mailrail_histogram: %s trial %d failed: %s\n", policy, k,
-                        st != MR_OK ? mr_status_string(st) : "the table does not sum up");
+                        st != MR_OK ? mr_status_string(st) : "bins differ from the serial count");
             }
             mr_finalize();
             return -1;
@@ -273,6 +311,7 @@ static double hist_policy(const hist_options_t *o, hist_state_t *h, const char *
         }
     }
     mr_items_destroy(a);
+    if (!tool_invariants_hold("mailrail_histogram")) MPI_Abort(MPI_COMM_WORLD, 1);
     mr_finalize();
     median = tool_median(secs, o->trials);
     *ratio = tool_median(ratios, o->trials);

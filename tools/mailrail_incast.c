@@ -500,6 +500,7 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     out->peak_rss_kb = max[2];
     out->credit_returns = sum[3];
     out->deferred = sum[4];
+    if (!tool_invariants_hold("mailrail_incast")) MPI_Abort(MPI_COMM_WORLD, 1);
     return mr_finalize();
 }
 

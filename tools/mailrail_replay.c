@@ -503,6 +503,7 @@ int main(int argc, char **argv)
         }
         mr_items_destroy(r.items);
         free(r.payload);
+        if (!tool_invariants_hold("mailrail_replay")) status = 1;
         mr_finalize();
     }
     if (r.rank == 0 && status == 0) {

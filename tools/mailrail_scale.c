@@ -305,6 +305,7 @@ int main(int argc, char **argv)
                      "%.1f", v[M_RSS_END_MB] - v[M_RSS_MPI_MB], STRICT_OWN_MB + talked / 16);
             fail(text);
         }
+        if (!tool_invariants_hold("mailrail_scale")) fail("credit invariants broken");
         t0 = tool_now();
         check(mr_finalize(), "mr_finalize");
         v[M_MR_FINALIZE_S] = tool_now() - t0;

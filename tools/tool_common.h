@@ -153,4 +153,45 @@ static inline void tool_reset_peak_rss(void)
     }
 }
 
+/*
+ * Why `st` (this rank's counters) breaks a credit invariant, written to `why`,
+ * or NULL when none is broken: every breach count is 0 and, under a credit
+ * policy, never more messages were in flight to this rank than it granted
+ * (docs/reliability.md). The tests end every job with it; the tools check it
+ * before mr_finalize() and fail when it is not NULL.
+ */
+static inline const char *tool_invariant_breach(const mr_stats_t *st, const char *policy,
+                                                char *why, size_t len)
+{
+    if (st->breach_uncredited + st->breach_over_returned + st->breach_unacquired +
+            st->breach_beyond_grant != 0) {
+        snprintf(why, len, "rank %d broke credit invariants: %llu uncredited arrivals, %llu "
+                 "credits over-returned, %llu unacquired slots, %llu arrivals beyond the grant",
+                 mr_rank(), (unsigned long long)st->breach_uncredited,
+                 (unsigned long long)st->breach_over_returned,
+                 (unsigned long long)st->breach_unacquired,
+                 (unsigned long long)st->breach_beyond_grant);
+        return why;
+    }
+    if (policy != NULL && strcmp(policy, "none") != 0 && st->peak_recv_inflight > st->recv_granted) {
+        snprintf(why, len, "rank %d had %llu messages in flight to it under %s, more than the "
+                 "%llu it granted", mr_rank(), (unsigned long long)st->peak_recv_inflight,
+                 policy, (unsigned long long)st->recv_granted);
+        return why;
+    }
+    return NULL;
+}
+
+/* Prints, as `tool`, why this rank broke a credit invariant; false when it did. */
+static inline bool tool_invariants_hold(const char *tool)
+{
+    mr_stats_t st = {.size = sizeof(st)};
+    char why[512];
+
+    if (mr_get_stats(&st) != MR_OK) return true; /* Not initialized: nothing to check. */
+    if (tool_invariant_breach(&st, mr_flowctl_name(), why, sizeof(why)) == NULL) return true;
+    fprintf(stderr, "%s: %s\n", tool, why);
+    return false;
+}
+
 #endif /* MAILRAIL_TOOL_COMMON_H */

@@ -319,6 +319,26 @@ typedef struct mr_stats {
     uint64_t init_bootstrap_bytes;    /* Bytes this rank contributed to them. */
     uint64_t deferred_now;            /* Sends deferred now, waiting for credit or for the
                                          substrate. */
+    /*
+     * Flow control's promise, checked from the wire's side (docs/reliability.md).
+     * A message is in flight to this rank from the moment the substrate takes
+     * it from the transport until the application releases it: in a receive
+     * slot, or held by the substrate for want of one (UCX's arrival queue,
+     * MPI's completed receives, TCP's read-ahead).
+     */
+    uint64_t recv_granted;            /* Most messages this rank lets be in flight to it: the
+                                         credits of all its holders under rank and node; the
+                                         receive slots under none, which promises nothing. */
+    uint64_t recv_inflight;           /* Messages in flight to this rank now. */
+    uint64_t peak_recv_inflight;      /* Most at once; above recv_granted only under none. */
+    /* Breaches of the credit invariants: each must stay 0 (tests fail on any). */
+    uint64_t breach_uncredited;       /* Messages that arrived beyond the credits this rank
+                                         granted their sender (rank) or its node (node). */
+    uint64_t breach_over_returned;    /* Credits returned to this rank beyond what it had
+                                         outstanding with that receiver. */
+    uint64_t breach_unacquired;       /* Deliveries into a receive slot the substrate had not
+                                         acquired (or acquired twice). */
+    uint64_t breach_beyond_grant;     /* Arrivals beyond recv_granted in flight (rank, node). */
 } mr_stats_t;
 
 /*

@@ -226,6 +226,15 @@ typedef struct mr_substrate_ops {
      * its timeout.
      */
     mr_status_t (*wake_fd)(mr_substrate_t *s, int fd);
+
+    /*
+     * The messages this substrate took from the transport that wait for a
+     * receive slot now (held, spilled or read ahead): with the slots in use,
+     * what is in flight to this rank, which the core checks against what flow
+     * control granted (mr_stats_t.recv_inflight). Called after every
+     * progress(). May be NULL: the substrate takes a message only into a slot.
+     */
+    uint64_t (*held)(mr_substrate_t *s);
 } mr_substrate_ops_t;
 
 /* The smallest ops table the core accepts: the first version's fields. */

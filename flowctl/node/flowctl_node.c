@@ -47,6 +47,8 @@ struct mr_flowctl {
     bool piggyback;
     bool creator;
     bool overflow_logged;
+    uint64_t over_returned;   /* Credits deposited beyond a receiver's grant to this node. */
+    int node_count;
     char segment_name[128];
     mr_node_segment_t *seg;
     mr_credit_owed_t owed;    /* Per sending node: what this rank grants it. */
@@ -184,6 +186,7 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     fc->node = params->node_of_rank[params->rank];
     fc->node_of = params->node_of_rank;
     fc->per_node = per_node;
+    fc->node_count = params->node_count;
     fc->piggyback = params->piggyback;
     fc->adaptive = ((const node_config_t *)params->config)->credits == 0;
     fc->local_return_at = mr__credit_return_at(per_node, params->return_threshold);
@@ -298,10 +301,13 @@ static void node_deposit(mr_flowctl_t *fc, int dest, uint32_t n)
     uint32_t before = atomic_fetch_add_explicit(&fc->seg->credits[dest].n, n, memory_order_acq_rel);
 
     mr__node_wake_others(&fc->wake, dest, n);
-    if (before + n > fc->per_node && !fc->overflow_logged) {
-        mr_error("Rank %d's credits for this node reached %u, more than the %u it grants; a "
-                 "peer returned credits it was not owed.", dest, before + n, fc->per_node);
-        fc->overflow_logged = true;
+    if (before + n > fc->per_node) {
+        fc->over_returned += before >= fc->per_node ? n : before + n - fc->per_node;
+        if (!fc->overflow_logged) {
+            mr_error("Rank %d's credits for this node reached %u, more than the %u it grants; "
+                     "a peer returned credits it was not owed.", dest, before + n, fc->per_node);
+            fc->overflow_logged = true;
+        }
     }
 }
 
@@ -359,6 +365,14 @@ static void node_stats(mr_flowctl_t *fc, mr_stats_t *stats)
 {
     stats->piggybacked_credits += fc->piggybacked;
     stats->zero_credit_ns += fc->clock.total_ns;
+    stats->breach_uncredited += fc->owed.uncredited;
+    stats->breach_over_returned += fc->over_returned;
+}
+
+/* Every sending node, this rank's own included, may have its share in flight. */
+static uint64_t node_recv_bound(mr_flowctl_t *fc)
+{
+    return (uint64_t)fc->per_node * (uint64_t)fc->node_count;
 }
 
 static int node_wake_fd(mr_flowctl_t *fc)
@@ -409,4 +423,5 @@ const mr_flowctl_ops_t mr__flowctl_node_ops = {
     .grants = node_grants,
     .wake_fd = node_wake_fd,
     .sleep = node_sleep,
+    .recv_bound = node_recv_bound,
 };

@@ -37,6 +37,7 @@ struct mr_flowctl {
     uint32_t per_pair;
     bool piggyback;
     bool overflow_logged;
+    uint64_t over_returned;   /* Credits returned beyond what was outstanding. */
     uint32_t *credits;        /* Per destination: credits this rank may spend. */
     mr_credit_owed_t owed;    /* Per sender: what this rank grants it. */
     mr_credit_clock_t clock;
@@ -139,6 +140,7 @@ static void rank_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
 static void rank_refill(mr_flowctl_t *fc, int source, uint32_t n)
 {
     if (n > fc->per_pair - fc->credits[source]) {
+        fc->over_returned += n - (fc->per_pair - fc->credits[source]);
         if (!fc->overflow_logged) {
             mr_error("Rank %d returned %u credits but only %u were outstanding; ignoring the "
                      "excess.", source, n, fc->per_pair - fc->credits[source]);
@@ -175,6 +177,14 @@ static void rank_stats(mr_flowctl_t *fc, mr_stats_t *stats)
 {
     stats->piggybacked_credits += fc->piggybacked;
     stats->zero_credit_ns += fc->clock.total_ns;
+    stats->breach_uncredited += fc->owed.uncredited;
+    stats->breach_over_returned += fc->over_returned;
+}
+
+/* Every sender, this rank included, may have its share in flight. */
+static uint64_t rank_recv_bound(mr_flowctl_t *fc)
+{
+    return (uint64_t)fc->per_pair * (uint64_t)fc->size;
 }
 
 static int rank_grants(mr_flowctl_t *fc, uint32_t *out, int count)
@@ -200,4 +210,5 @@ const mr_flowctl_ops_t mr__flowctl_rank_ops = {
     .finalize = rank_finalize,
     .recv_slots_needed = rank_recv_slots_needed,
     .grants = rank_grants,
+    .recv_bound = rank_recv_bound,
 };

@@ -1,6 +1,6 @@
 /*
  * The MPI substrate's operations table, which the core loads through
- * mr_substrate_get_ops(), and stats().
+ * mr_substrate_get_ops(), stats() and held().
  */
 #include "mpi_substrate.h"
 
@@ -8,6 +8,12 @@ static void mpi_stats(mr_substrate_t *s, mr_stats_t *stats)
 {
     mr__substrate_stats(s, stats);
     mr__batcher_stats(&s->batcher, stats);
+}
+
+/* Completed receives that wait for a receive slot. */
+static uint64_t mpi_held(mr_substrate_t *s)
+{
+    return s->nheld;
 }
 
 static const mr_substrate_ops_t mpi_ops = {
@@ -29,6 +35,7 @@ static const mr_substrate_ops_t mpi_ops = {
     .closing = mr__substrate_closing, /* Nothing to flush: the core waited for every data send. */
     .stats = mpi_stats,
     .close = mpi__close,
+    .held = mpi_held,
 };
 
 MR__SUBSTRATE_ENTRY(mpi_ops)

@@ -246,6 +246,7 @@ static int progress_data_recvs(mr_substrate_t *s)
             e->rc = testsome_err(rc, &s->statuses[k]);
             e->posted = false;
             e->done = true;
+            s->nheld++;
             s->recv_req[i] = MPI_REQUEST_NULL;
         }
         if ((unsigned)outcount < active) break;
@@ -289,6 +290,7 @@ static int progress_data_recvs(mr_substrate_t *s)
                 if (st == MR_AGAIN) break;
                 if (st != MR_OK) return MR_ERR_TRANSPORT;
                 e->done = false;
+                s->nheld--;
                 s->head = (i + 1) % s->nrecv;
                 s->nposted--;
                 if (s->lead_done > 0) s->lead_done--;
@@ -311,6 +313,7 @@ static int progress_data_recvs(mr_substrate_t *s)
         /* Discarded, failed or a batch delivered: the staging buffer is free again. */
         s->stage_free[s->nstage_free++] = e->buf;
         e->done = false;
+        s->nheld--;
         s->head = (i + 1) % s->nrecv;
         s->nposted--;
         if (s->lead_done > 0) s->lead_done--;

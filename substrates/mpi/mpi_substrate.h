@@ -131,6 +131,8 @@ struct mr_substrate {
     unsigned head;
     unsigned nposted;
     unsigned lead_done;          /* Entries from head on known to have completed. */
+    unsigned nheld;              /* Entries completed and not delivered: waiting for a slot
+                                    (a batch counts once, however many frames it has left). */
     uint8_t *staging;            /* nstage buffers of datagram_size bytes. */
     unsigned nstage;
     unsigned *stage_free;        /* Stack of free staging buffers. */

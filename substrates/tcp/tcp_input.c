@@ -196,3 +196,38 @@ bool tcp__rx_list_busy(const mr_substrate_t *s)
     }
     return false;
 }
+
+/*
+ * The data messages read from the sockets that wait for a receive slot: a
+ * header parsed for want of one, and whole headers in the read-ahead behind
+ * it. Only connections on the retry list hold any.
+ */
+uint64_t tcp__held(mr_substrate_t *s)
+{
+    uint64_t held = 0;
+
+    for (const tcp_conn_t *c = s->rx_head; c != NULL; c = c->rx_next) {
+        size_t at = c->rx_start;
+        tcp_wire_frame_t f;
+        tcp_wire_error_t err;
+
+        if (c->state != C_ESTABLISHED) continue;
+        if (c->rx_phase == RX_SLOT) {
+            /* Its header was parsed; its payload comes first in the read-ahead. */
+            held++;
+            if (c->rx_end - at < c->rx_frame.length) continue;
+            at += c->rx_frame.length;
+        } else if (c->rx_phase != RX_HEADER) {
+            continue; /* Reading a payload into its slot: what follows is not parsed yet. */
+        }
+        while (tcp_wire_frame_decode(c->rxbuf + at, c->rx_end - at, s->base.datagram_size, &f,
+                                     &err) == MR_OK) {
+            at += TCP_HDR_LEN;
+            if (f.channel != TCP_WIRE_CH_DATA) continue;
+            held++;
+            if (c->rx_end - at < f.length) break;
+            at += f.length;
+        }
+    }
+    return held;
+}

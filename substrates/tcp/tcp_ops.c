@@ -189,6 +189,7 @@ static const mr_substrate_ops_t tcp_ops = {
     .close = tcp__close,
     .watch = tcp__watch,
     .wake_fd = tcp_wake_fd,
+    .held = tcp__held,
 };
 
 MR__SUBSTRATE_ENTRY(tcp_ops)

@@ -266,6 +266,8 @@ int tcp__conn_event(mr_substrate_t *s, tcp_conn_t *c, uint32_t ev);
 int tcp__retry_rx(mr_substrate_t *s);
 /* Whether a connection on the retry list can make progress without a new slot. */
 bool tcp__rx_list_busy(const mr_substrate_t *s);
+/* Data messages read from the sockets that wait for a receive slot (the held() op). */
+uint64_t tcp__held(mr_substrate_t *s);
 
 /* tcp_failure.c: failed connections. */
 

@@ -203,6 +203,12 @@ static void ucx_stats(mr_substrate_t *s, mr_stats_t *stats)
     mr__stats_add_peers(stats, s->nendpoints);
 }
 
+/* Arrivals in the queue without a receive slot: held by UCX, spilled, or rendezvous not started. */
+static uint64_t ucx_held(mr_substrate_t *s)
+{
+    return s->rxq_count - s->rxq_claimed;
+}
+
 static const mr_substrate_ops_t ucx_ops = {
     MR__SUBSTRATE_OPS_HEAD,
     .name = "ucx",
@@ -225,6 +231,7 @@ static const mr_substrate_ops_t ucx_ops = {
     .job_wide_settings = ucx__job_wide_settings,
     .watch = ucx__watch,
     .wake_fd = ucx_wake_fd,
+    .held = ucx_held,
 };
 
 MR__SUBSTRATE_ENTRY(ucx_ops)

@@ -420,6 +420,7 @@ static void graph_session_end(graph_local_t *g)
     mr_status_t st;
 
     for (int p = 0; p < GRAPH_PHASES; p++) mr_items_destroy(g->items[p]);
+    if (!tool_invariants_hold("mailrail_graph")) MPI_Abort(MPI_COMM_WORLD, 1);
     st = mr_finalize();
     if (st != MR_OK) graph_die(g, "mr_finalize", st);
 }

@@ -1,0 +1,209 @@
+/*
+ * The credit-invariant checks can fail: on 2 ranks over the faulty substrate
+ * double (tests/doubles/substrate_faulty.c), each broken promise makes its
+ * count in mr_stats_t rise and tool_invariant_breach(), the check every other
+ * test ends with, report it; over the same double without a fault nothing
+ * rises. Rank 1 sends, rank 0 receives; every test runs under rank and node.
+ */
+#include "mr_test.h"
+#include "tool_common.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SENDS 8
+#define SLOTS "8"
+
+static const char *const policies[] = {"rank", "node"};
+
+/* mr_init() over the double with `fault`, 4 static credits per pair (8 per node). */
+static void init_faulty(const char *policy, const char *fault, const char *copies)
+{
+    setup_env("8", SLOTS, "256");
+    setenv("MAILRAIL_FLOWCTL", policy, 1);
+    setenv("MAILRAIL_RANK_CREDITS", "4", 1);
+    setenv("MAILRAIL_NODE_CREDITS", "4", 1);
+    setenv("MAILRAIL_FAULTY_FAULT", fault, 1);
+    setenv("MAILRAIL_FAULTY_EVERY", "1", 1);
+    setenv("MAILRAIL_FAULTY_COPIES", copies, 1);
+    /* Two nodes of one rank: node credits cross nodes as rank credits do. */
+    setenv("MAILRAIL_RANKS_PER_NODE", "1", 1);
+    init_on_world();
+}
+
+/* Rank 1 sends `n` checked messages to rank 0 and waits until they all left. */
+static void send_to_zero(int n)
+{
+    for (int seq = 0; seq < n; seq++) {
+        void *buf = NULL;
+        double start = now_s();
+        while (mr_reserve(&buf) == MR_AGAIN) {
+            (void)mr_wait(1);
+            ck_assert(now_s() - start < WAIT_LIMIT_S);
+        }
+        fill_message(buf, 64, 1, 0, (uint32_t)seq);
+        ck_assert_int_eq(mr_send(buf, 64, 0), MR_OK);
+    }
+    /* Until every message left (not mr_quiesce(): duplicates break its count). */
+    mr_stats_t st = {.size = sizeof(st)};
+    double start = now_s();
+    for (;;) {
+        ck_assert_int_eq(mr_get_stats(&st), MR_OK);
+        if (st.deferred_now == 0) break;
+        (void)mr_wait(1);
+        ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "%llu sends never left",
+                      (unsigned long long)st.deferred_now);
+    }
+}
+
+/*
+ * Rank 0 receives for `hold_s` seconds without releasing (when `hold`), then
+ * releasing, until `expect` messages came, checking each. Returns its stats.
+ */
+static mr_stats_t receive_on_zero(int expect, bool hold)
+{
+    void *held[64];
+    int nheld = 0, got = 0;
+    double start = now_s();
+    mr_message_t m;
+    mr_stats_t st = {.size = sizeof(st)};
+
+    while (got < expect) {
+        bool holding = hold && now_s() - start < 0.3;
+        if (!holding) {
+            while (nheld > 0) ck_assert_int_eq(mr_release(held[--nheld]), MR_OK);
+        }
+        if (mr_receive(&m) == MR_OK) {
+            ck_assert_uint_lt(check_message(&m), SENDS * 4); /* The most any test sends. */
+            got++;
+            if (holding && nheld < 64) held[nheld++] = m.data;
+            else ck_assert_int_eq(mr_release(m.data), MR_OK);
+            continue;
+        }
+        (void)mr_wait(1);
+        ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "%d of %d messages came", got, expect);
+    }
+    while (nheld > 0) ck_assert_int_eq(mr_release(held[--nheld]), MR_OK);
+    ck_assert_int_eq(mr_get_stats(&st), MR_OK);
+    return st;
+}
+
+/* Both ranks' stats side by side on rank 0, then finalize (the breach is the point). */
+static void finish(void)
+{
+    MPI_Barrier(MPI_COMM_WORLD);
+    ck_assert_int_eq(mr_finalize(), MR_OK);
+    unsetenv("MAILRAIL_FAULTY_FAULT");
+    unsetenv("MAILRAIL_RANK_CREDITS");
+    unsetenv("MAILRAIL_NODE_CREDITS");
+    unsetenv("MAILRAIL_RANKS_PER_NODE");
+}
+
+/* The check the other tests end with must fail on `st`: shown, with its reason. */
+static void expect_breach(const mr_stats_t *st, const char *policy)
+{
+    char why[512];
+
+    ck_assert_ptr_nonnull(tool_invariant_breach(st, policy, why, sizeof(why)));
+    fprintf(stderr, "%s: %s\n", policy, why);
+}
+
+START_TEST(an_honest_double_breaks_nothing)
+{
+    char why[512];
+
+    for (size_t p = 0; p < sizeof(policies) / sizeof(policies[0]); p++) {
+        init_faulty(policies[p], "none", "1");
+        if (world_rank == 1) send_to_zero(SENDS * 4);
+        mr_stats_t st = world_rank == 0 ? receive_on_zero(SENDS * 4, true) : (mr_stats_t){0};
+        if (world_rank == 0) {
+            ck_assert_msg(tool_invariant_breach(&st, policies[p], why, sizeof(why)) == NULL, "%s", why);
+            ck_assert_uint_le(st.peak_recv_inflight, st.recv_granted);
+        }
+        finish();
+    }
+}
+END_TEST
+
+/* Three extra copies of every message: uncredited, and beyond the grant while held. */
+START_TEST(duplicates_are_uncredited_and_beyond_the_grant)
+{
+    for (size_t p = 0; p < sizeof(policies) / sizeof(policies[0]); p++) {
+        init_faulty(policies[p], "duplicate", "3");
+        if (world_rank == 1) send_to_zero(SENDS);
+        mr_stats_t st = world_rank == 0 ? receive_on_zero(SENDS * 4, true) : (mr_stats_t){0};
+        if (world_rank == 0) {
+            ck_assert_uint_gt(st.breach_uncredited, 0);
+            ck_assert_uint_le(st.breach_uncredited, SENDS * 3);
+            ck_assert_uint_gt(st.breach_beyond_grant, 0);
+            ck_assert_uint_gt(st.peak_recv_inflight, st.recv_granted);
+            expect_breach(&st, policies[p]);
+        }
+        finish();
+    }
+}
+END_TEST
+
+/* A thousand credits too many on every return: the sender counts them. */
+START_TEST(over_returns_are_counted)
+{
+    for (size_t p = 0; p < sizeof(policies) / sizeof(policies[0]); p++) {
+        init_faulty(policies[p], "over_return", "1");
+        if (world_rank == 1) send_to_zero(SENDS * 4);
+        else (void)receive_on_zero(SENDS * 4, false);
+        /* The last returns may still be on their way: wait for them. */
+        mr_stats_t st = {.size = sizeof(st)};
+        double start = now_s();
+        do {
+            (void)mr_wait(1);
+            ck_assert_int_eq(mr_get_stats(&st), MR_OK);
+        } while (world_rank == 1 && st.breach_over_returned == 0 && now_s() - start < 5.0);
+        if (world_rank == 1) {
+            /* Each return: 1,000 more than sent, the sender holding at most 4 (or 8) less. */
+            ck_assert_uint_ge(st.breach_over_returned, 1000 - 8);
+            expect_breach(&st, policies[p]);
+        }
+        finish();
+    }
+}
+END_TEST
+
+/* Every message delivered a second time into its filled slot: refused and counted. */
+START_TEST(unacquired_slots_are_counted)
+{
+    for (size_t p = 0; p < sizeof(policies) / sizeof(policies[0]); p++) {
+        init_faulty(policies[p], "unacquired", "1");
+        if (world_rank == 1) send_to_zero(SENDS);
+        mr_stats_t st = world_rank == 0 ? receive_on_zero(SENDS, false) : (mr_stats_t){0};
+        if (world_rank == 0) {
+            /* Each message once, as sent (receive_on_zero checked them), and each refusal counted. */
+            ck_assert_uint_eq(st.messages_received, SENDS);
+            ck_assert_uint_eq(st.breach_unacquired, SENDS);
+            ck_assert_uint_eq(st.breach_uncredited, 0);
+            expect_breach(&st, policies[p]);
+        }
+        finish();
+    }
+}
+END_TEST
+
+static Suite *breaches_suite(void)
+{
+    Suite *s = suite_create("breaches");
+    TCase *tc = tcase_create("faulty");
+
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, an_honest_double_breaks_nothing);
+    tcase_add_test(tc, duplicates_are_uncredited_and_beyond_the_grant);
+    tcase_add_test(tc, over_returns_are_counted);
+    tcase_add_test(tc, unacquired_slots_are_counted);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(int argc, char **argv)
+{
+    return run_suite_on_all_ranks(argc, argv, breaches_suite);
+}
