@@ -73,9 +73,18 @@ int rt_notices_forward(void)
 
     while (rt.notice_sent < rt.notice_count) {
         int dest = rt_ring_next_live(rt.rank);
-        uint32_t imm = RT_CTRL_NOTICE | (uint32_t)rt.notice_q[rt.notice_sent];
+        uint32_t imm;
         mr_status_t status;
 
+        /*
+         * A new successor (the last one failed, perhaps after taking notices into a
+         * socket it never read) hears every notice again; known failures are ignored.
+         */
+        if (dest != rt.notice_dest) {
+            rt.notice_dest = dest;
+            rt.notice_sent = 0;
+        }
+        imm = RT_CTRL_NOTICE | (uint32_t)rt.notice_q[rt.notice_sent];
         if (dest < 0 || rt.closing) {
             rt.notice_sent = rt.notice_count; /* Nobody left to tell. */
             break;
@@ -98,6 +107,7 @@ mr_status_t rt_watch_neighbours(void)
     int next = (rt.rank + 1) % rt.size, prev = (rt.rank + rt.size - 1) % rt.size;
     mr_status_t status = MR_OK;
 
+    rt.notice_dest = -1;
     rt.notice_q = calloc((size_t)rt.size, sizeof(*rt.notice_q));
     if (rt.notice_q == NULL) {
         mr_error("Cannot allocate the failure notices of %d ranks.", rt.size);

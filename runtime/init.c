@@ -488,8 +488,13 @@ mr_status_t mr_finalize(void)
     for (size_t i = 0; i < rt.cfg.recv_slots; i++) {
         if (rt.recvs[i].state == RECV_HELD) rt_recv_release((uint32_t)i);
     }
-    /* Send what is deferred or in flight, discarding arrivals so that peers can finish. */
-    while (status == MR_OK && rt_sends_pending() && !rt.any_failure) {
+    /*
+     * Send what is deferred or in flight, discarding arrivals so that peers can
+     * finish; after a failure, at least the notices of it that this rank owes the
+     * ring: it may be the only one that saw the failure (chaos.sh's kill case).
+     */
+    while (status == MR_OK && ((rt_sends_pending() && !rt.any_failure) ||
+                               rt.notice_sent < rt.notice_count)) {
         rt_drop_arrivals();
         if (rt_progress(1) < 0) break;
         if (mr__now_ns() > deadline) {

@@ -117,7 +117,8 @@ typedef struct rt_runtime {
     bool any_failure;
     int *notice_q;         /* Failed ranks in the order this rank learnt of them ... */
     int notice_count;      /* ... how many ... */
-    int notice_sent;       /* ... and how many were passed on around the ring (failures.c). */
+    int notice_sent;       /* ... and how many were passed on around the ring (failures.c) ... */
+    int notice_dest;       /* ... to this rank, the next live one when they were sent. */
 
     /* Quiescence: whether a wave is pending (in rt_reduce_*) and the last completed one. */
     bool wave_pending;

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -614,6 +615,89 @@ START_TEST(node_segment_owner_only_and_stale_cleanup)
 }
 END_TEST
 
+/* Runs `fn(name)` in a child as uid and gid 65534 (nobody); returns its exit status. */
+static int as_nobody(int (*fn)(const char *), const char *name)
+{
+    pid_t child = fork();
+    int status;
+
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        if (setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+            setresuid(65534, 65534, 65534) != 0) {
+            _exit(100);
+        }
+        _exit(fn(name));
+    }
+    ck_assert_int_eq(waitpid(child, &status, 0), child);
+    ck_assert(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+/* Another user: 0 when it can neither read, nor write, nor remove (to replace) `name`. */
+static int nobody_cannot_touch(const char *name)
+{
+    if (shm_open(name, O_RDONLY, 0) >= 0 || errno != EACCES) return 1;
+    if (shm_open(name, O_RDWR, 0) >= 0 || errno != EACCES) return 2;
+    if (shm_unlink(name) == 0) return 3;
+    return 0;
+}
+
+/* Another user plants a perfect forgery of this job's segment under its name. */
+static int nobody_forges(const char *name)
+{
+    mr_node_segment_t head = {.magic = MR_NODE_SEGMENT_MAGIC, .version = MR_NODE_SEGMENT_VERSION,
+                              .node = 5, .ranks = 4, .creator_pid = (int32_t)getpid(),
+                              .per_node = 8, .local_ranks = 2};
+    size_t bytes = sizeof(head) + 4 * sizeof(mr_node_credit_t) + 2 * sizeof(mr_node_sleeper_t);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0666);
+
+    snprintf(head.job_id, sizeof(head.job_id), "%s", name + strlen("/mailrail-"));
+    *strrchr(head.job_id, '-') = '\0';
+    if (fd < 0 || fchmod(fd, 0666) != 0 || ftruncate(fd, (off_t)bytes) != 0) return 1;
+    return pwrite(fd, &head, sizeof(head), 0) == (ssize_t)sizeof(head) ? 0 : 2;
+}
+
+/*
+ * The node segment against a second local user (uid 65534): it can neither
+ * read, write nor replace a job's segment, and a segment it planted under the
+ * job's name, however perfect, is refused by the creator and by the other
+ * ranks, with an error that says whose it is. Needs root to switch users.
+ */
+START_TEST(node_segment_closed_to_other_users)
+{
+    char job[40], name[128];
+    mr_node_segment_t *seg = NULL, *other = NULL;
+
+    if (geteuid() != 0) {
+        const char *strict = getenv("MR_TEST_STRICT");
+        ck_assert_msg(strict == NULL || strcmp(strict, "1") != 0,
+                      "strict_tests: this test needs root to act as a second user");
+        printf("node_segment_closed_to_other_users: not root, the second user is not tried\n");
+        return;
+    }
+    snprintf(job, sizeof(job), "mr-sec%d", (int)getpid());
+    mr__node_segment_name(name, sizeof(name), job, 5);
+    ck_assert_int_eq(mr__node_segment_create(name, job, 5, 4, 2, 8, &seg), MR_OK);
+    ck_assert_int_eq(as_nobody(nobody_cannot_touch, name), 0);
+    ck_assert_int_eq(mr__node_segment_open(name, job, 5, 4, 2, 8, &other), MR_OK);
+    mr__node_segment_unmap(other);
+    mr__node_segment_unlink(name);
+    mr__node_segment_unmap(seg);
+
+    /* The forgery: refused by the creator (it exists) and by a rank that opens it. */
+    ck_assert_int_eq(as_nobody(nobody_forges, name), 0);
+    seg = NULL;
+    ck_assert_int_eq(mr__node_segment_create(name, job, 5, 4, 2, 8, &seg), MR_ERR_SYSTEM);
+    ck_assert_ptr_null(seg);
+    ck_assert_int_eq(mr__node_segment_open(name, job, 5, 4, 2, 8, &other), MR_ERR_SYSTEM);
+    /* The cleanup of stale segments leaves other users' alone. */
+    mr__node_segment_cleanup_stale();
+    ck_assert_int_ge(shm_open(name, O_RDONLY, 0), 0);
+    ck_assert_int_eq(shm_unlink(name), 0);
+}
+END_TEST
+
 /* The item datagram's header and its variable-size lengths, at their boundaries. */
 START_TEST(items_wire_known_answers)
 {
@@ -689,6 +773,7 @@ static Suite *unit_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("node_segment");
     tcase_add_test(tc, node_segment_owner_only_and_stale_cleanup);
+    tcase_add_test(tc, node_segment_closed_to_other_users);
     suite_add_tcase(s, tc);
     return s;
 }

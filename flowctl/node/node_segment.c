@@ -21,6 +21,36 @@ static size_t segment_bytes(int ranks, int local_ranks)
            (size_t)local_ranks * sizeof(mr_node_sleeper_t);
 }
 
+/*
+ * Says why an existing segment of this name cannot be this job's: another
+ * user's, or one a killed run of this user left (its creator is gone).
+ */
+static void segment_explain_existing(const char *name)
+{
+    struct stat st;
+    int32_t creator = 0;
+    int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        mr_error("The node credit segment %s exists already and cannot be inspected (%s); it is "
+                 "not this job's: refused.", name, strerror(errno));
+    } else if (st.st_uid != geteuid()) {
+        mr_error("The node credit segment %s exists already and belongs to uid %u, not to this "
+                 "job's user (uid %u): refused.", name, (unsigned)st.st_uid, (unsigned)geteuid());
+    } else {
+        if (pread(fd, &creator, sizeof(creator), offsetof(mr_node_segment_t, creator_pid)) !=
+            (ssize_t)sizeof(creator)) {
+            creator = 0;
+        }
+        mr_error("The node credit segment %s exists already: %s; refused (a new run cleans up "
+                 "the segments of dead creators itself).", name,
+                 creator > 0 && kill(creator, 0) != 0 && errno == ESRCH
+                     ? "left by a run whose creator is gone"
+                     : "another run of this user holds it");
+    }
+    if (fd >= 0) close(fd);
+}
+
 void mr__node_segment_name(char *buf, size_t len, const char *job_id, int node)
 {
     snprintf(buf, len, "/" MR_NODE_SEGMENT_PREFIX "%s-n%d", job_id, node);
@@ -34,6 +64,10 @@ mr_status_t mr__node_segment_create(const char *name, const char *job_id, int no
     int fd;
 
     fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, S_IRUSR | S_IWUSR);
+    if (fd < 0 && errno == EEXIST) {
+        segment_explain_existing(name);
+        return MR_ERR_SYSTEM;
+    }
     if (fd < 0) {
         mr_error("Cannot create the node credit segment %s: %s.", name, strerror(errno));
         return MR_ERR_SYSTEM;
@@ -84,7 +118,15 @@ mr_status_t mr__node_segment_open(const char *name, const char *job_id, int node
         mr_error("Cannot open the node credit segment %s: %s.", name, strerror(errno));
         return MR_ERR_SYSTEM;
     }
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes) {
+    /* Only a segment of this user that nobody else may touch can hold this job's credits. */
+    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & (S_IRWXG | S_IRWXO))) {
+        mr_error("The node credit segment %s belongs to uid %u with mode %03o; this job's "
+                 "(uid %u, mode 600) it is not: refused.", name, (unsigned)st.st_uid,
+                 (unsigned)(st.st_mode & 0777), (unsigned)geteuid());
+        close(fd);
+        return MR_ERR_SYSTEM;
+    }
+    if ((size_t)st.st_size != bytes) {
         mr_error("The node credit segment %s has the wrong size (expected %zu bytes).", name,
                  bytes);
         close(fd);

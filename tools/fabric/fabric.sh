@@ -18,7 +18,9 @@
 #                                           (deltas) and appends them to --counters.
 #                                           Returns the job's exit status. Variables
 #                                           exported before it reach every rank, e.g.
-#                                           `MAILRAIL_FLOWCTL=node fabric_run node ...`
+#                                           `MAILRAIL_FLOWCTL=node fabric_run node ...`;
+#                                           FABRIC_MPIEXEC_ARGS go to mpiexec (e.g.
+#                                           -disable-auto-cleanup, for ranks killed on purpose)
 #         fabric_substrate tcp|ucx          the substrate of the following jobs
 #         fabric_exec HOST CMD [ARGS...]    CMD in host HOST's namespace (index 0..H-1),
 #                                           with its hostname, bounded by --timeout
@@ -568,8 +570,9 @@ fabric_run() {
     say "job $label: $NRANKS ranks (substrate ${MAILRAIL_SUBSTRATE:-default}): ${args[*]}"
     fabric_mark
     # In the background, so that a signal interrupts `wait` and tears down.
+    # shellcheck disable=SC2086
     MPIEXEC_TIMEOUT=$JOB_TIMEOUT timeout -k 10 $((JOB_TIMEOUT + 15)) \
-        "$MPIEXEC" -n "$NRANKS" "$FABRIC_SELF" --rank-wrapper "${args[@]}" &
+        "$MPIEXEC" ${FABRIC_MPIEXEC_ARGS:-} -n "$NRANKS" "$FABRIC_SELF" --rank-wrapper "${args[@]}" &
     JOBPID=$!
     wait "$JOBPID"
     rc=$?

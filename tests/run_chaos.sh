@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Faults on the emulated fabric (tools/fabric/chaos.sh): random loss, the
+# victim's link down for 2 s, a sender host's ranks killed, over the TCP
+# substrate under rank and node; duplication and reordering over UCX's TCP
+# transport under none and node. Every job must deliver every message
+# exactly once with its bytes checked, or name the killed ranks' failure on
+# every survivor, whose messages all arrive; chaos.sh fails otherwise.
+#
+#   run_chaos.sh CHAOS_SH BUILD_DIR
+#
+# Exits 77 (skipped) without root, ip, tc or iptables-legacy; fails instead
+# when MR_TEST_STRICT=1 (-Dstrict_tests, CI).
+set -u
+skip() {
+    if [ "${MR_TEST_STRICT:-0}" = 1 ]; then echo "FAIL (strict_tests): $*"; exit 1; fi
+    echo "SKIP: $*"; exit 77
+}
+chaos=$1 build=$2
+[ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces, tc, iptables)"
+for t in ip tc iptables-legacy unshare; do
+    command -v "$t" >/dev/null 2>&1 || skip "'$t' is missing (Debian packages: iproute2 iptables util-linux)"
+done
+out=$(mktemp -d /tmp/run_chaos.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+status=0
+"$chaos" -o "$out/tcp" --build "$build" -m 200 -p rank,node --substrates tcp --limit 60 \
+    loss5 linkdown kill || status=1
+"$chaos" -o "$out/ucx" --build "$build" -m 200 -p none,node --substrates ucx --limit 60 \
+    duplicate reorder || status=1
+# The kill case over UCX is left out: UCX 1.13.1 sometimes aborts a survivor on an
+# assertion of its own (docs/reliability.md); chaos.sh runs it.
+exit $status
