@@ -45,12 +45,15 @@ typedef struct items_tally {
     uint32_t per_source;
     uint64_t count;        /* Items pulled. */
     uint64_t *from;        /* Items pulled per source. */
+    uint32_t *shorts;      /* [source][seq mod 256]: items too short for a head. */
 } items_tally_t;
 
 static void items_tally_init(items_tally_t *t, uint32_t per_source)
 {
     t->seen = calloc((size_t)world_size * per_source, 1);
     t->from = calloc((size_t)world_size, sizeof(*t->from));
+    t->shorts = calloc((size_t)world_size * 256, sizeof(*t->shorts));
+    ck_assert_ptr_nonnull(t->shorts);
     t->per_source = per_source;
     t->count = 0;
     ck_assert_ptr_nonnull(t->seen);
@@ -61,6 +64,27 @@ static void items_tally_free(items_tally_t *t)
 {
     free(t->seen);
     free(t->from);
+    free(t->shorts);
+}
+
+/*
+ * Checks the items too short for a head that came from `src`: for each
+ * sequence number modulo 256, as many as `sent(src, seq)` says went to this
+ * rank with a length of 1 to sizeof(item_head_t) - 1, over seq < `seqs`.
+ */
+static void expect_shorts_from(const items_tally_t *t, int src, uint32_t seqs,
+                               bool (*sent)(int src, uint32_t seq))
+{
+    uint32_t want[256] = {0};
+
+    for (uint32_t seq = 0; seq < seqs; seq++) {
+        if (sent(src, seq)) want[seq & 0xff]++;
+    }
+    for (int k = 0; k < 256; k++) {
+        ck_assert_msg(t->shorts[(size_t)src * 256 + k] == want[k], "short items from %d with "
+                      "sequence %d mod 256: %u pulled, %u sent", src, k,
+                      t->shorts[(size_t)src * 256 + k], want[k]);
+    }
 }
 
 /*
@@ -103,6 +127,7 @@ static void item_check(items_tally_t *t, const mr_item_t *it)
             if (b[k] != item_byte(&h, k)) bad = k;
         }
         ck_assert_msg(bad == it->length, "short item from %d: byte %zu corrupt", it->source, bad);
+        t->shorts[(size_t)it->source * 256 + h.seq]++; /* Counted against what was sent. */
     }
     t->from[it->source]++;
     t->count++;
@@ -209,11 +234,23 @@ START_TEST(fixed_items_exactly_once)
 }
 END_TEST
 
+/* The item sizes of sizes_from_one_byte_to_the_datagram, one aggregator each. */
+static const size_t fixed_sizes[] = {1, 3, 8, 16, 100, 512 - 8};
+/* Which of them fixed_sizes_sent() answers for. */
+static int fixed_size_index;
+
+/* Whether `src` sent this rank a short item `seq` of size fixed_sizes[fixed_size_index]. */
+static bool fixed_sizes_sent(int src, uint32_t seq)
+{
+    return fixed_sizes[fixed_size_index] < sizeof(item_head_t) &&
+           (int)(seq + (uint32_t)fixed_size_index + (uint32_t)src) % world_size == world_rank;
+}
+
 /* Fixed sizes from 1 byte to the largest, each on its own aggregator, all at once. */
 START_TEST(sizes_from_one_byte_to_the_datagram)
 {
-    const size_t sizes[] = {1, 3, 8, 16, 100, 512 - 8};
-    const int nsizes = (int)(sizeof(sizes) / sizeof(sizes[0]));
+    const size_t *sizes = fixed_sizes;
+    const int nsizes = (int)(sizeof(fixed_sizes) / sizeof(fixed_sizes[0]));
     const uint32_t per_dest = 300;
     mr_items_t *a[6];
     items_tally_t t[6];
@@ -245,6 +282,8 @@ START_TEST(sizes_from_one_byte_to_the_datagram)
                 if ((int)(seq + (uint32_t)s + (uint32_t)src) % world_size == world_rank) want++;
             }
             ck_assert_uint_eq(t[s].from[src], want);
+            fixed_size_index = s;
+            expect_shorts_from(&t[s], src, per_dest, fixed_sizes_sent);
         }
         ck_assert_int_eq(mr_items_destroy(a[s]), MR_OK);
         items_tally_free(&t[s]);
@@ -253,13 +292,25 @@ START_TEST(sizes_from_one_byte_to_the_datagram)
 }
 END_TEST
 
+/* variable_sizes' lengths, by sequence number modulo their count (the last is the largest). */
+static size_t variable_lengths[] = {0, 1, 15, 16, 17, 127, 128, 129, 1000, 0};
+#define VARIABLE_NLEN (sizeof(variable_lengths) / sizeof(variable_lengths[0]))
+
+/* Whether `src` sent this rank a short item `seq` (every rank sends every item to every rank). */
+static bool variable_sizes_sent(int src, uint32_t seq)
+{
+    size_t len = variable_lengths[seq % VARIABLE_NLEN];
+    (void)src;
+    return len > 0 && len < sizeof(item_head_t);
+}
+
 /* Variable sizes: 0 bytes, the 1/2-byte length boundaries, and the largest item. */
 START_TEST(variable_sizes)
 {
     mr_items_t *a;
     items_tally_t t;
-    size_t max, lengths[] = {0, 1, 15, 16, 17, 127, 128, 129, 1000, 0};
-    const int nlen = (int)(sizeof(lengths) / sizeof(lengths[0]));
+    size_t max, *lengths = variable_lengths;
+    const int nlen = (int)VARIABLE_NLEN;
     const uint32_t per_dest = 200;
     uint8_t *item;
     mr_item_t batch[7];
@@ -302,7 +353,7 @@ START_TEST(variable_sizes)
     } while (st == MR_AGAIN);
     ck_assert_int_eq(st, MR_OK);
     ck_assert_uint_eq(t.count, (uint64_t)world_size * per_dest * (uint32_t)nlen);
-    /* Items with a head were each checked once; the others by their bytes. */
+    /* Items with a head were each checked once; the others by their bytes and counts. */
     for (int src = 0; src < world_size; src++) {
         ck_assert_uint_eq(t.from[src], (uint64_t)per_dest * (uint32_t)nlen);
         for (uint32_t seq = 0; seq < per_dest * (uint32_t)nlen; seq++) {
@@ -311,6 +362,7 @@ START_TEST(variable_sizes)
                               "item %u from %d never arrived", seq, src);
             }
         }
+        expect_shorts_from(&t, src, per_dest * (uint32_t)nlen, variable_sizes_sent);
     }
     free(item);
     items_tally_free(&t);
