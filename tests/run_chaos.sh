@@ -11,10 +11,7 @@
 # Exits 77 (skipped) without root, ip, tc or iptables-legacy; fails instead
 # when MR_TEST_STRICT=1 (-Dstrict_tests, CI).
 set -u
-skip() {
-    if [ "${MR_TEST_STRICT:-0}" = 1 ]; then echo "FAIL (strict_tests): $*"; exit 1; fi
-    echo "SKIP: $*"; exit 77
-}
+. "$(dirname "$0")/skip.sh"
 chaos=$1 build=$2
 [ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces, tc, iptables)"
 for t in ip tc iptables-legacy unshare; do

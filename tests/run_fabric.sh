@@ -20,11 +20,7 @@
 # cannot be created here; fails instead when MR_TEST_STRICT=1 (-Dstrict_tests).
 set -u
 
-# Under -Dstrict_tests (CI) what would skip fails instead.
-skip() {
-    if [ "${MR_TEST_STRICT:-0}" = 1 ]; then echo "FAIL (strict_tests): $*"; exit 1; fi
-    echo "SKIP: $*"; exit 77
-}
+. "$(dirname "$0")/skip.sh"
 [ $# -eq 3 ] || { echo "usage: $0 FABRIC_SH MPIEXEC MAILRAIL_DEMO" >&2; exit 2; }
 fabric=$1 mpiexec=$2 demo=$3
 

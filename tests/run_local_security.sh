@@ -17,10 +17,7 @@
 # Exits 77 (skipped) without root, setpriv or ss; fails instead when
 # MR_TEST_STRICT=1 (-Dstrict_tests, CI).
 set -u
-skip() {
-    if [ "${MR_TEST_STRICT:-0}" = 1 ]; then echo "FAIL (strict_tests): $*"; exit 1; fi
-    echo "SKIP: $*"; exit 77
-}
+. "$(dirname "$0")/skip.sh"
 mpiexec=$1 demo=$2
 [ "$(id -u)" -eq 0 ] || skip "needs root to act as a second user"
 for t in setpriv ss timeout python3; do
