@@ -667,8 +667,12 @@ int main(void)
     tcase_add_test(tc, ygm_in_range_type1_is_a_send);
     tcase_add_test(tc, ygm_truncation_everywhere);
     tcase_add_test(tc, ygm_write_old_completion);
-    tcase_add_test(tc, real_ygm_traces);
     suite_add_tcase(s, tc);
+    /* 13 MB of real traces, parsed under both layouts: seconds under the sanitizers. */
+    TCase *real = tcase_create("real");
+    tcase_set_timeout(real, 100);
+    tcase_add_test(real, real_ygm_traces);
+    suite_add_tcase(s, real);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
