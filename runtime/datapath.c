@@ -16,7 +16,10 @@ static uint32_t rt_recv_take(void)
     uint32_t idx = mr__pool_get(&rt.recv_pool);
     size_t in_use;
 
-    if (idx == MR_NIL) return MR_NIL;
+    if (idx == MR_NIL) {
+        rt.slot_refused = true; /* The substrate may hold the message now (rt_progress). */
+        return MR_NIL;
+    }
     in_use = mr__pool_in_use(&rt.recv_pool);
     if (in_use > rt.stats.peak_recv_slots_in_use) rt.stats.peak_recv_slots_in_use = in_use;
     if (rt.recvs[idx].foreign != NULL) {
@@ -326,7 +329,11 @@ int rt_progress(int timeout_ms)
     uint64_t before = mr__pool_in_use(&rt.recv_pool) + rt.held;
     int events = rt.substrate->progress(rt.sub, timeout_ms);
 
-    if (rt.sub_held != NULL) rt.held = rt.sub_held(rt.sub);
+    /* A substrate holds messages only once it found no slot: ask it only then, or while it holds. */
+    if (rt.sub_held != NULL && (rt.slot_refused || rt.held != 0)) {
+        rt.slot_refused = false;
+        rt.held = rt.sub_held(rt.sub);
+    }
     rt_inflight_grew(before);
     rt.progress_epoch++;
     if (events < 0) return events;

@@ -84,11 +84,11 @@ int rt_notices_forward(void)
             rt.notice_dest = dest;
             rt.notice_sent = 0;
         }
-        imm = RT_CTRL_NOTICE | (uint32_t)rt.notice_q[rt.notice_sent];
         if (dest < 0 || rt.closing) {
             rt.notice_sent = rt.notice_count; /* Nobody left to tell. */
             break;
         }
+        imm = RT_CTRL_NOTICE | (uint32_t)rt.notice_q[rt.notice_sent];
         status = rt.substrate->send_control(rt.sub, dest, imm);
         if (status == MR_AGAIN) break;
         /* Sent, or the next rank failed too: its failure is reported, try the one after. */

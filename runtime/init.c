@@ -238,7 +238,9 @@ static mr_status_t rt_open_flowctl(void)
     mr_flowctl_params_t params = rt_flowctl_params();
     mr_status_t status = rt.flowctl->init(&params, &rt.fc);
 
-    if (status == MR_OK && rt.flowctl->recv_bound != NULL) rt.recv_bound = rt.flowctl->recv_bound(rt.fc);
+    if (status == MR_OK && rt.flowctl->recv_bound != NULL) {
+        rt.recv_bound = rt.flowctl->recv_bound(rt.fc);
+    }
     return status;
 }
 

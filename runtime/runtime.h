@@ -136,7 +136,8 @@ typedef struct rt_runtime {
     /* The pool bound from the wire's side (datapath.c, docs/reliability.md). */
     uint64_t recv_bound;   /* Flow control's recv_bound(), or 0: it bounds nothing. */
     uint64_t (*sub_held)(mr_substrate_t *s); /* The substrate's held(), or NULL. */
-    uint64_t held;         /* What it returned after the last progress. */
+    uint64_t held;         /* What it returned when last asked. */
+    bool slot_refused;     /* A slot was asked for and none was free since then. */
     mr_stats_t stats;
 } rt_runtime_t;
 

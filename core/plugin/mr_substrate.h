@@ -231,8 +231,9 @@ typedef struct mr_substrate_ops {
      * The messages this substrate took from the transport that wait for a
      * receive slot now (held, spilled or read ahead): with the slots in use,
      * what is in flight to this rank, which the core checks against what flow
-     * control granted (mr_stats_t.recv_inflight). Called after every
-     * progress(). May be NULL: the substrate takes a message only into a slot.
+     * control granted (mr_stats_t.recv_inflight). Called after a progress()
+     * in which a slot was refused, and after every one while it returns more
+     * than 0. May be NULL: the substrate takes a message only into a slot.
      */
     uint64_t (*held)(mr_substrate_t *s);
 } mr_substrate_ops_t;

@@ -198,9 +198,9 @@ bool tcp__rx_list_busy(const mr_substrate_t *s)
 }
 
 /*
- * The data messages read from the sockets that wait for a receive slot: a
- * header parsed for want of one, and whole headers in the read-ahead behind
- * it. Only connections on the retry list hold any.
+ * The data messages read from the sockets that wait for a receive slot: on a
+ * connection paused for want of one (on the retry list), the frame whose
+ * header was parsed and the whole headers in the read-ahead behind it.
  */
 uint64_t tcp__held(mr_substrate_t *s)
 {
@@ -211,15 +211,12 @@ uint64_t tcp__held(mr_substrate_t *s)
         tcp_wire_frame_t f;
         tcp_wire_error_t err;
 
-        if (c->state != C_ESTABLISHED) continue;
-        if (c->rx_phase == RX_SLOT) {
-            /* Its header was parsed; its payload comes first in the read-ahead. */
-            held++;
-            if (c->rx_end - at < c->rx_frame.length) continue;
-            at += c->rx_frame.length;
-        } else if (c->rx_phase != RX_HEADER) {
-            continue; /* Reading a payload into its slot: what follows is not parsed yet. */
-        }
+        /* Stopped by the budget instead, it waits for the next progress, not a slot. */
+        if (c->state != C_ESTABLISHED || c->rx_phase != RX_SLOT) continue;
+        /* Its payload comes first in the read-ahead. */
+        held++;
+        if (c->rx_end - at < c->rx_frame.length) continue;
+        at += c->rx_frame.length;
         while (tcp_wire_frame_decode(c->rxbuf + at, c->rx_end - at, s->base.datagram_size, &f,
                                      &err) == MR_OK) {
             at += TCP_HDR_LEN;
