@@ -3,7 +3,8 @@
 # MailRail found with `pkg-config mailrail`, compiled with mpicc outside the
 # source tree. Then runs it on the known graph over TCP, which also checks that
 # the installed library finds its plugins next to itself. Last, the complete
-# example of docs/items.md, built the same way.
+# example of docs/items.md, built the same way, and once more from a CMake
+# project that finds MailRail with find_package(MailRail).
 #
 #   tests/run_embed.sh BUILD_DIR SOURCE_DIR MPIEXEC
 set -eu
@@ -44,8 +45,35 @@ mpicc -std=c11 -D_GNU_SOURCE -O2 -Wall -Werror -o "$dir/items_example" "$dir/ite
 env -u MAILRAIL_PLUGIN_PATH LD_LIBRARY_PATH="$libdir" MAILRAIL_SUBSTRATE=tcp MPIEXEC_TIMEOUT=60 \
     timeout -k 5 90 "$mpiexec" -n 3 "$dir/items_example" > "$dir/items_out" 2>&1 ||
     { cat "$dir/items_out"; exit 1; }
-cat "$dir/items_out"
-awk '/^rank [0-9]+: sent/ { sent += $4; held += $6; ranks++ }
-     END { if (ranks != 3 || sent != held || sent == 0) { print "FAIL: sums", ranks, sent, held; exit 1 } }' \
-    "$dir/items_out"
+check_items_example() {
+    cat "$1"
+    awk '/^rank [0-9]+: sent/ { sent += $4; held += $6; ranks++ }
+         END { if (ranks != 3 || sent != held || sent == 0) { print "FAIL: sums", ranks, sent, held; exit 1 } }' \
+        "$1"
+}
+check_items_example "$dir/items_out"
 echo "the items example of docs/items.md passed"
+
+# The same example from a CMake project, as most graph and HPC codes build.
+cmake_dir=$(dirname "$(find "$dir/root" -name MailRailConfig.cmake)")
+mkdir "$dir/cmake_src" "$dir/cmake_build"
+cp "$dir/items_example.c" "$dir/cmake_src/"
+cat > "$dir/cmake_src/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.18)
+project(items_example C)
+set(CMAKE_C_STANDARD 11)
+find_package(MailRail 0.1 REQUIRED)
+add_executable(items_example items_example.c)
+target_compile_options(items_example PRIVATE -Wall -Werror)
+target_link_libraries(items_example PRIVATE MailRail::mailrail)
+CMAKE
+cmake -S "$dir/cmake_src" -B "$dir/cmake_build" -DMailRail_DIR="$cmake_dir" \
+    > "$dir/cmake.log" 2>&1 && cmake --build "$dir/cmake_build" >> "$dir/cmake.log" 2>&1 ||
+    { cat "$dir/cmake.log"; exit 1; }
+env -u LD_LIBRARY_PATH ldd "$dir/cmake_build/items_example" | grep -q "$libdir/libmailrail.so" ||
+    { echo "FAIL: the CMake build is not linked to the installed copy"; exit 1; }
+env -u MAILRAIL_PLUGIN_PATH -u LD_LIBRARY_PATH MAILRAIL_SUBSTRATE=tcp MPIEXEC_TIMEOUT=60 \
+    timeout -k 5 90 "$mpiexec" -n 3 "$dir/cmake_build/items_example" > "$dir/cmake_out" 2>&1 ||
+    { cat "$dir/cmake_out"; exit 1; }
+check_items_example "$dir/cmake_out"
+echo "find_package(MailRail): the items example built with CMake passed"

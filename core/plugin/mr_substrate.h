@@ -210,7 +210,7 @@ typedef struct mr_substrate_ops {
      * peer_failed() although this rank may never send to it. The core calls
      * it after connect() for its two neighbours on a ring of all ranks and
      * passes failure notices around that ring, so that every rank learns of
-     * every failure (runtime/failures.c). A substrate that connects on first
+     * every failure (core/runtime/failures.c). A substrate that connects on first
      * send connects to `rank` here, or lets `rank` connect (both ends are
      * asked). Does not block. May be NULL: the substrate detects no failures
      * of ranks it does not talk to.

@@ -3,7 +3,7 @@
  * connects to a peer when its first message or credit to it leaves
  * (tcp_connector.c), so that it holds a socket and buffers only for the
  * peers it talks to. watch() connects to a ring neighbour at once, so that
- * its death is seen (runtime/failures.c); of each pair, the lower rank dials.
+ * its death is seen (core/runtime/failures.c); of each pair, the lower rank dials.
  */
 #include "tcp_substrate.h"
 

@@ -1,6 +1,6 @@
 /*
  * libFuzzer target: the layout of an aggregator's datagram
- * (runtime/items_wire.h), which the item layer decodes for every datagram a
+ * (core/runtime/items_wire.h), which the item layer decodes for every datagram a
  * peer sends. The input is one datagram, header first.
  *
  * The properties checked: the decoders never read past the datagram (each

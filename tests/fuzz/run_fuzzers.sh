@@ -12,8 +12,8 @@ out=${2:-build-fuzz}
 generated=${3:-build/flowctl}
 mkdir -p "$out"
 cc="clang -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
-inc="-Icore -Icore/include -Icore/plugin -Iflowctl -Iflowctl/node -I$generated -Itools -Isubstrates/common"
-core="core/config.c core/log.c flowctl/flowctl_registry.c flowctl/flowctl_settings.c
+inc="-Icore/base -Icore/include -Icore/plugin -Iflowctl -Iflowctl/node -I$generated -Itools -Isubstrates/common"
+core="core/base/config.c core/base/log.c flowctl/flowctl_registry.c flowctl/flowctl_settings.c
       flowctl/credit.c flowctl/none/flowctl_none.c
       flowctl/rank/flowctl_rank.c flowctl/node/flowctl_node.c flowctl/node/node_segment.c
       flowctl/node/node_wake.c"
@@ -28,7 +28,7 @@ $cc $inc -Isubstrates/tcp tests/fuzz/fuzz_tcp_wire.c substrates/tcp/tcp_wire.c \
 $cc $inc -Isubstrates/ucx tests/fuzz/fuzz_ucx_wire.c substrates/ucx/ucx_wire.c \
     -o "$out/fuzz_ucx_wire"
 # shellcheck disable=SC2086
-$cc $inc -Iruntime tests/fuzz/fuzz_items_wire.c -o "$out/fuzz_items_wire"
+$cc $inc -Icore/runtime tests/fuzz/fuzz_items_wire.c -o "$out/fuzz_items_wire"
 # shellcheck disable=SC2086
 $cc $inc tests/fuzz/fuzz_batch.c substrates/common/mr_batch.c -o "$out/fuzz_batch"
 status=0
