@@ -2,8 +2,9 @@
 # Fails when a source file includes a header from a layer above its own
 # (docs/architecture.md, "Layers"). The build already gives each layer only
 # the include paths of the layers below it; this check also catches what an
-# include path cannot: relative paths ("../") and a header reached through
-# the including file's own directory.
+# include path cannot: relative paths ("../"), a header reached through
+# the including file's own directory, and a room's private state (x_state.h,
+# for x*.c only; the item layer, say, reaches the datapath through datapath.h).
 #
 #   tests/check_layers.sh [source-root]
 set -euo pipefail
@@ -34,6 +35,12 @@ while IFS= read -r file; do
     checked=$((checked + 1))
     while IFS= read -r header; do
         case " $generated " in *" $header "*) continue ;; esac
+        # A room's private state (x_state.h) belongs to the files of that room (x*.c).
+        if [[ $header == *_state.h && $(basename "$file") != "${header%_state.h}"* ]]; then
+            echo "$file: #include \"$header\": private to ${header%_state.h}*.c; use ${header%_state.h}.h" >&2
+            bad=1
+            continue
+        fi
         if [[ $header == */* ]]; then
             echo "$file: #include \"$header\": a path; include by name from a lower layer" >&2
             bad=1
@@ -50,6 +57,19 @@ while IFS= read -r file; do
         fi
     done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$file")
 done < <(find core flowctl substrates -name '*.[ch]' | sort)
+
+# The top level is the one README.md's layout names, and nothing else.
+expected=".ci .gitignore LICENSE README.md core docs flowctl meson.build meson_options.txt substrates tests tools"
+if [[ -d .git ]]; then
+    top=$(git ls-files | cut -d/ -f1 | LC_ALL=C sort -u | tr '\n' ' ')
+else
+    top=$(find . -mindepth 1 -maxdepth 1 ! -name 'build*' -printf '%f\n' | LC_ALL=C sort | tr '\n' ' ')
+fi
+if [[ ${top% } != "$expected" ]]; then
+    echo "the top level holds: ${top% }" >&2
+    echo "  README.md's layout: $expected" >&2
+    bad=1
+fi
 
 if ((checked == 0)); then
     echo "check_layers: no source file found under $(pwd)" >&2

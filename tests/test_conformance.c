@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <mpi.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -408,6 +409,15 @@ START_TEST(bad_input_loses_nothing)
     ck_assert_int_eq(mr_init(), MR_ERR_ALREADY_INITIALIZED);
     ck_assert_int_eq(mr_reserve(NULL), MR_ERR_INVALID_PARAM);
     ck_assert_int_eq(mr_receive(NULL), MR_ERR_INVALID_PARAM);
+    /* Nobody has failed; the count is written, no rank is. */
+    int failed[2] = {-7, -7}, nfailed = -1;
+    ck_assert_int_eq(mr_failed_ranks(failed, 2, &nfailed), MR_OK);
+    ck_assert_int_eq(nfailed, 0);
+    ck_assert_int_eq(failed[0], -7);
+    ck_assert_int_eq(mr_failed_ranks(NULL, 0, &nfailed), MR_OK);
+    ck_assert_int_eq(mr_failed_ranks(NULL, 1, &nfailed), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_failed_ranks(failed, -1, &nfailed), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_failed_ranks(failed, 2, NULL), MR_ERR_INVALID_PARAM);
 
     ck_assert_int_eq(mr_reserve(&buf), MR_OK);
     fill_message(buf, 100, world_rank, dest, 0);
@@ -448,6 +458,7 @@ START_TEST(bad_input_loses_nothing)
     ck_assert_int_eq(mr_release(m.data), MR_ERR_NOT_INITIALIZED);
     ck_assert_int_eq(mr_quiesce(), MR_ERR_NOT_INITIALIZED);
     ck_assert_int_eq(mr_wait(0), MR_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(mr_failed_ranks(NULL, 0, &nfailed), MR_ERR_NOT_INITIALIZED);
     ck_assert_int_eq(finalize_checked(), MR_ERR_NOT_INITIALIZED);
     mr_stats_t stats = {.size = sizeof(stats)};
     ck_assert_int_eq(mr_get_stats(&stats), MR_ERR_NOT_INITIALIZED);
@@ -698,6 +709,15 @@ END_TEST
 
 /* ---- Topology ------------------------------------------------------------------------ */
 
+/* mr_init_mpi() on a thread of its own: what it returns. */
+static void *init_on_thread(void *comm)
+{
+    static mr_status_t status;
+
+    status = mr_init_mpi(comm, sizeof(MPI_Comm));
+    return &status;
+}
+
 /*
  * MailRail on a sub-communicator: even and odd world ranks form two separate
  * jobs (of one rank each with two processes, which exercises sending to
@@ -715,6 +735,20 @@ START_TEST(sub_communicator)
     MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, world_rank, &half);
     MPI_Comm_rank(half, &half_rank);
     MPI_Comm_size(half, &half_size);
+    /*
+     * MPI_Init gave MPICH's default level: MailRail refuses a thread that is
+     * not MPI's main one, alone and leaving nothing behind (mailrail.h, "Threads").
+     */
+    int provided;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_SERIALIZED) {
+        pthread_t thread;
+        void *result;
+        ck_assert_int_eq(pthread_create(&thread, NULL, init_on_thread, &half), 0);
+        ck_assert_int_eq(pthread_join(thread, &result), 0);
+        ck_assert_int_eq(*(mr_status_t *)result, MR_ERR_UNSUPPORTED);
+        ck_assert_int_eq(mr_rank(), -1);
+    }
     ck_assert_int_eq(mr_init_mpi(&half, sizeof(half)), MR_OK);
     ck_assert_int_eq(mr_rank(), half_rank);
     ck_assert_int_eq(mr_size(), half_size);

@@ -705,7 +705,7 @@ START_TEST(bad_input_is_refused)
         ck_assert_int_eq(mr_items_create(16, &all[made]), MR_OK);
         made++;
     }
-    ck_assert_int_eq(mr_items_create(16, &b), MR_ERR_NO_MEMORY);
+    ck_assert_int_eq(mr_items_create(16, &b), MR_ERR_LIMIT);
     ck_assert_int_eq(mr_items_destroy(all[3]), MR_OK);
     ck_assert_int_eq(mr_items_destroy(all[3]), MR_ERR_INVALID_PARAM);
     ck_assert_int_eq(mr_items_push(all[3], &v, 16, 0), MR_ERR_INVALID_PARAM);

@@ -90,6 +90,21 @@ static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
         }
         bootstrap_started_mpi = true;
     }
+    /*
+     * MailRail calls MPI from the thread it runs on: that must be MPI's main
+     * thread unless MPI was initialized for calls from any thread (mailrail.h).
+     */
+    int provided = MPI_THREAD_SINGLE, is_main = 1;
+    MPI_Query_thread(&provided);
+    MPI_Is_thread_main(&is_main);
+    if (!is_main && provided < MPI_THREAD_SERIALIZED) {
+        log(MR_LOG_ERROR, "MailRail is initialized on a thread other than the one that "
+            "initialized MPI, at thread level %s: MPI then takes calls from that thread "
+            "only. Call mr_init() there, or initialize MPI with MPI_Init_thread() at "
+            "MPI_THREAD_SERIALIZED or above.",
+            provided == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : "MPI_THREAD_FUNNELED");
+        return MR_ERR_UNSUPPORTED;
+    }
     /* MailRail owns MPI when it started it, in this session or a failed earlier one. */
     initialized_here = user_comm == NULL && bootstrap_started_mpi;
     b = calloc(1, sizeof(*b));

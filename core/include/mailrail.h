@@ -1,10 +1,10 @@
 /*
- * MailRail: asynchronous, out-of-order, fire-and-forget messaging with
- * user-space, receiver-driven credit flow control.
+ * MailRail: asynchronous, fire-and-forget messaging with user-space,
+ * receiver-driven credit flow control.
  *
- * This is the only public header. Everything a MailRail application needs is
- * declared here; every other header in the source tree is internal and is not
- * installed.
+ * The public API is this header and mailrail_items.h (aggregated small
+ * items, built on the same datagrams). Every other header in the source tree
+ * is internal and is not installed.
  *
  * The cycle of one message is:
  *
@@ -15,10 +15,31 @@
  *   2. The application fills the buffer and calls mr_send(). The call never
  *      blocks; the buffer goes back to the pool once the substrate is done.
  *   3. mr_receive() returns a pointer into MailRail's receive pool (zero copy),
- *      the length and the source rank, in arrival order.
+ *      the length and the source rank.
  *   4. mr_release() gives the receive buffer back.
  *
- * All functions are meant to be called from one thread per process.
+ * Order. Messages from one rank to another are received in the order they
+ * were sent (FIFO per destination, whatever flow control defers); messages
+ * from different sources are received in the order they arrived, which no
+ * rank controls.
+ *
+ * Buffers. A send buffer belongs to the application from mr_reserve() until
+ * mr_send() returns MR_OK (then to MailRail: do not touch it) or until
+ * mr_release(); on any error from mr_send() it is still the application's. A
+ * received buffer is valid until mr_release(), and holds a receive slot (and
+ * so a credit) until then. mr_finalize() takes back every buffer, reserved
+ * or received, that the application still holds.
+ *
+ * Threads. MailRail is not thread-safe: call all its functions from one
+ * thread per process, the same one from mr_init() to mr_finalize() (the UCX
+ * worker is single-threaded). MailRail calls MPI from that thread in
+ * mr_init(), mr_quiesce() and mr_finalize(), and in every progress call under
+ * MAILRAIL_SUBSTRATE=mpi: when mr_init() starts MPI itself, that is all it
+ * needs. When the application initializes MPI, MPI_THREAD_SINGLE or
+ * MPI_THREAD_FUNNELED suffices if MailRail runs on the thread that called
+ * MPI_Init; MailRail on another thread needs MPI_THREAD_SERIALIZED (mr_init()
+ * refuses with MR_ERR_UNSUPPORTED below it), and other threads calling MPI
+ * while MailRail does need MPI_THREAD_MULTIPLE.
  */
 #ifndef MAILRAIL_H
 #define MAILRAIL_H
@@ -65,7 +86,8 @@ typedef enum mr_status {
     MR_ERR_PROTOCOL = -14,
     MR_ERR_TIMEOUT = -15,
     MR_ERR_UNSUPPORTED = -16,
-    MR_ERR_SYSTEM = -17
+    MR_ERR_SYSTEM = -17,
+    MR_ERR_LIMIT = -18
 } mr_status_t;
 
 /*
@@ -221,9 +243,10 @@ typedef struct mr_message {
  * Returns:
  *   MR_OK                   *message holds a message; release it with mr_release().
  *   MR_AGAIN                no message now.
- *   MR_ERR_PEER_FAILED      a peer failed (the log names it). Returned once per
- *                           failed peer; later calls go on serving the others,
- *                           and messages that arrived before are still returned.
+ *   MR_ERR_PEER_FAILED      a peer failed: mr_failed_ranks() says which (and the
+ *                           log). Returned once per failed peer; later calls go
+ *                           on serving the others, and messages that arrived
+ *                           before are still returned.
  *   MR_ERR_TRANSPORT        the substrate failed locally (the log says how).
  *   MR_ERR_INVALID_PARAM    `message` is NULL.
  *   MR_ERR_NOT_INITIALIZED  called before mr_init() or after mr_finalize().
@@ -362,6 +385,17 @@ MR_API mr_status_t mr_get_stats(mr_stats_t *stats);
  * MR_ERR_INVALID_PARAM (NULL, or a negative count) or MR_ERR_NOT_INITIALIZED.
  */
 MR_API mr_status_t mr_get_credit_grants(uint32_t *outstanding, int count, int *holders);
+
+/*
+ * Lists the ranks this rank knows to have failed, in ascending order, whether
+ * it learnt of a failure from its substrate or from the failure notices the
+ * ranks pass around (docs/reliability.md). Writes the first `max` of them to
+ * `ranks` (which may be NULL when `max` is 0) and sets *count to how many
+ * have failed; mr_receive() returns MR_ERR_PEER_FAILED once for each.
+ * Returns MR_OK, MR_ERR_INVALID_PARAM (NULL `count`, a negative `max`, or
+ * NULL `ranks` with `max` > 0) or MR_ERR_NOT_INITIALIZED.
+ */
+MR_API mr_status_t mr_failed_ranks(int *ranks, int max, int *count);
 
 /*
  * Writes a printable form of rank `rank`'s substrate address (for example

@@ -28,8 +28,13 @@
  * aggregator a rank creates sends to the n-th of every other rank, so every
  * rank creates (and destroys) its aggregators in the same order, with the
  * same item size. Items that reach a rank before it has created their
- * aggregator wait for it. At most MR_ITEMS_MAX exist at once. Like the rest
- * of MailRail, one thread per process.
+ * aggregator wait for it. At most MR_ITEMS_MAX exist at once.
+ *
+ * Order: items one rank pushes to another through one aggregator are pulled
+ * there in the order they were pushed (their datagrams keep mr_send()'s
+ * per-destination order); items from different sources interleave in
+ * arrival order. Like the rest of MailRail, call these functions from one
+ * thread (mailrail.h, "Threads").
  */
 #ifndef MAILRAIL_ITEMS_H
 #define MAILRAIL_ITEMS_H
@@ -71,7 +76,8 @@ typedef struct mr_item {
  *   MR_OK                    *items is the new aggregator.
  *   MR_ERR_MESSAGE_TOO_LONG  `item_size` does not fit a datagram with its header
  *                            (mr_datagram_size() - 8 bytes at most).
- *   MR_ERR_NO_MEMORY         MR_ITEMS_MAX aggregators exist, or no memory.
+ *   MR_ERR_LIMIT             MR_ITEMS_MAX aggregators exist: destroy one first.
+ *   MR_ERR_NO_MEMORY         the staging table could not be allocated.
  *   MR_ERR_INVALID_PARAM     `items` is NULL.
  *   MR_ERR_NOT_INITIALIZED   called before mr_init() or after mr_finalize().
  * *items is written only on MR_OK.

@@ -1,72 +1,137 @@
 /*
- * The hot path: send and receive slots, the arrival queue, the substrate's
- * upcalls, sending through flow control and the deferred queue, progress,
- * and the public data path (mr_reserve, mr_send, mr_receive, mr_wait,
- * mr_release).
+ * The datapath's state and slots: its life, receive slots and the message
+ * handles consumers hold, send slots, and the substrate's upcalls (what
+ * arrives). datapath_send.c sends, datapath_receive.c hands messages to the
+ * application; datapath_state.h is what the three share.
  */
-#include "runtime.h"
+#include "datapath_state.h"
 
-#include <sched.h>
+#include <stdlib.h>
 #include <string.h>
+
+rt_datapath_t dp;
+
+/* ---- Life ---------------------------------------------------------------------------- */
+
+void rt_datapath_fini(void)
+{
+    free(dp.sends);
+    free(dp.recvs);
+    free(dp.refused_epoch);
+    mr__ptrmap_fini(&dp.foreign);
+    mr__deferq_fini(&dp.deferq);
+    mr__pool_fini(&dp.recv_pool);
+    mr__pool_fini(&dp.send_pool);
+    memset(&dp, 0, sizeof(dp));
+}
+
+mr_status_t rt_datapath_init(void)
+{
+    mr_status_t status;
+
+    memset(&dp, 0, sizeof(dp));
+    status = mr__pool_init(&dp.send_pool, rt.cfg.send_slots, rt.cfg.datagram_size, rt.cfg.numa);
+    if (status == MR_OK) {
+        status = mr__pool_init(&dp.recv_pool, rt.cfg.recv_slots, rt.cfg.datagram_size,
+                              rt.cfg.numa);
+    }
+    if (status == MR_OK) status = mr__deferq_init(&dp.deferq, rt.size, rt.cfg.send_slots);
+    if (status == MR_OK) status = mr__ptrmap_init(&dp.foreign, rt.cfg.recv_slots);
+    if (status == MR_OK) {
+        dp.sends = calloc(rt.cfg.send_slots, sizeof(*dp.sends));
+        dp.recvs = calloc(rt.cfg.recv_slots, sizeof(*dp.recvs));
+        dp.refused_epoch = calloc((size_t)rt.size, sizeof(*dp.refused_epoch));
+        if (!dp.sends || !dp.recvs || !dp.refused_epoch) {
+            mr_error("Cannot allocate the slot tables.");
+            status = MR_ERR_NO_MEMORY;
+        }
+    }
+    if (status != MR_OK) {
+        rt_datapath_fini();
+        return status;
+    }
+    dp.arrivals = RT_MSGQ_INIT;
+    dp.progress_epoch = 1; /* refused_epoch starts at 0: nobody has refused yet. */
+    return MR_OK;
+}
+
+void rt_datapath_attach(uint64_t recv_bound, uint64_t (*held)(mr_substrate_t *s))
+{
+    dp.recv_bound = recv_bound;
+    dp.sub_held = held;
+}
+
+void rt_datapath_consume(unsigned kind, const rt_consumer_t *consumer)
+{
+    if (kind != MR_KIND_DATA && kind < sizeof(dp.consumers) / sizeof(dp.consumers[0])) {
+        dp.consumers[kind] = consumer;
+    }
+}
+
+bool rt_datapath_sends_pending(void)
+{
+    return dp.deferq.depth > 0 || dp.inflight > 0;
+}
+
+void rt_datapath_drop_deferred(int rank)
+{
+    for (uint32_t idx; (idx = mr__deferq_pop(&dp.deferq, rank)) != MR_NIL;) rt_send_free(idx);
+}
+
+void rt_datapath_stats(mr_stats_t *snapshot)
+{
+    snapshot->peak_deferred_depth = dp.deferq.peak_depth;
+    snapshot->deferred_now = dp.deferq.depth;
+    snapshot->recv_slots_in_use = mr__pool_in_use(&dp.recv_pool);
+    snapshot->recv_granted = dp.recv_bound != 0 ? dp.recv_bound : rt.cfg.recv_slots;
+    snapshot->recv_inflight = snapshot->recv_slots_in_use + dp.held;
+}
 
 /* ---- Receive slots and the arrival queue --------------------------------------------- */
 
-static uint32_t rt_recv_take(void)
+uint32_t dp_recv_take(void)
 {
-    uint32_t idx = mr__pool_get(&rt.recv_pool);
+    uint32_t idx = mr__pool_get(&dp.recv_pool);
     size_t in_use;
 
     if (idx == MR_NIL) {
-        rt.slot_refused = true; /* The substrate may hold the message now (rt_progress). */
+        dp.slot_refused = true; /* The substrate may hold the message now (rt_progress). */
         return MR_NIL;
     }
-    in_use = mr__pool_in_use(&rt.recv_pool);
+    in_use = mr__pool_in_use(&dp.recv_pool);
     if (in_use > rt.stats.peak_recv_slots_in_use) rt.stats.peak_recv_slots_in_use = in_use;
-    if (rt.recvs[idx].foreign != NULL) {
+    if (dp.recvs[idx].foreign != NULL) {
         /* The slot stands for something else now: forget its old buffer. */
-        if (mr__ptrmap_get(&rt.foreign, rt.recvs[idx].foreign) == idx) {
-            mr__ptrmap_del(&rt.foreign, rt.recvs[idx].foreign);
+        if (mr__ptrmap_get(&dp.foreign, dp.recvs[idx].foreign) == idx) {
+            mr__ptrmap_del(&dp.foreign, dp.recvs[idx].foreign);
         }
-        rt.recvs[idx].foreign = NULL;
+        dp.recvs[idx].foreign = NULL;
     }
-    rt.recvs[idx].state = RECV_FILLING;
-    rt.recvs[idx].data = mr__pool_slot(&rt.recv_pool, idx);
-    rt.recvs[idx].handle = NULL;
+    dp.recvs[idx].state = RECV_FILLING;
+    dp.recvs[idx].data = mr__pool_slot(&dp.recv_pool, idx);
+    dp.recvs[idx].handle = NULL;
     return idx;
 }
 
 static void rt_recv_free(uint32_t idx)
 {
-    rt.recvs[idx].state = RECV_FREE;
-    mr__pool_put(&rt.recv_pool, idx);
+    dp.recvs[idx].state = RECV_FREE;
+    mr__pool_put(&dp.recv_pool, idx);
 }
 
-void rt_queue_push(rt_queue_t *q, uint32_t idx, int source, size_t length)
+void rt_msgq_push(rt_msgq_t *q, rt_msg_t msg)
 {
-    rt_recv_t *r = &rt.recvs[idx];
-
-    r->state = RECV_QUEUED;
-    r->source = source;
-    r->length = (uint32_t)length;
-    r->next = MR_NIL;
-    if (q->tail == MR_NIL) q->head = idx;
-    else rt.recvs[q->tail].next = idx;
-    q->tail = idx;
+    dp_msgq_push(q, msg);
 }
 
-uint32_t rt_queue_pop(rt_queue_t *q)
+rt_msg_t rt_msgq_pop(rt_msgq_t *q)
 {
-    uint32_t idx = q->head;
-
-    if (idx == MR_NIL) return MR_NIL;
-    q->head = rt.recvs[idx].next;
-    if (q->head == MR_NIL) q->tail = MR_NIL;
-    return idx;
+    return dp_msgq_pop(q);
 }
 
-void rt_recv_release(uint32_t idx)
+void dp_recv_release(uint32_t idx)
 {
-    rt_recv_t *r = &rt.recvs[idx];
+    rt_recv_t *r = &dp.recvs[idx];
 
     if (r->handle != NULL) {
         rt.substrate->release_recv(rt.sub, r->handle);
@@ -76,20 +141,64 @@ void rt_recv_release(uint32_t idx)
     rt.flowctl->on_release(rt.fc, r->source);
 }
 
+const uint8_t *rt_msg_data(rt_msg_t msg)
+{
+    return msg & RT_MSG_LOCAL ? mr__pool_slot(&dp.send_pool, msg & ~RT_MSG_LOCAL)
+                              : dp.recvs[msg].data;
+}
+
+size_t rt_msg_length(rt_msg_t msg)
+{
+    return msg & RT_MSG_LOCAL ? dp.sends[msg & ~RT_MSG_LOCAL].length : dp.recvs[msg].length;
+}
+
+int rt_msg_source(rt_msg_t msg)
+{
+    return msg & RT_MSG_LOCAL ? rt.rank : dp.recvs[msg].source;
+}
+
+void rt_msg_drop(rt_msg_t msg)
+{
+    if (msg & RT_MSG_LOCAL) rt_send_free(msg & ~RT_MSG_LOCAL);
+    else dp_recv_release(msg);
+}
+
+void rt_msg_consumed(rt_msg_t msg)
+{
+    rt.stats.messages_received++;
+    rt.stats.bytes_received += rt_msg_length(msg);
+    rt_msg_drop(msg);
+}
+
+uint64_t rt_datapath_drop_arrivals(void)
+{
+    uint64_t dropped = 0;
+
+    for (rt_msg_t msg; (msg = dp_msgq_pop(&dp.arrivals)) != MR_NIL; dropped++) dp_recv_release(msg);
+    return dropped;
+}
+
+void rt_datapath_release_held(void)
+{
+    for (size_t i = 0; i < rt.cfg.recv_slots; i++) {
+        if (dp.recvs[i].state == RECV_HELD) dp_recv_release((uint32_t)i);
+    }
+}
+
 /* ---- Upcalls from the substrate ------------------------------------------------------- */
 
 static void *up_recv_slot_acquire(void *core)
 {
     (void)core;
-    uint32_t idx = rt_recv_take();
-    return idx == MR_NIL ? NULL : rt.recvs[idx].data;
+    uint32_t idx = dp_recv_take();
+    return idx == MR_NIL ? NULL : dp.recvs[idx].data;
 }
 
 static void up_recv_slot_abandon(void *core, void *slot)
 {
     (void)core;
-    uint32_t idx = mr__pool_index(&rt.recv_pool, slot);
-    if (idx != MR_NIL && rt.recvs[idx].state == RECV_FILLING) {
+    uint32_t idx = mr__pool_index(&dp.recv_pool, slot);
+    if (idx != MR_NIL && dp.recvs[idx].state == RECV_FILLING) {
         rt_recv_free(idx);
         return;
     }
@@ -98,36 +207,26 @@ static void up_recv_slot_abandon(void *core, void *slot)
              rt.substrate->name);
 }
 
-/*
- * Counts what arrived since `before` messages were in flight to this rank:
- * a new peak, and arrivals beyond what flow control granted. Messages only
- * arrive in progress (and to oneself), so its end sees every peak.
- */
-static void rt_inflight_grew(uint64_t before)
-{
-    uint64_t now = mr__pool_in_use(&rt.recv_pool) + rt.held;
-
-    if (now <= before) return;
-    if (now > rt.stats.peak_recv_inflight) rt.stats.peak_recv_inflight = now;
-    if (rt.recv_bound != 0 && now > rt.recv_bound) {
-        rt.stats.breach_beyond_grant += now - (before > rt.recv_bound ? before : rt.recv_bound);
-    }
-}
-
-/* A datagram in receive slot `idx` arrived: charge its credit and queue it. */
+/* A datagram in receive slot `idx` arrived: charge its credit, queue it or hand it over. */
 static mr_status_t rt_arrived(uint32_t idx, int source, unsigned kind, uint32_t imm,
                               size_t length)
 {
+    rt_recv_t *r = &dp.recvs[idx];
+
     /* The credit was spent whatever the datagram holds. */
-    rt.recvs[idx].source = source;
+    r->source = source;
+    r->length = (uint32_t)length;
     rt.flowctl->on_arrival(rt.fc, source, imm);
     if (kind == MR_KIND_DATA) {
-        rt_queue_push(&rt.arrivals, idx, source, length);
-    } else if (kind == MR_KIND_ITEMS) {
-        rt_items_arrived(idx, source, length);
+        r->state = RECV_QUEUED;
+        dp_msgq_push(&dp.arrivals, idx);
+    } else if (kind < sizeof(dp.consumers) / sizeof(dp.consumers[0]) &&
+               dp.consumers[kind] != NULL) {
+        r->state = RECV_CONSUMER;
+        dp.consumers[kind]->arrived(idx, r->data, length, source);
     } else {
         mr_error("Rank %d sent a message of unknown kind %u; it is dropped.", source, kind);
-        rt_recv_release(idx);
+        dp_recv_release(idx);
     }
     return MR_OK;
 }
@@ -139,20 +238,20 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
 
     (void)core;
     if (handle == NULL) {
-        idx = mr__pool_index(&rt.recv_pool, data);
-        if (idx == MR_NIL || rt.recvs[idx].state != RECV_FILLING) {
+        idx = mr__pool_index(&dp.recv_pool, data);
+        if (idx == MR_NIL || dp.recvs[idx].state != RECV_FILLING) {
             rt.stats.breach_unacquired++;
             mr_error("internal: substrate %s delivered a buffer it did not acquire.",
                      rt.substrate->name);
             return MR_ERR_INVALID_BUFFER;
         }
     } else {
-        idx = rt_recv_take();
+        idx = dp_recv_take();
         if (idx == MR_NIL) return MR_AGAIN;
-        rt.recvs[idx].data = data;
-        rt.recvs[idx].handle = handle;
-        rt.recvs[idx].foreign = data;
-        mr__ptrmap_put(&rt.foreign, data, idx);
+        dp.recvs[idx].data = data;
+        dp.recvs[idx].handle = handle;
+        dp.recvs[idx].foreign = data;
+        mr__ptrmap_put(&dp.foreign, data, idx);
     }
     return rt_arrived(idx, source, kind, imm, length);
 }
@@ -160,39 +259,44 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
 static mr_status_t up_deliver_copy(void *core, int source, unsigned kind, uint32_t imm,
                                    const void *data, size_t length)
 {
-    uint32_t idx = rt_recv_take();
+    uint32_t idx = dp_recv_take();
 
     (void)core;
     if (idx == MR_NIL) return MR_AGAIN;
-    if (length > 0) memcpy(rt.recvs[idx].data, data, length);
+    if (length > 0) memcpy(dp.recvs[idx].data, data, length);
     return rt_arrived(idx, source, kind, imm, length);
+}
+
+uint8_t *rt_send_buffer(uint32_t slot)
+{
+    return mr__pool_slot(&dp.send_pool, slot);
 }
 
 uint32_t rt_send_take(void)
 {
-    bool full = rt.cfg.send_bytes != 0 && rt.pending_bytes >= rt.cfg.send_bytes;
-    uint32_t idx = full ? MR_NIL : mr__pool_get(&rt.send_pool);
+    bool full = rt.cfg.send_bytes != 0 && dp.pending_bytes >= rt.cfg.send_bytes;
+    uint32_t idx = full ? MR_NIL : mr__pool_get(&dp.send_pool);
 
-    rt.reserve_blocked = idx == MR_NIL;
+    dp.reserve_blocked = idx == MR_NIL;
     if (idx == MR_NIL) rt.stats.reserve_failures++;
-    else rt.sends[idx].state = SEND_RESERVED;
+    else dp.sends[idx].state = SEND_RESERVED;
     return idx;
 }
 
 void rt_send_free(uint32_t idx)
 {
-    if (rt.sends[idx].state == SEND_INFLIGHT || rt.sends[idx].state == SEND_DEFERRED) {
-        rt.pending_bytes -= rt.sends[idx].length;
+    if (dp.sends[idx].state == SEND_INFLIGHT || dp.sends[idx].state == SEND_DEFERRED) {
+        dp.pending_bytes -= dp.sends[idx].length;
     }
-    rt.sends[idx].state = SEND_FREE;
-    mr__pool_put(&rt.send_pool, idx);
+    dp.sends[idx].state = SEND_FREE;
+    mr__pool_put(&dp.send_pool, idx);
 }
 
 static void up_send_complete(void *core, void *cookie)
 {
     (void)core;
-    rt.inflight--;
-    rt_send_free((uint32_t)((rt_send_t *)cookie - rt.sends));
+    dp.inflight--;
+    rt_send_free((uint32_t)((rt_send_t *)cookie - dp.sends));
 }
 
 static void up_control(void *core, int source, uint32_t imm)
@@ -230,330 +334,3 @@ mr_status_t rt_send_control(void *core, int dest, uint32_t imm)
     return status;
 }
 
-/* ---- Sending ------------------------------------------------------------------------- */
-
-/* Copies a message to oneself into a receive slot. */
-static mr_status_t rt_deliver_self(uint32_t idx)
-{
-    uint64_t before = mr__pool_in_use(&rt.recv_pool) + rt.held;
-    uint32_t r = rt_recv_take();
-
-    if (r == MR_NIL) return MR_AGAIN;
-    rt_inflight_grew(before);
-    memcpy(rt.recvs[r].data, mr__pool_slot(&rt.send_pool, idx), rt.sends[idx].length);
-    rt_queue_push(&rt.arrivals, r, rt.rank, rt.sends[idx].length);
-    rt_send_free(idx);
-    return MR_OK;
-}
-
-/*
- * Hands a message to the substrate, or to oneself, if flow control grants a
- * credit. Messages to oneself take a credit too, since they take a receive
- * slot that flow control may have promised to a peer. Inlined: it is most
- * of every send.
- */
-__attribute__((always_inline)) static inline mr_status_t rt_transmit(uint32_t idx)
-{
-    rt_send_t *s = &rt.sends[idx];
-    int dest = s->dest;
-    uint32_t imm;
-    mr_status_t status;
-
-    /* The substrate refused this rank since the last progress call: it would again. */
-    if (rt.refused_epoch[dest] == rt.progress_epoch) return MR_AGAIN;
-    if (!rt.flowctl->acquire(rt.fc, dest, &imm)) return MR_AGAIN;
-    if (dest == rt.rank) {
-        status = rt_deliver_self(idx);
-    } else {
-        status = rt.substrate->send(rt.sub, dest, s->kind, imm,
-                                    mr__pool_slot(&rt.send_pool, idx), s->length, s);
-        if (status == MR_OK) {
-            if (s->state != SEND_DEFERRED) rt.pending_bytes += s->length;
-            s->state = SEND_INFLIGHT;
-            rt.inflight++;
-        } else if (status == MR_SUBSTRATE_SENT) {
-            /* Already copied out: the slot is free again, warm for the next reserve. */
-            rt_send_free(idx);
-            status = MR_OK;
-        }
-    }
-    if (status != MR_OK) {
-        rt.flowctl->unacquire(rt.fc, dest, imm);
-        if (status == MR_AGAIN && dest != rt.rank) rt.refused_epoch[dest] = rt.progress_epoch;
-    }
-    return status;
-}
-
-/*
- * Visits every destination with deferred messages once, sending the oldest
- * message of each that can take one, as the paper's deferred queue does on
- * every send. With `until_stuck`, repeats while that moved something.
- * Returns the number of messages that left the queue.
- */
-static int rt_drain(bool until_stuck)
-{
-    int moved = 0, pass;
-
-    do {
-        int count = rt.deferq.ring_count;
-        int dest = mr__deferq_first(&rt.deferq);
-        bool all_refused = true;
-
-        pass = 0;
-        for (int i = 0; i < count && dest >= 0; i++) {
-            int next = mr__deferq_next(&rt.deferq, dest);
-            uint32_t idx = mr__deferq_peek(&rt.deferq, dest);
-            mr_status_t status = rt_transmit(idx);
-
-            if (status == MR_OK) {
-                mr__deferq_pop(&rt.deferq, dest);
-                pass++;
-            } else if (status < 0) {
-                /* The substrate refused for good (peer failure): drop the message. */
-                mr__deferq_pop(&rt.deferq, dest);
-                rt_send_free(idx);
-            } else if (rt.refused_epoch[dest] != rt.progress_epoch) {
-                all_refused = false; /* Waiting for credit, which may come any time. */
-            }
-            dest = next;
-        }
-        moved += pass;
-        /* Only progress can change the substrate's mind: no use trying before it. */
-        if (pass == 0 && all_refused) rt.drain_stuck_epoch = rt.progress_epoch;
-    } while (until_stuck && pass > 0 && rt.deferq.depth > 0);
-    return moved;
-}
-
-int rt_progress(int timeout_ms)
-{
-    uint64_t before = mr__pool_in_use(&rt.recv_pool) + rt.held;
-    int events = rt.substrate->progress(rt.sub, timeout_ms);
-
-    /* A substrate holds messages only once it found no slot: ask it only then, or while it holds. */
-    if (rt.sub_held != NULL && (rt.slot_refused || rt.held != 0)) {
-        rt.slot_refused = false;
-        rt.held = rt.sub_held(rt.sub);
-    }
-    rt_inflight_grew(before);
-    rt.progress_epoch++;
-    if (events < 0) return events;
-    events += rt.flowctl->progress(rt.fc);
-    if (rt.notice_sent < rt.notice_count) events += rt_notices_forward();
-    if (rt.deferq.depth > 0) events += rt_drain(true);
-    return events;
-}
-
-/* ---- The data path ------------------------------------------------------------------- */
-
-mr_status_t mr_reserve(void **buffer)
-{
-    uint32_t idx;
-
-    RT_CHECK_READY("mr_reserve()");
-    if (buffer == NULL) {
-        mr_error("mr_reserve(): the output pointer is NULL.");
-        return MR_ERR_INVALID_PARAM;
-    }
-    idx = rt_send_take();
-    if (idx == MR_NIL) return MR_AGAIN;
-    *buffer = mr__pool_slot(&rt.send_pool, idx);
-    return MR_OK;
-}
-
-/* Finds the send slot of a buffer the application passes in, logging misuse. */
-static mr_status_t rt_reserved_slot(const char *fn, const void *buffer, uint32_t *out)
-{
-    uint32_t idx = mr__pool_index(&rt.send_pool, buffer);
-
-    if (idx == MR_NIL) {
-        mr_error("%s: %p is not a buffer from mr_reserve().", fn, buffer);
-        return MR_ERR_INVALID_BUFFER;
-    }
-    if (rt.sends[idx].state != SEND_RESERVED) {
-        mr_error("%s: send buffer %p is not reserved (already sent or released).", fn, buffer);
-        return MR_ERR_BUFFER_STATE;
-    }
-    *out = idx;
-    return MR_OK;
-}
-
-mr_status_t mr_send(void *buffer, size_t length, int dest)
-{
-    uint32_t idx;
-    mr_status_t status;
-
-    RT_CHECK_READY("mr_send()");
-    if (dest < 0 || dest >= rt.size) {
-        mr_error("mr_send(): destination %d is not in [0, %d).", dest, rt.size);
-        return MR_ERR_INVALID_RANK;
-    }
-    if (length > rt.cfg.datagram_size) {
-        mr_error("mr_send(): length %zu exceeds the datagram size %zu (MAILRAIL_DATAGRAM_SIZE).",
-                 length, (size_t)rt.cfg.datagram_size);
-        return MR_ERR_MESSAGE_TOO_LONG;
-    }
-    status = rt_reserved_slot("mr_send()", buffer, &idx);
-    if (status != MR_OK) return status;
-    if (rt.peer[dest] != PEER_OK) {
-        /* The failure itself was logged once, when it was detected. */
-        return MR_ERR_PEER_FAILED;
-    }
-    return rt_submit(idx, length, dest, MR_KIND_DATA);
-}
-
-mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
-{
-    rt_send_t *s = &rt.sends[idx];
-    mr_status_t status;
-
-    s->dest = dest;
-    s->length = (uint32_t)length;
-    s->kind = (uint8_t)kind;
-
-    /* Older deferred messages go first; a new one never overtakes them. */
-    if (rt.deferq.depth > 0 && rt.drain_stuck_epoch != rt.progress_epoch) rt_drain(false);
-    if (mr__deferq_peek(&rt.deferq, dest) == MR_NIL) {
-        status = rt_transmit(idx);
-        if (status < 0) {
-            s->state = SEND_RESERVED;
-            return status;
-        }
-    } else {
-        status = MR_AGAIN;
-    }
-    if (status == MR_AGAIN) {
-        /* Deferred for want of credit: the next send must look at the queue again. */
-        if (rt.refused_epoch[dest] != rt.progress_epoch) rt.drain_stuck_epoch = 0;
-        s->state = SEND_DEFERRED;
-        rt.pending_bytes += length;
-        mr__deferq_push(&rt.deferq, dest, idx);
-        rt.stats.deferred_sends++;
-    }
-    rt.stats.messages_sent++;
-    rt.stats.bytes_sent += length;
-    return MR_OK;
-}
-
-void rt_idle(void)
-{
-    /* When ranks outnumber cores, an idle poll loop must let the others run. */
-    if (rt.idle_yield && ++rt.idle_polls >= 64) {
-        rt.idle_polls = 0;
-        sched_yield();
-    }
-}
-
-bool rt_report_failure(void)
-{
-    if (rt.failures_unreported == 0) return false;
-    for (int r = 0; r < rt.size; r++) {
-        if (rt.peer[r] == PEER_FAILED_UNREPORTED) {
-            rt.peer[r] = PEER_FAILED_REPORTED;
-            rt.failures_unreported--;
-            return true;
-        }
-    }
-    return false;
-}
-
-mr_status_t mr_receive(mr_message_t *message)
-{
-    uint32_t idx;
-    int events;
-
-    RT_CHECK_READY("mr_receive()");
-    if (message == NULL) {
-        mr_error("mr_receive(): the message pointer is NULL.");
-        return MR_ERR_INVALID_PARAM;
-    }
-    /* Progress on every call while idle, and regularly while messages are queued. */
-    if (rt.arrivals.head == MR_NIL || (++rt.receive_calls & 15) == 0) {
-        events = rt_progress(0);
-        if (events < 0) return (mr_status_t)events;
-    }
-    if (rt_report_failure()) return MR_ERR_PEER_FAILED;
-    idx = rt_queue_pop(&rt.arrivals);
-    if (idx == MR_NIL) {
-        rt_idle();
-        return MR_AGAIN;
-    }
-    rt.idle_polls = 0;
-    rt.recvs[idx].state = RECV_HELD;
-    message->data = rt.recvs[idx].data;
-    message->length = rt.recvs[idx].length;
-    message->source = rt.recvs[idx].source;
-    rt.stats.messages_received++;
-    rt.stats.bytes_received += rt.recvs[idx].length;
-    return MR_OK;
-}
-
-mr_status_t mr_wait(int timeout_ms)
-{
-    int events;
-
-    RT_CHECK_READY("mr_wait()");
-    if (timeout_ms < 0 || timeout_ms > 60000) {
-        mr_error("mr_wait(): the timeout is %d ms; give 0 to 60000.", timeout_ms);
-        return MR_ERR_INVALID_PARAM;
-    }
-    if (rt.arrivals.head != MR_NIL || rt.failures_unreported > 0 || rt_items_waiting()) {
-        return MR_OK;
-    }
-    /* A send buffer freed since mr_reserve() failed (by mr_receive()'s progress, say): once. */
-    if (rt.reserve_blocked && mr__pool_in_use(&rt.send_pool) < rt.cfg.send_slots &&
-        (rt.cfg.send_bytes == 0 || rt.pending_bytes < rt.cfg.send_bytes)) {
-        rt.reserve_blocked = false;
-        return MR_OK;
-    }
-    /* Deferred sends that found credit count as news: do not sleep on them. */
-    int moved = rt.deferq.depth > 0 ? rt_drain(true) : 0;
-    /*
-     * Sends that wait for credits another process may put in shared memory:
-     * ask flow control to be woken, then look once more (they may have come
-     * just before).
-     */
-    bool marked = moved == 0 && timeout_ms > 0 && rt.deferq.depth > 0 && rt.wake_registered &&
-                  rt.flowctl->sleep(rt.fc, true);
-    if (marked) moved = rt_drain(true);
-    events = rt_progress(moved > 0 ? 0 : timeout_ms);
-    if (marked) rt.flowctl->sleep(rt.fc, false);
-    if (events < 0) return (mr_status_t)events;
-    bool news = events + moved > 0 || rt.arrivals.head != MR_NIL || rt.failures_unreported > 0;
-    return news ? MR_OK : MR_AGAIN;
-}
-
-mr_status_t mr_release(void *buffer)
-{
-    uint32_t idx;
-
-    RT_CHECK_READY("mr_release()");
-    idx = mr__pool_index(&rt.recv_pool, buffer);
-    if (idx != MR_NIL) {
-        if (rt.recvs[idx].state != RECV_HELD) {
-            mr_error("mr_release(): receive buffer %p is not held by the application "
-                     "(double release?).", buffer);
-            return MR_ERR_BUFFER_STATE;
-        }
-        rt_recv_release(idx);
-        return MR_OK;
-    }
-    if (mr__pool_contains(&rt.send_pool, buffer)) {
-        mr_status_t status = rt_reserved_slot("mr_release()", buffer, &idx);
-        if (status != MR_OK) return status;
-        rt_send_free(idx);
-        return MR_OK;
-    }
-    /* A buffer the substrate owns (zero-copy receive). */
-    idx = mr__pool_contains(&rt.recv_pool, buffer) ? MR_NIL : mr__ptrmap_get(&rt.foreign, buffer);
-    if (idx != MR_NIL) {
-        if (rt.recvs[idx].state != RECV_HELD || rt.recvs[idx].data != buffer) {
-            mr_error("mr_release(): receive buffer %p is not held by the application "
-                     "(double release?).", buffer);
-            return MR_ERR_BUFFER_STATE;
-        }
-        rt_recv_release(idx);
-        return MR_OK;
-    }
-    mr_error("mr_release(): %p was not handed out by MailRail.", buffer);
-    return MR_ERR_INVALID_BUFFER;
-}

@@ -12,7 +12,7 @@
  * RT_CTRL_NOTICE set (credits never reach that bit); it goes around the ring
  * in at most `size` hops. docs/architecture.md, "Failures", has the details.
  */
-#include "runtime.h"
+#include "datapath.h"
 
 #include <stdlib.h>
 
@@ -50,7 +50,7 @@ void rt_peer_down(int rank, mr_status_t why, int reporter)
                  reporter);
     }
     /* Deferred messages to a dead rank can never go: give their slots back. */
-    for (uint32_t idx; (idx = mr__deferq_pop(&rt.deferq, rank)) != MR_NIL;) rt_send_free(idx);
+    rt_datapath_drop_deferred(rank);
     /* Pass the news on around the ring (rt_notices_forward, at the next progress call). */
     if (rt.notice_q != NULL) rt.notice_q[rt.notice_count++] = rank;
 }

@@ -2,7 +2,7 @@
  * mr_init() and mr_finalize(): loading the plugins, the steps of init in
  * order and their unwinding, and the orderly end of a job.
  */
-#include "runtime.h"
+#include "datapath.h"
 #include "mr_plugin.h"
 #include "mr_time.h"
 
@@ -97,50 +97,25 @@ out:
     return status;
 }
 
-/* Frees the pools and slot tables; safe on partly allocated state. */
+/* Frees the datapath and the peer table; safe on partly allocated state. */
 static void rt_free_pools(void)
 {
-    free(rt.sends);
-    free(rt.recvs);
+    rt_datapath_fini();
     free(rt.peer);
-    free(rt.refused_epoch);
-    rt.sends = NULL;
-    rt.recvs = NULL;
     rt.peer = NULL;
-    rt.refused_epoch = NULL;
-    mr__ptrmap_fini(&rt.foreign);
-    mr__deferq_fini(&rt.deferq);
-    mr__pool_fini(&rt.recv_pool);
-    mr__pool_fini(&rt.send_pool);
 }
 
 static mr_status_t rt_alloc_pools(void)
 {
-    mr_status_t status;
+    mr_status_t status = rt_datapath_init();
 
-    status = mr__pool_init(&rt.send_pool, rt.cfg.send_slots, rt.cfg.datagram_size, rt.cfg.numa);
-    if (status == MR_OK) {
-        status = mr__pool_init(&rt.recv_pool, rt.cfg.recv_slots, rt.cfg.datagram_size,
-                              rt.cfg.numa);
-    }
-    if (status == MR_OK) status = mr__deferq_init(&rt.deferq, rt.size, rt.cfg.send_slots);
-    if (status == MR_OK) status = mr__ptrmap_init(&rt.foreign, rt.cfg.recv_slots);
-    if (status == MR_OK) {
-        rt.sends = calloc(rt.cfg.send_slots, sizeof(*rt.sends));
-        rt.recvs = calloc(rt.cfg.recv_slots, sizeof(*rt.recvs));
-        rt.peer = calloc((size_t)rt.size, sizeof(*rt.peer));
-        rt.refused_epoch = calloc((size_t)rt.size, sizeof(*rt.refused_epoch));
-        if (!rt.sends || !rt.recvs || !rt.peer || !rt.refused_epoch) {
-            mr_error("Cannot allocate the slot tables.");
-            status = MR_ERR_NO_MEMORY;
-        }
-    }
-    if (status != MR_OK) {
+    if (status != MR_OK) return status;
+    rt.peer = calloc((size_t)rt.size, sizeof(*rt.peer));
+    if (rt.peer == NULL) {
+        mr_error("Cannot allocate the peer table of %d ranks.", rt.size);
         rt_free_pools();
-        return status;
+        return MR_ERR_NO_MEMORY;
     }
-    rt.arrivals.head = rt.arrivals.tail = MR_NIL;
-    rt.progress_epoch = 1; /* refused_epoch starts at 0: nobody has refused yet. */
     rt_items_init();
     return MR_OK;
 }
@@ -236,12 +211,8 @@ static void rt_register_wake(void)
 static mr_status_t rt_open_flowctl(void)
 {
     mr_flowctl_params_t params = rt_flowctl_params();
-    mr_status_t status = rt.flowctl->init(&params, &rt.fc);
 
-    if (status == MR_OK && rt.flowctl->recv_bound != NULL) {
-        rt.recv_bound = rt.flowctl->recv_bound(rt.fc);
-    }
-    return status;
+    return rt.flowctl->init(&params, &rt.fc);
 }
 
 /* Opens the substrate and reads this rank's address. */
@@ -269,7 +240,9 @@ static mr_status_t rt_open_substrate(uint8_t *addr, size_t *len)
 
     status = rt.substrate->open(&params, &rt.sub);
     if (status != MR_OK) return status;
-    rt.sub_held = MR_SUBSTRATE_OPS_HAS(rt.substrate, held) ? rt.substrate->held : NULL;
+    /* Flow control opened first: what it bounds, and what the substrate may hold. */
+    rt_datapath_attach(rt.flowctl->recv_bound != NULL ? rt.flowctl->recv_bound(rt.fc) : 0,
+                       MR_SUBSTRATE_OPS_HAS(rt.substrate, held) ? rt.substrate->held : NULL);
     status = rt.substrate->get_address(rt.sub, addr, len);
     if (status != MR_OK) {
         rt.substrate->close(rt.sub);
@@ -432,10 +405,7 @@ mr_status_t mr_init_mpi(const void *mpi_comm, size_t mpi_comm_size)
 /* Discards every arrived message, returning its credit. */
 static void rt_drop_arrivals(void)
 {
-    for (uint32_t idx; (idx = rt_queue_pop(&rt.arrivals)) != MR_NIL;) {
-        rt.dropped_at_finalize++;
-        rt_recv_release(idx);
-    }
+    rt.dropped_at_finalize += rt_datapath_drop_arrivals();
     rt.dropped_at_finalize += rt_items_drop_arrivals();
 }
 
@@ -467,11 +437,6 @@ static mr_status_t rt_wait_collective(uint64_t deadline)
     return status;
 }
 
-static bool rt_sends_pending(void)
-{
-    return rt.deferq.depth > 0 || rt.inflight > 0;
-}
-
 mr_status_t mr_finalize(void)
 {
     uint64_t deadline;
@@ -487,15 +452,13 @@ mr_status_t mr_finalize(void)
     }
     /* Buffers the application still holds become invalid now, aggregators too. */
     rt_items_fini();
-    for (size_t i = 0; i < rt.cfg.recv_slots; i++) {
-        if (rt.recvs[i].state == RECV_HELD) rt_recv_release((uint32_t)i);
-    }
+    rt_datapath_release_held();
     /*
      * Send what is deferred or in flight, discarding arrivals so that peers can
      * finish; after a failure, at least the notices of it that this rank owes the
      * ring: it may be the only one that saw the failure (chaos.sh's kill case).
      */
-    while (status == MR_OK && ((rt_sends_pending() && !rt.any_failure) ||
+    while (status == MR_OK && ((rt_datapath_sends_pending() && !rt.any_failure) ||
                                rt.notice_sent < rt.notice_count)) {
         rt_drop_arrivals();
         if (rt_progress(1) < 0) break;

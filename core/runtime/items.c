@@ -10,16 +10,17 @@
 #include <string.h>
 
 mr_items_t rt_items_table[MR_ITEMS_MAX];
-rt_queue_t rt_items_arrivals[MR_ITEMS_MAX];
-rt_queue_t rt_items_future;
+rt_msgq_t rt_items_arrivals[MR_ITEMS_MAX];
+rt_msgq_t rt_items_future;
 uint16_t rt_items_created;
 
 void rt_items_init(void)
 {
     memset(rt_items_table, 0, sizeof(rt_items_table));
-    for (int i = 0; i < MR_ITEMS_MAX; i++) rt_items_arrivals[i].head = rt_items_arrivals[i].tail = MR_NIL;
-    rt_items_future.head = rt_items_future.tail = MR_NIL;
+    for (int i = 0; i < MR_ITEMS_MAX; i++) rt_items_arrivals[i] = RT_MSGQ_INIT;
+    rt_items_future = RT_MSGQ_INIT;
     rt_items_created = 0;
+    rt_datapath_consume(MR_KIND_ITEMS, &rt_items_consumer);
 }
 
 /* The live aggregator created as `number`, or NULL. */
@@ -69,9 +70,9 @@ mr_status_t mr_items_create(size_t item_size, mr_items_t **items)
         if (!rt_items_table[i].live) a = &rt_items_table[i];
     }
     if (a == NULL) {
-        mr_error("mr_items_create(): %d aggregators exist already (MR_ITEMS_MAX).",
-                 MR_ITEMS_MAX);
-        return MR_ERR_NO_MEMORY;
+        mr_error("mr_items_create(): %d aggregators exist already (MR_ITEMS_MAX); destroy one "
+                 "first.", MR_ITEMS_MAX);
+        return MR_ERR_LIMIT;
     }
     memset(a, 0, sizeof(*a));
     a->stage = calloc((size_t)rt.size, sizeof(*a->stage));
@@ -95,7 +96,6 @@ mr_status_t mr_items_create(size_t item_size, mr_items_t **items)
         if (items_wire_len_size(a->max_item) + a->max_item > room) a->max_item--;
     }
     a->cur = MR_NIL;
-    a->self_head = a->self_tail = MR_NIL;
     a->number = rt_items_created++;
     a->live = true;
     rt_items_adopt_early(a);
@@ -121,20 +121,11 @@ static uint64_t items_discard(mr_items_t *a)
         items_stage_t *st = &a->stage[dest];
         if (st->pos == NULL) continue;
         discarded++;
-        rt_send_free(mr__pool_index(&rt.send_pool, st->end - rt.cfg.datagram_size));
+        rt_send_free(st->slot);
         st->pos = st->end = NULL;
     }
-    while (a->self_head != MR_NIL) {
-        a->cur = a->self_head;
-        a->cur_self = true;
-        a->self_head = rt.sends[a->cur].next;
-        rt_items_release_current(a);
-        discarded++;
-    }
-    for (uint32_t idx; (idx = rt_queue_pop(&rt_items_arrivals[a->id])) != MR_NIL;) {
-        rt.stats.messages_received++;
-        rt_recv_release(idx);
-        discarded++;
+    for (rt_msg_t msg; (msg = rt_msgq_pop(&rt_items_arrivals[a->id])) != MR_NIL; discarded++) {
+        rt_msg_consumed(msg);
     }
     free(a->listed);
     free(a->staged);
@@ -163,25 +154,13 @@ void rt_items_fini(void)
     }
 }
 
-bool rt_items_waiting(void)
-{
-    for (int i = 0; i < MR_ITEMS_MAX; i++) {
-        if (rt_items_arrivals[i].head != MR_NIL) return true;
-        if (rt_items_table[i].live && rt_items_table[i].self_head != MR_NIL) return true;
-    }
-    return false;
-}
-
 uint64_t rt_items_drop_arrivals(void)
 {
     uint64_t dropped = 0;
 
     for (int i = 0; i <= MR_ITEMS_MAX; i++) {
-        rt_queue_t *q = i < MR_ITEMS_MAX ? &rt_items_arrivals[i] : &rt_items_future;
-        for (uint32_t idx; (idx = rt_queue_pop(q)) != MR_NIL;) {
-            rt_recv_release(idx);
-            dropped++;
-        }
+        rt_msgq_t *q = i < MR_ITEMS_MAX ? &rt_items_arrivals[i] : &rt_items_future;
+        for (rt_msg_t msg; (msg = rt_msgq_pop(q)) != MR_NIL; dropped++) rt_msg_drop(msg);
     }
     return dropped;
 }

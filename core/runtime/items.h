@@ -4,9 +4,12 @@
  * items_pull.c: arrivals and pulling). Internal to the runtime;
  * docs/items.md describes the design and items_wire.h the layout.
  *
- * A staged datagram is a send-pool slot, so credits and the send pool govern
- * items exactly as they govern mr_send(). A datagram to oneself never leaves
- * its send slot: it waits in the aggregator's own queue until pulled.
+ * The layer talks to the datapath only through datapath.h: it is the
+ * consumer of MR_KIND_ITEMS datagrams, which the datapath hands it as they
+ * arrive. A staged datagram is a send-pool slot, so credits and the send
+ * pool govern items exactly as they govern mr_send(). A datagram to oneself
+ * never leaves its send slot: rt_submit_local() hands it over like an
+ * arrival.
  * Quiescence counts a datagram as sent when it leaves staging and as
  * received only when its last item has been pulled, so that an item handler
  * that pushes more keeps the phase open.
@@ -14,7 +17,7 @@
 #ifndef MR_ITEMS_H
 #define MR_ITEMS_H
 
-#include "runtime.h"
+#include "datapath.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -23,6 +26,7 @@
 typedef struct items_stage {
     uint8_t *pos;       /* Next free byte, or NULL when nothing is staged. */
     uint8_t *end;       /* End of the datagram. */
+    uint32_t slot;      /* Its send slot. */
 } items_stage_t;
 
 /* Aligned to a power of two, so that checking a handle takes no division. */
@@ -37,22 +41,20 @@ struct __attribute__((aligned(128))) mr_items {
     uint8_t *listed;         /* Per destination: in staged[]. */
     int nstaged;
 
-    /* The datagram being pulled: a receive slot, or a send slot when to oneself. */
-    uint32_t cur;
-    bool cur_self;
+    /* The datagram being pulled, or MR_NIL. */
+    rt_msg_t cur;
     int cur_source;
     const uint8_t *pos, *end;
 
-    uint32_t self_head, self_tail;   /* Datagrams to oneself, linked by rt_send_t.next. */
     unsigned pulls;                  /* Datagrams taken, to pace progress. */
 };
 
 /* Aggregators live here, so that a handle is checked without dereferencing it. */
 extern mr_items_t rt_items_table[MR_ITEMS_MAX];
-/* Item datagrams that arrived, per place in rt_items_table. */
-extern rt_queue_t rt_items_arrivals[MR_ITEMS_MAX];
+/* Item datagrams that arrived (from oneself too), per place in rt_items_table. */
+extern rt_msgq_t rt_items_arrivals[MR_ITEMS_MAX];
 /* Item datagrams for aggregators this rank has not created yet. */
-extern rt_queue_t rt_items_future;
+extern rt_msgq_t rt_items_future;
 /* Aggregators created since mr_init(): the next one's number. */
 extern uint16_t rt_items_created;
 
@@ -77,11 +79,15 @@ static inline bool rt_items_valid(const mr_items_t *a)
 
 /* items.c: the live aggregator created as `number`, or NULL. */
 mr_items_t *rt_items_by_number(uint16_t number);
+/* items_pull.c: the datapath's consumer of item datagrams. */
+extern const rt_consumer_t rt_items_consumer;
 /* items_pull.c: moves the datagrams that came early for a new aggregator into its queue. */
 void rt_items_adopt_early(mr_items_t *a);
 /* items_pull.c: counts the datagram being pulled as received and gives its slot back. */
 void rt_items_release_current(mr_items_t *a);
 /* items_push.c: sends every staged datagram of an aggregator. */
 void rt_items_flush(mr_items_t *a);
+/* items_push.c: flushes every aggregator. */
+void rt_items_flush_all(void);
 
 #endif /* MR_ITEMS_H */

@@ -10,16 +10,15 @@
  * this rank has yet to create. One created and destroyed here already gets
  * nothing: its items are dropped with a warning.
  */
-void rt_items_arrived(uint32_t idx, int source, size_t length)
+static void items_arrived(rt_msg_t msg, const uint8_t *data, size_t length, int source)
 {
-    const uint8_t *data = rt.recvs[idx].data;
     uint16_t number = length >= ITEMS_WIRE_HDR_LEN ? mr__get_le16(data) : 0;
     mr_items_t *a = length >= ITEMS_WIRE_HDR_LEN ? rt_items_by_number(number) : NULL;
 
     if (a != NULL) {
-        rt_queue_push(&rt_items_arrivals[a->id], idx, source, length);
+        rt_msgq_push(&rt_items_arrivals[a->id], msg);
     } else if (length >= ITEMS_WIRE_HDR_LEN && (int16_t)(number - rt_items_created) >= 0) {
-        rt_queue_push(&rt_items_future, idx, source, length);
+        rt_msgq_push(&rt_items_future, msg);
     } else {
         if (length < ITEMS_WIRE_HDR_LEN) {
             mr_error("Rank %d sent an item datagram of %zu bytes, shorter than its header; it "
@@ -28,20 +27,32 @@ void rt_items_arrived(uint32_t idx, int source, size_t length)
             mr_warn("Rank %d sent items to aggregator %u, which this rank has destroyed; they "
                     "are dropped.", source, number);
         }
-        rt.stats.messages_received++;
-        rt_recv_release(idx);
+        rt_msg_consumed(msg);
     }
 }
+
+/* Whether an item datagram waits to be pulled. */
+static bool items_waiting(void)
+{
+    for (int i = 0; i < MR_ITEMS_MAX; i++) {
+        if (!rt_msgq_empty(&rt_items_arrivals[i])) return true;
+    }
+    return false;
+}
+
+const rt_consumer_t rt_items_consumer = {
+    .arrived = items_arrived,
+    .waiting = items_waiting,
+};
 
 /* Moves the datagrams that came early for a new aggregator into its queue. */
 void rt_items_adopt_early(mr_items_t *a)
 {
-    rt_queue_t keep = {MR_NIL, MR_NIL};
+    rt_msgq_t keep = RT_MSGQ_INIT;
 
-    for (uint32_t idx; (idx = rt_queue_pop(&rt_items_future)) != MR_NIL;) {
-        const uint8_t *data = rt.recvs[idx].data;
-        rt_queue_t *q = mr__get_le16(data) == a->number ? &rt_items_arrivals[a->id] : &keep;
-        rt_queue_push(q, idx, rt.recvs[idx].source, rt.recvs[idx].length);
+    for (rt_msg_t msg; (msg = rt_msgq_pop(&rt_items_future)) != MR_NIL;) {
+        bool mine = mr__get_le16(rt_msg_data(msg)) == a->number;
+        rt_msgq_push(mine ? &rt_items_arrivals[a->id] : &keep, msg);
     }
     rt_items_future = keep;
 }
@@ -50,14 +61,7 @@ void rt_items_adopt_early(mr_items_t *a)
 void rt_items_release_current(mr_items_t *a)
 {
     if (a->cur == MR_NIL) return;
-    rt.stats.messages_received++;
-    if (a->cur_self) {
-        rt.stats.bytes_received += rt.sends[a->cur].length;
-        rt_send_free(a->cur);
-    } else {
-        rt.stats.bytes_received += rt.recvs[a->cur].length;
-        rt_recv_release(a->cur);
-    }
+    rt_msg_consumed(a->cur);
     a->cur = MR_NIL;
     a->pos = a->end = NULL;
 }
@@ -82,35 +86,20 @@ static bool items_header_ok(const mr_items_t *a, const uint8_t *data, size_t len
     return true;
 }
 
-/* Takes the next datagram from the network or from oneself; no progress. */
+/* Takes the next datagram, from the network or from oneself; no progress. */
 static mr_status_t items_take(mr_items_t *a)
 {
-    rt_queue_t *q = &rt_items_arrivals[a->id];
+    rt_msg_t msg = rt_msgq_pop(&rt_items_arrivals[a->id]);
     const uint8_t *data;
     size_t length;
-    int source;
 
-    /* Both waiting: alternate, so that neither starves the other. */
-    bool self = a->self_head != MR_NIL && (q->head == MR_NIL || (a->pulls & 1));
-    if (self) {
-        a->cur = a->self_head;
-        a->self_head = rt.sends[a->cur].next;
-        if (a->self_head == MR_NIL) a->self_tail = MR_NIL;
-        data = mr__pool_slot(&rt.send_pool, a->cur);
-        length = rt.sends[a->cur].length;
-        source = rt.rank;
-    } else {
-        a->cur = rt_queue_pop(q);
-        if (a->cur == MR_NIL) return MR_AGAIN;
-        rt.recvs[a->cur].state = RECV_ITEMS;
-        data = rt.recvs[a->cur].data;
-        length = rt.recvs[a->cur].length;
-        source = rt.recvs[a->cur].source;
-    }
-    a->cur_self = self;
-    a->cur_source = source;
+    if (msg == MR_NIL) return MR_AGAIN;
+    a->cur = msg;
+    a->cur_source = rt_msg_source(msg);
     a->pulls++;
-    if (!items_header_ok(a, data, length, source)) {
+    data = rt_msg_data(msg);
+    length = rt_msg_length(msg);
+    if (!items_header_ok(a, data, length, a->cur_source)) {
         rt_items_release_current(a);
         return MR_ERR_PROTOCOL;
     }
@@ -130,7 +119,7 @@ static mr_status_t items_ready(mr_items_t *a)
 
     if (a->pos != a->end) return MR_OK;
     rt_items_release_current(a);
-    bool waiting = rt_items_arrivals[a->id].head != MR_NIL || a->self_head != MR_NIL;
+    bool waiting = !rt_msgq_empty(&rt_items_arrivals[a->id]);
     if (!waiting || (a->pulls & 15) == 0) {
         int events = rt_progress(0);
         if (events < 0) return (mr_status_t)events;
@@ -141,7 +130,7 @@ static mr_status_t items_ready(mr_items_t *a)
         rt_idle();
         return MR_AGAIN;
     }
-    rt.idle_polls = 0;
+    rt_busy();
     /* A datagram may hold no item (a flush of nothing sends none, but a peer may). */
     return status == MR_OK && a->pos == a->end ? MR_AGAIN : status;
 }

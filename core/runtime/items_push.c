@@ -15,25 +15,17 @@
 static mr_status_t items_send_staged(mr_items_t *a, int dest)
 {
     items_stage_t *st = &a->stage[dest];
-    uint8_t *base = st->end - rt.cfg.datagram_size;
-    uint32_t idx = mr__pool_index(&rt.send_pool, base);
-    size_t length = (size_t)(st->pos - base);
+    uint32_t slot = st->slot;
+    size_t length = (size_t)(st->pos - rt_send_buffer(slot));
     mr_status_t status = MR_OK;
 
     st->pos = st->end = NULL;
     if (dest == rt.rank) {
-        rt.sends[idx].state = SEND_LOCAL;
-        rt.sends[idx].length = (uint32_t)length;
-        rt.sends[idx].next = MR_NIL;
-        if (a->self_tail == MR_NIL) a->self_head = idx;
-        else rt.sends[a->self_tail].next = idx;
-        a->self_tail = idx;
-        rt.stats.messages_sent++;
-        rt.stats.bytes_sent += length;
+        rt_submit_local(slot, length, MR_KIND_ITEMS);
     } else {
-        status = rt_submit(idx, length, dest, MR_KIND_ITEMS);
+        status = rt_submit(slot, length, dest, MR_KIND_ITEMS);
         /* The destination failed since the items were pushed: they are lost with it. */
-        if (status != MR_OK) rt_send_free(idx);
+        if (status != MR_OK) rt_send_free(slot);
     }
     return status;
 }
@@ -86,8 +78,9 @@ static mr_status_t items_stage_open(mr_items_t *a, int dest)
         items_send_fullest();
         return MR_AGAIN;
     }
-    base = mr__pool_slot(&rt.send_pool, idx);
+    base = rt_send_buffer(idx);
     items_wire_hdr_encode(base, a->number, a->item_size);
+    a->stage[dest].slot = idx;
     a->stage[dest].pos = base + ITEMS_WIRE_HDR_LEN;
     a->stage[dest].end = base + rt.cfg.datagram_size;
     if (!a->listed[dest]) {

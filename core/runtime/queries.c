@@ -2,7 +2,7 @@
  * What an application can ask the runtime: its rank, the job's shape, a
  * peer's address and the statistics.
  */
-#include "runtime.h"
+#include "datapath.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -70,11 +70,7 @@ mr_status_t mr_get_stats(mr_stats_t *stats)
         return MR_ERR_INVALID_PARAM;
     }
     snapshot = rt.stats;
-    snapshot.peak_deferred_depth = rt.deferq.peak_depth;
-    snapshot.deferred_now = rt.deferq.depth;
-    snapshot.recv_slots_in_use = mr__pool_in_use(&rt.recv_pool);
-    snapshot.recv_granted = rt.recv_bound != 0 ? rt.recv_bound : rt.cfg.recv_slots;
-    snapshot.recv_inflight = snapshot.recv_slots_in_use + rt.held;
+    rt_datapath_stats(&snapshot);
     rt.flowctl->stats(rt.fc, &snapshot);
     if (rt.substrate->stats != NULL) rt.substrate->stats(rt.sub, &snapshot);
     size = stats->size < sizeof(snapshot) ? stats->size : sizeof(snapshot);
@@ -95,6 +91,27 @@ mr_status_t mr_get_credit_grants(uint32_t *outstanding, int count, int *holders)
         return MR_ERR_UNSUPPORTED;
     }
     *holders = rt.flowctl->grants(rt.fc, outstanding, count);
+    return MR_OK;
+}
+
+mr_status_t mr_failed_ranks(int *ranks, int max, int *count)
+{
+    int n = 0;
+
+    RT_CHECK_READY("mr_failed_ranks()");
+    if (count == NULL || max < 0 || (ranks == NULL && max > 0)) {
+        mr_error("mr_failed_ranks(): a NULL count, a negative maximum, or NULL ranks with room "
+                 "for %d.", max);
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (rt.any_failure) {
+        for (int r = 0; r < rt.size; r++) {
+            if (rt.peer[r] == PEER_OK) continue;
+            if (n < max) ranks[n] = r;
+            n++;
+        }
+    }
+    *count = n;
     return MR_OK;
 }
 

@@ -2,7 +2,7 @@
  * mr_quiesce(): global quiescence by waves of sums of messages sent and
  * received.
  */
-#include "runtime.h"
+#include "datapath.h"
 
 mr_status_t mr_quiesce(void)
 {

@@ -29,40 +29,6 @@
 
 enum rt_state { RT_UNINITIALIZED, RT_READY, RT_FINALIZED };
 
-/*
- * Where a send slot is in its life. SEND_LOCAL: an aggregator's datagram to
- * itself, waiting in its own queue (never sent).
- */
-enum send_state { SEND_FREE, SEND_RESERVED, SEND_DEFERRED, SEND_INFLIGHT, SEND_LOCAL };
-
-/* Where a receive slot is in its life (RECV_ITEMS: an aggregator is pulling from it). */
-enum recv_state { RECV_FREE, RECV_FILLING, RECV_QUEUED, RECV_HELD, RECV_ITEMS };
-
-typedef struct rt_send {
-    uint8_t state;
-    uint8_t kind;       /* MR_KIND_DATA or MR_KIND_ITEMS. */
-    int32_t dest;
-    uint32_t length;
-    uint32_t next;      /* Next in an aggregator's queue of datagrams to itself. */
-} rt_send_t;
-
-typedef struct rt_recv {
-    uint8_t state;
-    int32_t source;
-    uint32_t length;
-    uint32_t next;      /* Next in the arrival queue. */
-    void *data;         /* The slot, or the substrate's buffer when `handle` is set. */
-    void *handle;       /* Substrate-owned buffer, released through release_recv(). */
-    void *foreign;      /* The substrate's buffer this slot last stood for, kept in
-                           rt.foreign after release so that a double release is
-                           recognised; NULL if none. */
-} rt_recv_t;
-
-/* A FIFO of receive slots, linked through rt_recv_t.next. */
-typedef struct rt_queue {
-    uint32_t head, tail;
-} rt_queue_t;
-
 /* Peer health, per rank. */
 enum peer_state { PEER_OK, PEER_FAILED_UNREPORTED, PEER_FAILED_REPORTED };
 
@@ -95,23 +61,7 @@ typedef struct rt_runtime {
     mr_flowctl_t *fc;
     void *flowctl_config;
 
-    mr_pool_t send_pool, recv_pool;
-    rt_send_t *sends;
-    rt_recv_t *recvs;
-    mr_deferq_t deferq;
-    rt_queue_t arrivals;   /* Datagrams for mr_receive(); aggregators have their own. */
-    mr_ptrmap_t foreign;   /* Substrate-owned buffer -> receive slot. */
-
     uint8_t *peer;         /* enum peer_state per rank. */
-    /*
-     * Progress calls so far, and per rank the count when the substrate last
-     * refused a message to it (MR_AGAIN): until the next progress call it
-     * would refuse again, so messages to that rank are deferred at once.
-     */
-    uint32_t progress_epoch;
-    uint32_t *refused_epoch;
-    /* The progress count when a pass over the deferred queue found only such refusals. */
-    uint32_t drain_stuck_epoch;
     bool closing;          /* All ranks finished sending; EOF from peers is expected. */
     int failures_unreported;
     bool any_failure;
@@ -125,19 +75,9 @@ typedef struct rt_runtime {
     bool have_last_wave;
     uint64_t last_wave[2];
     bool unclean;          /* A collective was abandoned: MPI cannot be finalized. */
-    size_t inflight;       /* Sends accepted by the substrate and not completed. */
-    uint64_t pending_bytes;  /* Of messages deferred or in flight (MAILRAIL_SEND_BYTES). */
     uint64_t dropped_at_finalize;
 
-    unsigned receive_calls;
-    unsigned idle_polls;
     bool wake_registered;  /* The substrate's wait includes flow control's wake_fd(). */
-    bool reserve_blocked;  /* The last mr_reserve() found no send buffer. */
-    /* The pool bound from the wire's side (datapath.c, docs/reliability.md). */
-    uint64_t recv_bound;   /* Flow control's recv_bound(), or 0: it bounds nothing. */
-    uint64_t (*sub_held)(mr_substrate_t *s); /* The substrate's held(), or NULL. */
-    uint64_t held;         /* What it returned when last asked. */
-    bool slot_refused;     /* A slot was asked for and none was free since then. */
     mr_stats_t stats;
 } rt_runtime_t;
 
@@ -163,37 +103,6 @@ const char *rt_who(void);
         }                                                                                    \
     } while (0)
 
-/* datapath.c: the hot path. */
-extern const mr_substrate_upcalls_t rt_upcalls;
-/* Sends a credit return for flow control. */
-mr_status_t rt_send_control(void *core, int dest, uint32_t imm);
-/* One round of progress: substrate, flow control, deferred sends. */
-int rt_progress(int timeout_ms);
-/* Appends an arrived receive slot to a queue. */
-void rt_queue_push(rt_queue_t *q, uint32_t idx, int source, size_t length);
-/* Takes the oldest receive slot off a queue, or MR_NIL. */
-uint32_t rt_queue_pop(rt_queue_t *q);
-/* Returns a held or queued receive slot, and its credit, to MailRail. */
-void rt_recv_release(uint32_t idx);
-/* Frees a send slot: sent, or never to be sent. */
-void rt_send_free(uint32_t idx);
-/*
- * Reserves a send slot, or returns MR_NIL (counted as a reserve failure) when
- * none is free or the messages deferred or in flight hold MAILRAIL_SEND_BYTES.
- */
-uint32_t rt_send_take(void);
-/*
- * Sends a reserved send slot: transmits it, or defers it behind older
- * messages to `dest` (MR_OK either way), or returns the substrate's error
- * with the slot still reserved. Counts it as a message sent.
- */
-mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind);
-/* True, once, for each peer failure mr_receive() has not reported yet. */
-bool rt_report_failure(void);
-/* Called when a poll found nothing: lets other ranks have the core now and then. */
-void rt_idle(void);
-
-
 /* failures.c: peer failures, and notices of them around a ring of all ranks. */
 /* Rank `rank` failed, as the substrate (reporter -1) or rank `reporter` says. */
 void rt_peer_down(int rank, mr_status_t why, int reporter);
@@ -206,16 +115,11 @@ int rt_notices_forward(void);
 /* After connect(): asks the substrate to watch this rank's two ring neighbours. */
 mr_status_t rt_watch_neighbours(void);
 
-/* items.c: aggregators (mailrail_items.h). */
+/* items.c: aggregators (mailrail_items.h), a consumer of the datapath's item datagrams. */
+/* Empties the table and registers the item layer with the datapath. */
 void rt_items_init(void);
-/* Queues an arrived item datagram for its aggregator, or drops it if malformed. */
-void rt_items_arrived(uint32_t idx, int source, size_t length);
-/* Flushes every aggregator. */
-void rt_items_flush_all(void);
 /* At finalize: destroys every aggregator and drops their queued datagrams. */
 void rt_items_fini(void);
-/* True when an item datagram waits to be pulled. */
-bool rt_items_waiting(void);
 /* Drops every datagram waiting for an aggregator; returns how many. */
 uint64_t rt_items_drop_arrivals(void);
 

@@ -150,7 +150,7 @@ void mpi__close(mr_substrate_t *s)
     free(s->done_dest);
     free(s->done_err);
     free(s->peer);
-    free(s->peer_why);
+    mr__failq_fini(&s->failq);
     free(s->peer_sent);
     free(s->peer_matched);
     free(s);

@@ -46,8 +46,7 @@ void mpi__peer_mark_failed(mr_substrate_t *s, int rank, mr_status_t why)
 {
     if (rank < 0 || rank >= s->base.size || s->peer[rank] != PEER_OK) return;
     s->peer[rank] = PEER_FAIL_PENDING;
-    s->peer_why[rank] = why;
-    s->fail_pending++;
+    mr__failq_push(&s->failq, rank, why);
     if (why == MR_ERR_PROTOCOL) s->base.rejected++;
 }
 

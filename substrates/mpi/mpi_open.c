@@ -181,7 +181,6 @@ static mr_status_t mpi_alloc_buffers(mr_substrate_t *s)
     s->done_dest = malloc(max_sends * sizeof(*s->done_dest));
     s->done_err = malloc(max_sends * sizeof(*s->done_err));
     s->peer = calloc((size_t)s->base.size, sizeof(*s->peer));
-    s->peer_why = calloc((size_t)s->base.size, sizeof(*s->peer_why));
     s->peer_sent = calloc((size_t)s->base.size, sizeof(*s->peer_sent));
     s->peer_matched = calloc((size_t)s->base.size, sizeof(*s->peer_matched));
     if (s->recvs == NULL || s->recv_req == NULL || s->staging == NULL ||
@@ -191,7 +190,7 @@ static mr_status_t mpi_alloc_buffers(mr_substrate_t *s)
         s->peer_sent == NULL || s->peer_matched == NULL || s->ctrl_req == NULL ||
         s->ctrl_dest == NULL || s->indices == NULL || s->statuses == NULL ||
         s->done_cookie == NULL || s->done_dest == NULL || s->done_err == NULL ||
-        s->peer == NULL || s->peer_why == NULL) {
+        s->peer == NULL || mr__failq_init(&s->failq, s->base.size) != MR_OK) {
         MR__LOG(s, MR_LOG_ERROR, "MPI substrate: out of memory for %u staging buffers of %zu "
                 "bytes (MAILRAIL_MAX_RECVS) and %zu sends.", s->nrecv, s->base.datagram_size,
                 max_sends);

@@ -9,20 +9,20 @@
 #include <poll.h>
 #include <sched.h>
 
-/* Runs the peer_failed() upcalls queued by mpi__peer_mark_failed(). progress() only. */
-static int drain_failures(mr_substrate_t *s)
+/* A failure found by mpi__peer_mark_failed() is reported: nothing else to undo. */
+static mr__fail_verdict_t peer_fail_begin(mr_substrate_t *s, int rank, mr_status_t why)
 {
-    int n = 0;
+    (void)why;
+    s->peer[rank] = PEER_FAILED;
+    return MR__FAIL_REPORT;
+}
 
-    if (s->fail_pending == 0) return 0;
-    for (int r = 0; r < s->base.size && s->fail_pending > 0; r++) {
-        if (s->peer[r] != PEER_FAIL_PENDING) continue;
-        s->peer[r] = PEER_FAILED;
-        s->fail_pending--;
-        s->base.up.peer_failed(s->base.core, r, s->peer_why[r]);
-        n++;
-    }
-    return n;
+static const mr__fail_ops_t mpi_fail_ops = {.begin = peer_fail_begin};
+
+/* Runs the peer_failed() upcalls queued by mpi__peer_mark_failed(). progress() only. */
+static inline int drain_failures(mr_substrate_t *s)
+{
+    return mr__failq_empty(&s->failq) ? 0 : mr__failq_drain(s, &s->failq, &mpi_fail_ops);
 }
 
 /* The error of one completion reported by MPI_Testsome. */

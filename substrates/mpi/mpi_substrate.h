@@ -22,6 +22,7 @@
 #define MR_MPI_SUBSTRATE_H
 
 #include "mr_batch.h"
+#include "mr_failq.h"
 #include "mr_substrate_base.h"
 
 #include <mpi.h>
@@ -178,8 +179,7 @@ struct mr_substrate {
 
     /* Peers. */
     uint8_t *peer;             /* PEER_* per rank. */
-    mr_status_t *peer_why;     /* Why, while PEER_FAIL_PENDING. */
-    unsigned fail_pending;
+    mr__failq_t failq;         /* PEER_FAIL_PENDING ranks, reported by progress(). */
 
     uint64_t discarded;        /* Messages from failed ranks, thrown away. */
     uint64_t split_imm;        /* Immediates too large for a tag, sent as control messages. */

@@ -22,15 +22,8 @@ void tcp__conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why)
     tcp__close_fd(s, &c->fd, &c->registered);
     c->state = C_FAILED;
     c->interest = 0;
-    c->fail_why = why;
     if (why == MR_ERR_PROTOCOL) s->base.rejected++;
-    if (!c->on_fail_list) {
-        c->on_fail_list = true;
-        c->fail_next = NULL;
-        if (s->fail_tail != NULL) s->fail_tail->fail_next = c;
-        else s->fail_head = c;
-        s->fail_tail = c;
-    }
+    mr__failq_push(&s->failq, c->rank, why);
 }
 
 void tcp__conn_fail_errno(mr_substrate_t *s, tcp_conn_t *c, int err, const char *what)
@@ -67,39 +60,50 @@ void tcp__conn_fail_errno(mr_substrate_t *s, tcp_conn_t *c, int err, const char 
 /* ------------------------------------------------------------------------ */
 /* Upcall drains (progress() only).                                         */
 
-int tcp__drain_failed(mr_substrate_t *s)
+/* Forgets what was half read from the connection; the core hears of the failure. */
+static mr__fail_verdict_t conn_fail_begin(mr_substrate_t *s, int rank, mr_status_t why)
 {
-    int n = 0;
-    tcp_conn_t *c;
+    tcp_conn_t *c = &s->conns[rank];
 
-    while ((c = s->fail_head) != NULL) {
-        s->fail_head = c->fail_next;
-        if (s->fail_head == NULL) s->fail_tail = NULL;
-        c->on_fail_list = false;
-        c->fail_next = NULL;
-        if (c->rx_slot != NULL) {
-            void *slot = c->rx_slot;
-            c->rx_slot = NULL;
-            s->base.up.recv_slot_abandon(s->base.core, slot);
-        }
-        c->rx_phase = RX_HEADER;
-        c->rx_start = c->rx_end = 0;
-        c->ctrl_count = 0;
-        c->ctrl_off = 0;
-        c->hs_off = c->hs_out = 0;
-        s->base.up.peer_failed(s->base.core, c->rank, c->fail_why);
+    (void)why;
+    if (c->rx_slot != NULL) {
+        void *slot = c->rx_slot;
+        c->rx_slot = NULL;
+        s->base.up.recv_slot_abandon(s->base.core, slot);
+    }
+    c->rx_phase = RX_HEADER;
+    c->rx_start = c->rx_end = 0;
+    c->ctrl_count = 0;
+    c->ctrl_off = 0;
+    c->hs_off = c->hs_out = 0;
+    return MR__FAIL_REPORT;
+}
+
+/* Completes every queued send, so that the core gets its buffers back. */
+static int conn_fail_end(mr_substrate_t *s, int rank)
+{
+    tcp_conn_t *c = &s->conns[rank];
+    tcp_req_t *r;
+    int n = 0;
+
+    while ((r = c->sq_head) != NULL) {
+        void *cookie = r->link.cookie;
+        c->sq_head = r->sq_next;
+        if (c->sq_head == NULL) c->sq_tail = NULL;
+        c->sq_off = 0;
+        tcp__req_free(s, r);
+        s->base.up.send_complete(s->base.core, cookie);
         n++;
-        /* Every queued send completes, so that the core gets its buffers back. */
-        tcp_req_t *r;
-        while ((r = c->sq_head) != NULL) {
-            void *cookie = r->link.cookie;
-            c->sq_head = r->sq_next;
-            if (c->sq_head == NULL) c->sq_tail = NULL;
-            c->sq_off = 0;
-            tcp__req_free(s, r);
-            s->base.up.send_complete(s->base.core, cookie);
-            n++;
-        }
     }
     return n;
+}
+
+static const mr__fail_ops_t tcp_fail_ops = {
+    .begin = conn_fail_begin,
+    .end = conn_fail_end,
+};
+
+int tcp__drain_failed(mr_substrate_t *s)
+{
+    return mr__failq_drain(s, &s->failq, &tcp_fail_ops);
 }

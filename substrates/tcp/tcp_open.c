@@ -140,7 +140,7 @@ static mr_status_t tcp_alloc_peers(mr_substrate_t *s)
 {
     s->conns = calloc((size_t)s->base.size, sizeof(*s->conns));
     s->reqs = calloc(s->base.max_sends, sizeof(*s->reqs));
-    if (s->conns == NULL || s->reqs == NULL) {
+    if (s->conns == NULL || s->reqs == NULL || mr__failq_init(&s->failq, s->base.size) != MR_OK) {
         MR__LOG(s, MR_LOG_ERROR, "TCP substrate: out of memory for %d peers and %zu sends.",
                 s->base.size, s->base.max_sends);
         return MR_ERR_NO_MEMORY;

@@ -102,7 +102,7 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
     uint64_t now, next;
 
     if (s == NULL) return MR_ERR_INVALID_PARAM;
-    events += tcp__drain_failed(s);
+    if (!mr__failq_empty(&s->failq)) events += tcp__drain_failed(s);
     events += mr__done_drain(s, &s->done, &s->free_reqs);
     events += tcp__retry_rx(s);
 
@@ -116,7 +116,7 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
     }
 
     wait = timeout_ms;
-    if (events > 0 || !mr__done_empty(&s->done) || s->fail_head != NULL || tcp__rx_list_busy(s)) {
+    if (events > 0 || !mr__done_empty(&s->done) || !mr__failq_empty(&s->failq) || tcp__rx_list_busy(s)) {
         wait = 0;
     }
     if (wait != 0 && next != UINT64_MAX) {
@@ -134,7 +134,7 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
     for (int i = 0; i < n; i++) events += tcp__dispatch(s, &evs[i]);
     if (n > 0) tcp__pending_expire(s, mr__now_ns());
 
-    events += tcp__drain_failed(s);
+    if (!mr__failq_empty(&s->failq)) events += tcp__drain_failed(s);
     events += mr__done_drain(s, &s->done, &s->free_reqs);
     return events;
 }
@@ -156,6 +156,7 @@ void tcp__close(mr_substrate_t *s)
     if (s->epfd >= 0) close(s->epfd);
     free(s->conns);
     free(s->reqs);
+    mr__failq_fini(&s->failq);
     free(s);
 }
 

@@ -35,6 +35,7 @@
 #ifndef MR_TCP_SUBSTRATE_H
 #define MR_TCP_SUBSTRATE_H
 
+#include "mr_failq.h"
 #include "mr_substrate_base.h"
 #include "tcp_wire.h"
 
@@ -156,11 +157,6 @@ typedef struct tcp_conn {
     bool rx_paused;            /* Waiting for a receive slot; EPOLLIN is off. */
     bool on_rx_list;
     struct tcp_conn *rx_next;
-
-    /* Failure, reported to the core by the next progress call. */
-    mr_status_t fail_why;
-    bool on_fail_list;
-    struct tcp_conn *fail_next;
 } tcp_conn_t;
 
 /* An accepted connection that has not authenticated yet. */
@@ -201,7 +197,7 @@ struct mr_substrate {
     mr__sreq_t *free_reqs;
     mr__done_queue_t done;
     tcp_conn_t *rx_head, *rx_tail;
-    tcp_conn_t *fail_head, *fail_tail;
+    mr__failq_t failq;          /* Failures found, reported by the next progress call. */
     tcp_pending_t pending[TCP_MAX_PENDING];
     unsigned npending;
 

@@ -141,7 +141,7 @@ void ucx__closing(mr_substrate_t *s)
         ucp_request_param_t param;
         ucs_status_ptr_t sp;
 
-        if (p->ep == NULL || p->state != P_OK || p->fail_queued) continue;
+        if (p->ep == NULL || p->state != P_OK || mr__failq_queued(&s->failq, p->rank)) continue;
         memset(&param, 0, sizeof(param));
         sp = ucp_ep_flush_nbx(p->ep, &param);
         if (UCS_PTR_IS_ERR(sp)) {

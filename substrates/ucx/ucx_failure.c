@@ -25,12 +25,9 @@ void ucx__peer_fail(mr_substrate_t *s, int rank, ucs_status_t why)
 
     if (rank < 0 || rank >= s->base.size || rank == s->base.rank) return;
     p = &s->peers[rank];
-    if (p->state != P_OK || p->fail_queued) return;
-    p->fail_queued = true;
+    if (p->state != P_OK || !mr__failq_push(&s->failq, rank, MR_ERR_PEER_FAILED)) return;
     p->fail_status = why;
     if (s->failures_seen < UINT8_MAX) s->failures_seen++;
-    s->failq[(s->failq_head + s->failq_count) % s->base.size] = rank;
-    s->failq_count++;
 }
 
 void ucx__ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -99,40 +96,49 @@ static int peer_retire_sends(mr_substrate_t *s, int rank)
     return (int)ndata;
 }
 
+/* Marks the peer failed and logs why; the core hears of it unless all are finishing. */
+static mr__fail_verdict_t peer_fail_begin(mr_substrate_t *s, int rank, mr_status_t why)
+{
+    ucx_peer_t *p = &s->peers[rank];
+
+    (void)why;
+    if (p->state != P_OK) return MR__FAIL_SKIP;
+    p->state = P_FAILED;
+    s->nendpoints--;
+    if (s->base.closing) {
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d went away while finalizing (%s).",
+                rank, p->exited ? "its process exited" : ucs_status_string(p->fail_status));
+        return MR__FAIL_QUIET;
+    }
+    if (p->exited) {
+        MR__LOG(s, MR_LOG_WARN, "UCX substrate: the process of rank %d (pid %u) exited.",
+                rank, (unsigned)p->pid);
+    } else {
+        MR__LOG(s, MR_LOG_WARN, "UCX substrate: rank %d failed (UCX: %s).", rank,
+                ucs_status_string(p->fail_status));
+    }
+    return MR__FAIL_REPORT;
+}
+
+/* Closes the endpoint by force, or gives its sends up when UCX cannot. */
+static int peer_fail_end(mr_substrate_t *s, int rank)
+{
+    ucx_peer_t *p = &s->peers[rank];
+
+    if (p->err_peer) {
+        /* Its sends complete (canceled) and come back as completions. */
+        peer_force_close(s, p);
+        return 0;
+    }
+    return peer_retire_sends(s, rank);
+}
+
+static const mr__fail_ops_t ucx_fail_ops = {
+    .begin = peer_fail_begin,
+    .end = peer_fail_end,
+};
+
 int ucx__drain_failed(mr_substrate_t *s)
 {
-    int n = 0;
-
-    while (s->failq_count > 0) {
-        int rank = s->failq[s->failq_head];
-        ucx_peer_t *p = &s->peers[rank];
-
-        s->failq_head = (s->failq_head + 1) % s->base.size;
-        s->failq_count--;
-        p->fail_queued = false;
-        if (p->state != P_OK) continue;
-        p->state = P_FAILED;
-        s->nendpoints--;
-        if (s->base.closing) {
-            MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: rank %d went away while finalizing (%s).",
-                    rank, p->exited ? "its process exited" : ucs_status_string(p->fail_status));
-        } else {
-            if (p->exited) {
-                MR__LOG(s, MR_LOG_WARN, "UCX substrate: the process of rank %d (pid %u) exited.",
-                        rank, (unsigned)p->pid);
-            } else {
-                MR__LOG(s, MR_LOG_WARN, "UCX substrate: rank %d failed (UCX: %s).", rank,
-                        ucs_status_string(p->fail_status));
-            }
-            s->base.up.peer_failed(s->base.core, rank, MR_ERR_PEER_FAILED);
-            n++;
-        }
-        if (p->err_peer) {
-            /* Its sends complete (canceled) and come back as completions. */
-            peer_force_close(s, p);
-        } else {
-            n += peer_retire_sends(s, rank);
-        }
-    }
-    return n;
+    return mr__failq_drain(s, &s->failq, &ucx_fail_ops);
 }

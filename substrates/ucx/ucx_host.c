@@ -104,7 +104,7 @@ void ucx__check_events(mr_substrate_t *s, int timeout_ms)
             close(p->pidfd);
             p->pidfd = -1;
             s->npidfds--;
-            if (p->state == P_OK && !p->fail_queued) p->exited = true;
+            if (p->state == P_OK && !mr__failq_queued(&s->failq, p->rank)) p->exited = true;
             ucx__peer_fail(s, rank, UCS_ERR_CONNECTION_RESET);
         }
     }

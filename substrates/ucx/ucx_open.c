@@ -42,11 +42,10 @@ static mr_status_t ucx_alloc_queues(mr_substrate_t *s, const mr_substrate_params
         s->rxq_cap *= 2;
     }
     s->peers = calloc((size_t)s->base.size, sizeof(*s->peers));
-    s->failq = calloc((size_t)s->base.size, sizeof(*s->failq));
     s->rxq = malloc(s->rxq_cap * sizeof(*s->rxq));
     s->spill_cap = (size_t)s->cfg.spill_size;
     s->spill = s->spill_cap ? malloc(s->spill_cap) : NULL;
-    if (s->peers == NULL || s->failq == NULL || s->rxq == NULL ||
+    if (s->peers == NULL || mr__failq_init(&s->failq, s->base.size) != MR_OK || s->rxq == NULL ||
         (s->spill_cap && s->spill == NULL)) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %d peers.", s->base.size);
         return MR_ERR_NO_MEMORY;

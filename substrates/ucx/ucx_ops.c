@@ -22,7 +22,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
     if (s == NULL) return MR_ERR_INVALID_PARAM;
     s->upcalls_ok = true;
     s->cb_events = 0;
-    if (s->failq_count > 0) events += ucx__drain_failed(s);
+    if (!mr__failq_empty(&s->failq)) events += ucx__drain_failed(s);
     /* Batches leave now, and the next message to each rank leaves alone again. */
     mr__batcher_next_epoch(&s->batcher);
     if (s->batcher.nopen > 0) ucx__flush_batches(s);
@@ -43,7 +43,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
         /*
          * Reading the clock on every poll is a small delay that spares the
          * shared FIFO's cache lines: reading it on every 64th poll only made
-         * a 512-byte stream under `none` 25% slower (docs/performance.md).
+         * a 512-byte stream under `none` 25% slower (docs/notes/performance-notebook.md).
          */
         if (s->npidfds > 0 && (now = mr__coarse_now_ns()) >= s->next_pidfd_check) {
             s->next_pidfd_check = now + UCX_PIDFD_CHECK_MS * MR_NS_PER_MS;
@@ -55,7 +55,7 @@ static int ucx_progress(mr_substrate_t *s, int timeout_ms)
             s->woken = false;
             events++;
         }
-        if (s->failq_count > 0) events += ucx__drain_failed(s);
+        if (!mr__failq_empty(&s->failq)) events += ucx__drain_failed(s);
         if (s->batches_done != NULL) events += ucx__batches_complete(s);
         if (!mr__done_empty(&s->done)) events += mr__done_drain(s, &s->done, &s->free_sreqs);
         if (s->rxq_count > 0) events += ucx__rx_drain(s);
@@ -134,7 +134,7 @@ void ucx__close(mr_substrate_t *s)
             if (p->ep == NULL) continue;
             memset(&param, 0, sizeof(param));
             param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-            param.flags = !s->flushed && p->state == P_OK && !p->fail_queued
+            param.flags = !s->flushed && p->state == P_OK && !mr__failq_queued(&s->failq, p->rank)
                               ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
             sp = ucp_ep_close_nbx(p->ep, &param);
             p->ep = NULL;
@@ -190,7 +190,7 @@ void ucx__close(mr_substrate_t *s)
     mr__batcher_fini(&s->batcher); /* After the worker: UCX no longer reads any batch. */
     free(s->rreq_mem);
     free(s->peers);
-    free(s->failq);
+    mr__failq_fini(&s->failq);
     free(s->rxq);
     free(s->ctrlq);
     free(s->spill);

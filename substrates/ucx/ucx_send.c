@@ -21,7 +21,7 @@ static mr_status_t peer_for_send(mr_substrate_t *s, int dest, ucx_peer_t **out)
         st = ucx__peer_endpoint(s, p);
         if (st != MR_OK) return st;
     }
-    if (p->state == P_FAILED || p->fail_queued) return MR_ERR_PEER_FAILED;
+    if (p->state == P_FAILED || mr__failq_queued(&s->failq, dest)) return MR_ERR_PEER_FAILED;
     if (p->state != P_OK || !s->connected || s->closed) return MR_ERR_INVALID_RANK;
     *out = p;
     return MR_OK;

@@ -24,6 +24,7 @@
 #define UCX_SUBSTRATE_H
 
 #include "mr_batch.h"
+#include "mr_failq.h"
 #include "mr_substrate_base.h"
 #include "ucx_wire.h"
 
@@ -43,7 +44,7 @@
  * UCX_AM_BARE + 2 * source + (kind == MR_KIND_ITEMS). Used for a message that
  * has nothing else to say (no credits, no failures seen), so that the
  * receiver never touches a header, which UCX places after the payload: at
- * 4 KiB reading it costs a cache miss per message (docs/performance.md).
+ * 4 KiB reading it costs a cache miss per message (docs/notes/performance-notebook.md).
  */
 #define UCX_AM_BARE 0x4d40
 #define UCX_BARE_MAX_RANKS ((UINT16_MAX - UCX_AM_BARE) / 2)
@@ -147,7 +148,6 @@ typedef struct ucx_peer {
     mr_substrate_t *s;
     int rank;
     uint8_t state;
-    bool fail_queued;
     bool same_host;            /* Same kernel (boot id). */
     bool err_peer;             /* Its endpoint has UCP_ERR_HANDLING_MODE_PEER. */
     bool exited;               /* Its pidfd said so. */
@@ -185,8 +185,7 @@ struct mr_substrate {
     int cb_events;             /* Upcalls made from callbacks in this progress() call. */
 
     ucx_peer_t *peers;
-    int *failq;                /* Ranks whose failure awaits reporting (FIFO of size). */
-    int failq_head, failq_count;
+    mr__failq_t failq;         /* Failures found, awaiting progress() (ucx_failure.c). */
 
     /* Send state: max_sends data sends and nctrl control sends usable at any time. */
     ucx_sreq_block_t *sreq_blocks;

@@ -1,0 +1,108 @@
+/*
+ * The datapath's state, private to datapath.c, datapath_send.c and
+ * datapath_receive.c (tests/check_layers.sh refuses it elsewhere): the rest
+ * of the runtime goes through datapath.h.
+ */
+#ifndef MR_DATAPATH_STATE_H
+#define MR_DATAPATH_STATE_H
+
+#include "datapath.h"
+
+/*
+ * Where a send slot is in its life. SEND_LOCAL: a datagram to oneself, held
+ * by a consumer (rt_submit_local), never sent.
+ */
+enum send_state { SEND_FREE, SEND_RESERVED, SEND_DEFERRED, SEND_INFLIGHT, SEND_LOCAL };
+
+/* Where a receive slot is in its life (RECV_CONSUMER: a consumer of its kind owns it). */
+enum recv_state { RECV_FREE, RECV_FILLING, RECV_QUEUED, RECV_HELD, RECV_CONSUMER };
+
+typedef struct rt_send {
+    uint8_t state;
+    uint8_t kind;       /* MR_KIND_DATA or MR_KIND_ITEMS. */
+    int32_t dest;
+    uint32_t length;
+    uint32_t next;      /* Next in a consumer's queue, when SEND_LOCAL. */
+} rt_send_t;
+
+typedef struct rt_recv {
+    uint8_t state;
+    int32_t source;
+    uint32_t length;
+    uint32_t next;      /* Next in the arrival queue or a consumer's. */
+    void *data;         /* The slot, or the substrate's buffer when `handle` is set. */
+    void *handle;       /* Substrate-owned buffer, released through release_recv(). */
+    void *foreign;      /* The substrate's buffer this slot last stood for, kept in
+                           dp.foreign after release so that a double release is
+                           recognised; NULL if none. */
+} rt_recv_t;
+
+/* The datapath's state: nobody outside this file touches it (datapath.h). */
+typedef struct rt_datapath {
+    mr_pool_t send_pool, recv_pool;
+    rt_send_t *sends;
+    rt_recv_t *recvs;
+    mr_deferq_t deferq;
+    rt_msgq_t arrivals;    /* Datagrams for mr_receive(); consumers keep their own. */
+    mr_ptrmap_t foreign;   /* Substrate-owned buffer -> receive slot. */
+    const rt_consumer_t *consumers[MR_KIND_ITEMS + 1];
+    /*
+     * Progress calls so far, and per rank the count when the substrate last
+     * refused a message to it (MR_AGAIN): until the next progress call it
+     * would refuse again, so messages to that rank are deferred at once.
+     */
+    uint32_t progress_epoch;
+    uint32_t *refused_epoch;
+    /* The progress count when a pass over the deferred queue found only such refusals. */
+    uint32_t drain_stuck_epoch;
+    size_t inflight;         /* Sends accepted by the substrate and not completed. */
+    uint64_t pending_bytes;  /* Of messages deferred or in flight (MAILRAIL_SEND_BYTES). */
+    unsigned receive_calls;
+    unsigned idle_polls;
+    bool reserve_blocked;    /* The last mr_reserve() found no send buffer. */
+    /* The pool bound from the wire's side (docs/reliability.md). */
+    uint64_t recv_bound;     /* Flow control's recv_bound(), or 0: it bounds nothing. */
+    uint64_t (*sub_held)(mr_substrate_t *s); /* The substrate's held(), or NULL. */
+    uint64_t held;           /* What it returned when last asked. */
+    bool slot_refused;       /* A slot was asked for and none was free since then. */
+} rt_datapath_t;
+
+extern rt_datapath_t dp;
+
+/* A message handle with this bit is a send slot kept for oneself. */
+#define RT_MSG_LOCAL 0x80000000u
+
+/* The link of a message handle: in its receive slot, or its send slot when local. */
+static inline uint32_t *dp_msg_next(rt_msg_t msg)
+{
+    return msg & RT_MSG_LOCAL ? &dp.sends[msg & ~RT_MSG_LOCAL].next : &dp.recvs[msg].next;
+}
+
+static inline void dp_msgq_push(rt_msgq_t *q, rt_msg_t msg)
+{
+    *dp_msg_next(msg) = MR_NIL;
+    if (q->tail == MR_NIL) q->head = msg;
+    else *dp_msg_next(q->tail) = msg;
+    q->tail = msg;
+}
+
+static inline rt_msg_t dp_msgq_pop(rt_msgq_t *q)
+{
+    rt_msg_t msg = q->head;
+
+    if (msg == MR_NIL) return MR_NIL;
+    q->head = *dp_msg_next(msg);
+    if (q->head == MR_NIL) q->tail = MR_NIL;
+    return msg;
+}
+
+/* datapath.c: takes a free receive slot for an arrival, or MR_NIL (noted for held()). */
+uint32_t dp_recv_take(void);
+/* datapath.c: returns a held or queued receive slot, and its credit, to MailRail. */
+void dp_recv_release(uint32_t idx);
+/* datapath_send.c: sends deferred messages (docs/architecture.md); returns how many left. */
+int dp_drain(bool until_stuck);
+/* datapath_send.c: the send slot of a buffer the application passes in, misuse logged. */
+mr_status_t dp_reserved_slot(const char *fn, const void *buffer, uint32_t *out);
+
+#endif /* MR_DATAPATH_STATE_H */
