@@ -15,7 +15,9 @@
 # Prints, per substrate, policy and size, the median, lowest and highest ratio
 # of the rounds; writes every run to OUT/perf.csv, the summary to
 # OUT/perf_summary.csv, one Markdown table per substrate with the date and the
-# machine to OUT/perf.md, and a plot of the ratios to OUT/perf.png.
+# machine to OUT/perf.md, and a plot of the ratios to OUT/perf.png. A run that
+# fails, times out or prints no rate is named on stderr and left out of the
+# ratios, and the script then exits 1: a failure never reads as a ratio of 0.
 #
 # Usage: tools/perf_compare.sh [-b BUILD] [-s SIZES] [-n MESSAGES] [-r ROUNDS]
 #                              [-p POLICIES] [-S SUBSTRATES] [-o OUT] [-l]
@@ -34,6 +36,12 @@ while getopts "b:s:n:r:p:S:o:lh" opt; do
     esac
 done
 out=${out:-$build/perf}
+for substrate in ${substrates//,/ }; do
+    case $substrate in
+        ucx | mpi) ;;
+        *) echo "perf_compare: -S $substrate: only ucx and mpi have a raw baseline here" >&2; exit 2 ;;
+    esac
+done
 perf="$build/tools/mailrail_perf"
 [ -x "$perf" ] || { echo "perf_compare: no $perf; build first" >&2; exit 1; }
 command -v ucx_perftest >/dev/null || { echo "perf_compare: ucx_perftest is missing (ucx-utils)" >&2; exit 1; }
@@ -41,13 +49,32 @@ mkdir -p "$out"
 port=$((20000 + RANDOM % 20000))
 here=$(cd "$(dirname "$0")" && pwd)
 
+failed=()
+# Runs one contender ("$@" prints "rate latency_us") and sets rate and lat; on a
+# failure, a timeout or no positive rate, names it in failed[] and returns 1.
+measure() {
+    local what=$1 result status=0; shift
+    result=$("$@" 2>"$out/last_error.log") || status=$?
+    read -r rate lat <<<"$result"
+    if [ "$status" -ne 0 ] || ! awk -v r="${rate:-}" 'BEGIN { exit !(r + 0 > 0) }'; then
+        local why="exit status $status"
+        [ "$status" -eq 124 ] && why="timed out after 300 s"
+        [ "$status" -eq 0 ] && why="printed no rate"
+        echo "perf_compare: FAILED: $what: $why" >&2
+        tail -5 "$out/last_error.log" >&2 || true
+        failed+=("$what: $why")
+        return 1
+    fi
+    lat=${lat:-0}
+}
+
 # Prints "rate latency_us" of one mailrail_perf run (2 ranks, one size); latency 0 without -l.
 mailrail_run() {
     local substrate=$1 policy=$2 size=$3; shift 3
-    local dgram=$((size > 4096 ? size : 4096))
-    MAILRAIL_SUBSTRATE=$substrate MAILRAIL_FLOWCTL=$policy MAILRAIL_DATAGRAM_SIZE=$dgram \
-        timeout -k 5 300 mpiexec -n 2 "$perf" -s "$size" -n "$count" -r 1 ${latency:+-l} "$@" |
-        awk '$1 ~ /^[0-9]+$/ { print $2, ($4 == "" ? 0 : $4) }'
+    local dgram=$((size > 4096 ? size : 4096)) text
+    text=$(MAILRAIL_SUBSTRATE=$substrate MAILRAIL_FLOWCTL=$policy MAILRAIL_DATAGRAM_SIZE=$dgram \
+        timeout -k 5 300 mpiexec -n 2 "$perf" -s "$size" -n "$count" -r 1 ${latency:+-l} "$@") || return
+    awk '$1 ~ /^[0-9]+$/ { print $2, ($4 == "" ? 0 : $4) }' <<<"$text"
 }
 
 # Prints the overall result of one ucx_perftest run: TEST in ucp_am_bw (message
@@ -56,19 +83,21 @@ ucx_run() {
     local test=$1 size=$2 field=$3
     port=$((port + 1))
     timeout -k 5 300 ucx_perftest -t "$test" -s "$size" -n "$count" -p "$port" >/dev/null 2>&1 &
-    local server=$!
+    local server=$! text status=0
     sleep 0.5
-    timeout -k 5 300 ucx_perftest 127.0.0.1 -t "$test" -s "$size" -n "$count" -p "$port" 2>/dev/null |
-        awk -v f="$field" '/^Final:/ { print $f }'
-    wait "$server" || true
+    text=$(timeout -k 5 300 ucx_perftest 127.0.0.1 -t "$test" -s "$size" -n "$count" -p "$port") ||
+        status=$?
+    wait "$server" || true # The client's verdict is the run's.
+    [ "$status" -eq 0 ] || return "$status"
+    awk -v f="$field" '/^Final:/ { print $f }' <<<"$text"
 }
 
 # Prints "rate latency_us" of the raw transport under SUBSTRATE.
 baseline_run() {
     local substrate=$1 size=$2 rate lat=0
     if [ "$substrate" = ucx ]; then
-        rate=$(ucx_run ucp_am_bw "$size" 9)
-        [ -n "$latency" ] && lat=$(ucx_run ucp_am_lat "$size" 5)
+        rate=$(ucx_run ucp_am_bw "$size" 9) || return
+        if [ -n "$latency" ]; then lat=$(ucx_run ucp_am_lat "$size" 5) || return; fi
         echo "$rate $lat"
     else
         mailrail_run mpi none "$size" -m
@@ -80,16 +109,19 @@ echo "substrate,policy,bytes,round,baseline_rate,mailrail_rate,rate_ratio,baseli
 for substrate in ${substrates//,/ }; do
     for size in ${sizes//,/ }; do
         for ((r = 1; r <= rounds; r++)); do
-            read -r brate blat <<<"$(baseline_run "$substrate" "$size")"
+            where="$substrate $size B round $r"
+            measure "$where: the raw baseline" baseline_run "$substrate" "$size" || continue
+            brate=$rate blat=$lat
             for policy in ${policies//,/ }; do
                 if [ "$policy" = raw ]; then
-                    read -r mrate mlat <<<"$(baseline_run "$substrate" "$size")"
+                    measure "$where: raw" baseline_run "$substrate" "$size" || continue
                 elif [ "$policy" = async ]; then
                     [ "$substrate" = mpi ] || continue # ucx_perftest is asynchronous already.
-                    read -r mrate mlat <<<"$(mailrail_run mpi none "$size" -a)"
+                    measure "$where: async" mailrail_run mpi none "$size" -a || continue
                 else
-                    read -r mrate mlat <<<"$(mailrail_run "$substrate" "$policy" "$size")"
+                    measure "$where: $policy" mailrail_run "$substrate" "$policy" "$size" || continue
                 fi
+                mrate=$rate mlat=$lat
                 awk -v s="$substrate" -v p="$policy" -v z="$size" -v r="$r" -v br="$brate" \
                     -v mr="$mrate" -v bl="$blat" -v ml="$mlat" 'BEGIN {
                     printf "%s,%s,%s,%d,%.0f,%.0f,%.3f,%.3f,%.3f,%.3f\n", s, p, z, r, br, mr,
@@ -125,7 +157,7 @@ awk -F, -v L="$latency" 'NR == 1 {
     { printf "%-10s %8s %12.3f (%.3f-%.3f)", $1, $2, $4, $5, $6
       if (L) printf " %14.3f (%.3f-%.3f)", $7, $8, $9
       print "" }' "$out/perf_summary.csv"
-# One Markdown table per substrate, for docs/performance.md.
+# One Markdown table per substrate, in the form of docs/performance.md's.
 {
     printf 'Measured %s on %s (%s cores, Linux %s): `tools/perf_compare.sh -b %s -s %s -n %s -r %s -p %s -S %s%s`.\n' \
         "$(date -u +%Y-%m-%d)" "$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)" \
@@ -147,3 +179,8 @@ awk -F, -v L="$latency" 'NR == 1 {
     -t "MailRail's message rate over the raw transport's, 2 ranks on one host: median of $rounds rounds, bars min-max" \
     -X "message size (bytes)" -Y "MailRail / raw transport (log scale)" -r "0.95:0.95 (the target)" >/dev/null
 echo "CSV: $out/perf.csv  summary: $out/perf_summary.csv  tables: $out/perf.md  plot: $out/perf.png"
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "perf_compare: ${#failed[@]} runs failed and are left out of the ratios:" >&2
+    printf '  %s\n' "${failed[@]}" >&2
+    exit 1
+fi

@@ -1,95 +1,21 @@
 /*
- * The datapath's state and slots: its life, receive slots and the message
- * handles consumers hold, send slots, and the substrate's upcalls (what
- * arrives). datapath_send.c sends, datapath_receive.c hands messages to the
- * application; datapath_state.h is what the three share.
+ * The hot path, in one file so that the compiler sees all of it: receive
+ * and send slots, the substrate's upcalls, sending through flow control and
+ * the deferred queue, progress, and the public data path (mr_reserve,
+ * mr_send, mr_receive, mr_wait, mr_release). datapath_life.c allocates and
+ * frees its state, datapath_consumers.c serves the layers that consume a
+ * message kind (the item layer); datapath_state.h is what the three share.
  */
 #include "datapath_state.h"
 
-#include <stdlib.h>
+#include <sched.h>
 #include <string.h>
 
 rt_datapath_t dp;
 
-/* ---- Life ---------------------------------------------------------------------------- */
-
-void rt_datapath_fini(void)
-{
-    free(dp.sends);
-    free(dp.recvs);
-    free(dp.refused_epoch);
-    mr__ptrmap_fini(&dp.foreign);
-    mr__deferq_fini(&dp.deferq);
-    mr__pool_fini(&dp.recv_pool);
-    mr__pool_fini(&dp.send_pool);
-    memset(&dp, 0, sizeof(dp));
-}
-
-mr_status_t rt_datapath_init(void)
-{
-    mr_status_t status;
-
-    memset(&dp, 0, sizeof(dp));
-    status = mr__pool_init(&dp.send_pool, rt.cfg.send_slots, rt.cfg.datagram_size, rt.cfg.numa);
-    if (status == MR_OK) {
-        status = mr__pool_init(&dp.recv_pool, rt.cfg.recv_slots, rt.cfg.datagram_size,
-                              rt.cfg.numa);
-    }
-    if (status == MR_OK) status = mr__deferq_init(&dp.deferq, rt.size, rt.cfg.send_slots);
-    if (status == MR_OK) status = mr__ptrmap_init(&dp.foreign, rt.cfg.recv_slots);
-    if (status == MR_OK) {
-        dp.sends = calloc(rt.cfg.send_slots, sizeof(*dp.sends));
-        dp.recvs = calloc(rt.cfg.recv_slots, sizeof(*dp.recvs));
-        dp.refused_epoch = calloc((size_t)rt.size, sizeof(*dp.refused_epoch));
-        if (!dp.sends || !dp.recvs || !dp.refused_epoch) {
-            mr_error("Cannot allocate the slot tables.");
-            status = MR_ERR_NO_MEMORY;
-        }
-    }
-    if (status != MR_OK) {
-        rt_datapath_fini();
-        return status;
-    }
-    dp.arrivals = RT_MSGQ_INIT;
-    dp.progress_epoch = 1; /* refused_epoch starts at 0: nobody has refused yet. */
-    return MR_OK;
-}
-
-void rt_datapath_attach(uint64_t recv_bound, uint64_t (*held)(mr_substrate_t *s))
-{
-    dp.recv_bound = recv_bound;
-    dp.sub_held = held;
-}
-
-void rt_datapath_consume(unsigned kind, const rt_consumer_t *consumer)
-{
-    if (kind != MR_KIND_DATA && kind < sizeof(dp.consumers) / sizeof(dp.consumers[0])) {
-        dp.consumers[kind] = consumer;
-    }
-}
-
-bool rt_datapath_sends_pending(void)
-{
-    return dp.deferq.depth > 0 || dp.inflight > 0;
-}
-
-void rt_datapath_drop_deferred(int rank)
-{
-    for (uint32_t idx; (idx = mr__deferq_pop(&dp.deferq, rank)) != MR_NIL;) rt_send_free(idx);
-}
-
-void rt_datapath_stats(mr_stats_t *snapshot)
-{
-    snapshot->peak_deferred_depth = dp.deferq.peak_depth;
-    snapshot->deferred_now = dp.deferq.depth;
-    snapshot->recv_slots_in_use = mr__pool_in_use(&dp.recv_pool);
-    snapshot->recv_granted = dp.recv_bound != 0 ? dp.recv_bound : rt.cfg.recv_slots;
-    snapshot->recv_inflight = snapshot->recv_slots_in_use + dp.held;
-}
-
 /* ---- Receive slots and the arrival queue --------------------------------------------- */
 
-uint32_t dp_recv_take(void)
+static uint32_t rt_recv_take(void)
 {
     uint32_t idx = mr__pool_get(&dp.recv_pool);
     size_t in_use;
@@ -119,16 +45,6 @@ static void rt_recv_free(uint32_t idx)
     mr__pool_put(&dp.recv_pool, idx);
 }
 
-void rt_msgq_push(rt_msgq_t *q, rt_msg_t msg)
-{
-    dp_msgq_push(q, msg);
-}
-
-rt_msg_t rt_msgq_pop(rt_msgq_t *q)
-{
-    return dp_msgq_pop(q);
-}
-
 void dp_recv_release(uint32_t idx)
 {
     rt_recv_t *r = &dp.recvs[idx];
@@ -141,56 +57,12 @@ void dp_recv_release(uint32_t idx)
     rt.flowctl->on_release(rt.fc, r->source);
 }
 
-const uint8_t *rt_msg_data(rt_msg_t msg)
-{
-    return msg & RT_MSG_LOCAL ? mr__pool_slot(&dp.send_pool, msg & ~RT_MSG_LOCAL)
-                              : dp.recvs[msg].data;
-}
-
-size_t rt_msg_length(rt_msg_t msg)
-{
-    return msg & RT_MSG_LOCAL ? dp.sends[msg & ~RT_MSG_LOCAL].length : dp.recvs[msg].length;
-}
-
-int rt_msg_source(rt_msg_t msg)
-{
-    return msg & RT_MSG_LOCAL ? rt.rank : dp.recvs[msg].source;
-}
-
-void rt_msg_drop(rt_msg_t msg)
-{
-    if (msg & RT_MSG_LOCAL) rt_send_free(msg & ~RT_MSG_LOCAL);
-    else dp_recv_release(msg);
-}
-
-void rt_msg_consumed(rt_msg_t msg)
-{
-    rt.stats.messages_received++;
-    rt.stats.bytes_received += rt_msg_length(msg);
-    rt_msg_drop(msg);
-}
-
-uint64_t rt_datapath_drop_arrivals(void)
-{
-    uint64_t dropped = 0;
-
-    for (rt_msg_t msg; (msg = dp_msgq_pop(&dp.arrivals)) != MR_NIL; dropped++) dp_recv_release(msg);
-    return dropped;
-}
-
-void rt_datapath_release_held(void)
-{
-    for (size_t i = 0; i < rt.cfg.recv_slots; i++) {
-        if (dp.recvs[i].state == RECV_HELD) dp_recv_release((uint32_t)i);
-    }
-}
-
 /* ---- Upcalls from the substrate ------------------------------------------------------- */
 
 static void *up_recv_slot_acquire(void *core)
 {
     (void)core;
-    uint32_t idx = dp_recv_take();
+    uint32_t idx = rt_recv_take();
     return idx == MR_NIL ? NULL : dp.recvs[idx].data;
 }
 
@@ -219,7 +91,7 @@ static mr_status_t rt_arrived(uint32_t idx, int source, unsigned kind, uint32_t 
     rt.flowctl->on_arrival(rt.fc, source, imm);
     if (kind == MR_KIND_DATA) {
         r->state = RECV_QUEUED;
-        dp_msgq_push(&dp.arrivals, idx);
+        dp_recvq_push(&dp.arrivals, idx);
     } else if (kind < sizeof(dp.consumers) / sizeof(dp.consumers[0]) &&
                dp.consumers[kind] != NULL) {
         r->state = RECV_CONSUMER;
@@ -246,7 +118,7 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
             return MR_ERR_INVALID_BUFFER;
         }
     } else {
-        idx = dp_recv_take();
+        idx = rt_recv_take();
         if (idx == MR_NIL) return MR_AGAIN;
         dp.recvs[idx].data = data;
         dp.recvs[idx].handle = handle;
@@ -259,7 +131,7 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
 static mr_status_t up_deliver_copy(void *core, int source, unsigned kind, uint32_t imm,
                                    const void *data, size_t length)
 {
-    uint32_t idx = dp_recv_take();
+    uint32_t idx = rt_recv_take();
 
     (void)core;
     if (idx == MR_NIL) return MR_AGAIN;
@@ -270,6 +142,11 @@ static mr_status_t up_deliver_copy(void *core, int source, unsigned kind, uint32
 uint8_t *rt_send_buffer(uint32_t slot)
 {
     return mr__pool_slot(&dp.send_pool, slot);
+}
+
+uint32_t rt_send_slot(const uint8_t *buffer)
+{
+    return mr__pool_index(&dp.send_pool, buffer);
 }
 
 uint32_t rt_send_take(void)
@@ -334,3 +211,363 @@ mr_status_t rt_send_control(void *core, int dest, uint32_t imm)
     return status;
 }
 
+/* ---- Sending ------------------------------------------------------------------------- */
+
+/*
+ * Counts what arrived since `before` messages were in flight to this rank:
+ * a new peak, and arrivals beyond what flow control granted. Messages only
+ * arrive in progress (and to oneself), so its end sees every peak.
+ */
+static void rt_inflight_grew(uint64_t before)
+{
+    uint64_t now = mr__pool_in_use(&dp.recv_pool) + dp.held;
+
+    if (now <= before) return;
+    if (now > rt.stats.peak_recv_inflight) rt.stats.peak_recv_inflight = now;
+    if (dp.recv_bound != 0 && now > dp.recv_bound) {
+        rt.stats.breach_beyond_grant += now - (before > dp.recv_bound ? before : dp.recv_bound);
+    }
+}
+
+/* Copies a message to oneself into a receive slot. */
+static mr_status_t rt_deliver_self(uint32_t idx)
+{
+    uint64_t before = mr__pool_in_use(&dp.recv_pool) + dp.held;
+    uint32_t r = rt_recv_take();
+
+    if (r == MR_NIL) return MR_AGAIN;
+    rt_inflight_grew(before);
+    memcpy(dp.recvs[r].data, mr__pool_slot(&dp.send_pool, idx), dp.sends[idx].length);
+    dp.recvs[r].state = RECV_QUEUED;
+    dp.recvs[r].source = rt.rank;
+    dp.recvs[r].length = dp.sends[idx].length;
+    dp_recvq_push(&dp.arrivals, r);
+    rt_send_free(idx);
+    return MR_OK;
+}
+
+/*
+ * Hands a message to the substrate, or to oneself, if flow control grants a
+ * credit. Messages to oneself take a credit too, since they take a receive
+ * slot that flow control may have promised to a peer. Inlined: it is most
+ * of every send.
+ */
+__attribute__((always_inline)) static inline mr_status_t rt_transmit(uint32_t idx)
+{
+    rt_send_t *s = &dp.sends[idx];
+    int dest = s->dest;
+    uint32_t imm;
+    mr_status_t status;
+
+    /* The substrate refused this rank since the last progress call: it would again. */
+    if (dp.refused_epoch[dest] == dp.progress_epoch) return MR_AGAIN;
+    if (!rt.flowctl->acquire(rt.fc, dest, &imm)) return MR_AGAIN;
+    if (dest == rt.rank) {
+        status = rt_deliver_self(idx);
+    } else {
+        status = rt.substrate->send(rt.sub, dest, s->kind, imm,
+                                    mr__pool_slot(&dp.send_pool, idx), s->length, s);
+        if (status == MR_OK) {
+            if (s->state != SEND_DEFERRED) dp.pending_bytes += s->length;
+            s->state = SEND_INFLIGHT;
+            dp.inflight++;
+        } else if (status == MR_SUBSTRATE_SENT) {
+            /* Already copied out: the slot is free again, warm for the next reserve. */
+            rt_send_free(idx);
+            status = MR_OK;
+        }
+    }
+    if (status != MR_OK) {
+        rt.flowctl->unacquire(rt.fc, dest, imm);
+        if (status == MR_AGAIN && dest != rt.rank) dp.refused_epoch[dest] = dp.progress_epoch;
+    }
+    return status;
+}
+
+/*
+ * Visits every destination with deferred messages once, sending the oldest
+ * message of each that can take one, as the paper's deferred queue does on
+ * every send. With `until_stuck`, repeats while that moved something.
+ * Returns the number of messages that left the queue.
+ */
+static int rt_drain(bool until_stuck)
+{
+    int moved = 0, pass;
+
+    do {
+        int count = dp.deferq.ring_count;
+        int dest = mr__deferq_first(&dp.deferq);
+        bool all_refused = true;
+
+        pass = 0;
+        for (int i = 0; i < count && dest >= 0; i++) {
+            int next = mr__deferq_next(&dp.deferq, dest);
+            uint32_t idx = mr__deferq_peek(&dp.deferq, dest);
+            mr_status_t status = rt_transmit(idx);
+
+            if (status == MR_OK) {
+                mr__deferq_pop(&dp.deferq, dest);
+                pass++;
+            } else if (status < 0) {
+                /* The substrate refused for good (peer failure): drop the message. */
+                mr__deferq_pop(&dp.deferq, dest);
+                rt_send_free(idx);
+            } else if (dp.refused_epoch[dest] != dp.progress_epoch) {
+                all_refused = false; /* Waiting for credit, which may come any time. */
+            }
+            dest = next;
+        }
+        moved += pass;
+        /* Only progress can change the substrate's mind: no use trying before it. */
+        if (pass == 0 && all_refused) dp.drain_stuck_epoch = dp.progress_epoch;
+    } while (until_stuck && pass > 0 && dp.deferq.depth > 0);
+    return moved;
+}
+
+int rt_progress(int timeout_ms)
+{
+    uint64_t before = mr__pool_in_use(&dp.recv_pool) + dp.held;
+    int events = rt.substrate->progress(rt.sub, timeout_ms);
+
+    /* A substrate holds messages only once it found no slot: ask it only then, or while it holds. */
+    if (dp.sub_held != NULL && (dp.slot_refused || dp.held != 0)) {
+        dp.slot_refused = false;
+        dp.held = dp.sub_held(rt.sub);
+    }
+    rt_inflight_grew(before);
+    dp.progress_epoch++;
+    if (events < 0) return events;
+    events += rt.flowctl->progress(rt.fc);
+    if (rt.notice_sent < rt.notice_count) events += rt_notices_forward();
+    if (dp.deferq.depth > 0) events += rt_drain(true);
+    return events;
+}
+
+mr_status_t mr_reserve(void **buffer)
+{
+    uint32_t idx;
+
+    RT_CHECK_READY("mr_reserve()");
+    if (buffer == NULL) {
+        mr_error("mr_reserve(): the output pointer is NULL.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    idx = rt_send_take();
+    if (idx == MR_NIL) return MR_AGAIN;
+    *buffer = mr__pool_slot(&dp.send_pool, idx);
+    return MR_OK;
+}
+
+/* Finds the send slot of a buffer the application passes in, logging misuse. */
+static mr_status_t rt_reserved_slot(const char *fn, const void *buffer, uint32_t *out)
+{
+    uint32_t idx = mr__pool_index(&dp.send_pool, buffer);
+
+    if (idx == MR_NIL) {
+        mr_error("%s: %p is not a buffer from mr_reserve().", fn, buffer);
+        return MR_ERR_INVALID_BUFFER;
+    }
+    if (dp.sends[idx].state != SEND_RESERVED) {
+        mr_error("%s: send buffer %p is not reserved (already sent or released).", fn, buffer);
+        return MR_ERR_BUFFER_STATE;
+    }
+    *out = idx;
+    return MR_OK;
+}
+
+mr_status_t mr_send(void *buffer, size_t length, int dest)
+{
+    uint32_t idx;
+    mr_status_t status;
+
+    RT_CHECK_READY("mr_send()");
+    if (dest < 0 || dest >= rt.size) {
+        mr_error("mr_send(): destination %d is not in [0, %d).", dest, rt.size);
+        return MR_ERR_INVALID_RANK;
+    }
+    if (length > rt.cfg.datagram_size) {
+        mr_error("mr_send(): length %zu exceeds the datagram size %zu (MAILRAIL_DATAGRAM_SIZE).",
+                 length, (size_t)rt.cfg.datagram_size);
+        return MR_ERR_MESSAGE_TOO_LONG;
+    }
+    status = rt_reserved_slot("mr_send()", buffer, &idx);
+    if (status != MR_OK) return status;
+    if (rt.peer[dest] != PEER_OK) {
+        /* The failure itself was logged once, when it was detected. */
+        return MR_ERR_PEER_FAILED;
+    }
+    return rt_submit(idx, length, dest, MR_KIND_DATA);
+}
+
+mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
+{
+    rt_send_t *s = &dp.sends[idx];
+    mr_status_t status;
+
+    s->dest = dest;
+    s->length = (uint32_t)length;
+    s->kind = (uint8_t)kind;
+
+    /* Older deferred messages go first; a new one never overtakes them. */
+    if (dp.deferq.depth > 0 && dp.drain_stuck_epoch != dp.progress_epoch) rt_drain(false);
+    if (mr__deferq_peek(&dp.deferq, dest) == MR_NIL) {
+        status = rt_transmit(idx);
+        if (status < 0) {
+            s->state = SEND_RESERVED;
+            return status;
+        }
+    } else {
+        status = MR_AGAIN;
+    }
+    if (status == MR_AGAIN) {
+        /* Deferred for want of credit: the next send must look at the queue again. */
+        if (dp.refused_epoch[dest] != dp.progress_epoch) dp.drain_stuck_epoch = 0;
+        s->state = SEND_DEFERRED;
+        dp.pending_bytes += length;
+        mr__deferq_push(&dp.deferq, dest, idx);
+        rt.stats.deferred_sends++;
+    }
+    rt.stats.messages_sent++;
+    rt.stats.bytes_sent += length;
+    return MR_OK;
+}
+
+/* ---- Receiving ----------------------------------------------------------------------- */
+
+void rt_busy(void)
+{
+    dp.idle_polls = 0;
+}
+
+void rt_idle(void)
+{
+    /* When ranks outnumber cores, an idle poll loop must let the others run. */
+    if (rt.idle_yield && ++dp.idle_polls >= 64) {
+        dp.idle_polls = 0;
+        sched_yield();
+    }
+}
+
+bool rt_report_failure(void)
+{
+    if (rt.failures_unreported == 0) return false;
+    for (int r = 0; r < rt.size; r++) {
+        if (rt.peer[r] == PEER_FAILED_UNREPORTED) {
+            rt.peer[r] = PEER_FAILED_REPORTED;
+            rt.failures_unreported--;
+            return true;
+        }
+    }
+    return false;
+}
+
+mr_status_t mr_receive(mr_message_t *message)
+{
+    uint32_t idx;
+    int events;
+
+    RT_CHECK_READY("mr_receive()");
+    if (message == NULL) {
+        mr_error("mr_receive(): the message pointer is NULL.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    /* Progress on every call while idle, and regularly while messages are queued. */
+    if (dp.arrivals.head == MR_NIL || (++dp.receive_calls & 15) == 0) {
+        events = rt_progress(0);
+        if (events < 0) return (mr_status_t)events;
+    }
+    if (rt_report_failure()) return MR_ERR_PEER_FAILED;
+    idx = dp_recvq_pop(&dp.arrivals);
+    if (idx == MR_NIL) {
+        rt_idle();
+        return MR_AGAIN;
+    }
+    dp.idle_polls = 0;
+    dp.recvs[idx].state = RECV_HELD;
+    message->data = dp.recvs[idx].data;
+    message->length = dp.recvs[idx].length;
+    message->source = dp.recvs[idx].source;
+    rt.stats.messages_received++;
+    rt.stats.bytes_received += dp.recvs[idx].length;
+    return MR_OK;
+}
+
+/* Whether a consumer holds arrivals the application has not taken. */
+static bool rt_consumers_waiting(void)
+{
+    for (size_t k = 0; k < sizeof(dp.consumers) / sizeof(dp.consumers[0]); k++) {
+        if (dp.consumers[k] != NULL && dp.consumers[k]->waiting()) return true;
+    }
+    return false;
+}
+
+mr_status_t mr_wait(int timeout_ms)
+{
+    int events;
+
+    RT_CHECK_READY("mr_wait()");
+    if (timeout_ms < 0 || timeout_ms > 60000) {
+        mr_error("mr_wait(): the timeout is %d ms; give 0 to 60000.", timeout_ms);
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (dp.arrivals.head != MR_NIL || rt.failures_unreported > 0 || rt_consumers_waiting()) {
+        return MR_OK;
+    }
+    /* A send buffer freed since mr_reserve() failed (by mr_receive()'s progress, say): once. */
+    if (dp.reserve_blocked && mr__pool_in_use(&dp.send_pool) < rt.cfg.send_slots &&
+        (rt.cfg.send_bytes == 0 || dp.pending_bytes < rt.cfg.send_bytes)) {
+        dp.reserve_blocked = false;
+        return MR_OK;
+    }
+    /* Deferred sends that found credit count as news: do not sleep on them. */
+    int moved = dp.deferq.depth > 0 ? rt_drain(true) : 0;
+    /*
+     * Sends that wait for credits another process may put in shared memory:
+     * ask flow control to be woken, then look once more (they may have come
+     * just before).
+     */
+    bool marked = moved == 0 && timeout_ms > 0 && dp.deferq.depth > 0 && rt.wake_registered &&
+                  rt.flowctl->sleep(rt.fc, true);
+    if (marked) moved = rt_drain(true);
+    events = rt_progress(moved > 0 ? 0 : timeout_ms);
+    if (marked) rt.flowctl->sleep(rt.fc, false);
+    if (events < 0) return (mr_status_t)events;
+    bool news = events + moved > 0 || dp.arrivals.head != MR_NIL || rt.failures_unreported > 0;
+    return news ? MR_OK : MR_AGAIN;
+}
+
+mr_status_t mr_release(void *buffer)
+{
+    uint32_t idx;
+
+    RT_CHECK_READY("mr_release()");
+    idx = mr__pool_index(&dp.recv_pool, buffer);
+    if (idx != MR_NIL) {
+        if (dp.recvs[idx].state != RECV_HELD) {
+            mr_error("mr_release(): receive buffer %p is not held by the application "
+                     "(double release?).", buffer);
+            return MR_ERR_BUFFER_STATE;
+        }
+        dp_recv_release(idx);
+        return MR_OK;
+    }
+    if (mr__pool_contains(&dp.send_pool, buffer)) {
+        mr_status_t status = rt_reserved_slot("mr_release()", buffer, &idx);
+        if (status != MR_OK) return status;
+        rt_send_free(idx);
+        return MR_OK;
+    }
+    /* A buffer the substrate owns (zero-copy receive). */
+    idx = mr__pool_contains(&dp.recv_pool, buffer) ? MR_NIL : mr__ptrmap_get(&dp.foreign, buffer);
+    if (idx != MR_NIL) {
+        if (dp.recvs[idx].state != RECV_HELD || dp.recvs[idx].data != buffer) {
+            mr_error("mr_release(): receive buffer %p is not held by the application "
+                     "(double release?).", buffer);
+            return MR_ERR_BUFFER_STATE;
+        }
+        dp_recv_release(idx);
+        return MR_OK;
+    }
+    mr_error("mr_release(): %p was not handed out by MailRail.", buffer);
+    return MR_ERR_INVALID_BUFFER;
+}

@@ -51,8 +51,9 @@ int rt_progress(int timeout_ms);
  * none is free or the messages deferred or in flight hold MAILRAIL_SEND_BYTES.
  */
 uint32_t rt_send_take(void);
-/* The buffer of a reserved send slot (MAILRAIL_DATAGRAM_SIZE bytes). */
+/* The buffer of a reserved send slot (MAILRAIL_DATAGRAM_SIZE bytes), and back. */
 uint8_t *rt_send_buffer(uint32_t slot);
+uint32_t rt_send_slot(const uint8_t *buffer);
 /* Frees a send slot: sent, or never to be sent. */
 void rt_send_free(uint32_t slot);
 /*

@@ -1,7 +1,7 @@
 /*
- * The datapath's state, private to datapath.c, datapath_send.c and
- * datapath_receive.c (tests/check_layers.sh refuses it elsewhere): the rest
- * of the runtime goes through datapath.h.
+ * The datapath's state, private to datapath.c, datapath_life.c and
+ * datapath_consumers.c (tests/check_layers.sh refuses it elsewhere): the
+ * rest of the runtime goes through datapath.h.
  */
 #ifndef MR_DATAPATH_STATE_H
 #define MR_DATAPATH_STATE_H
@@ -72,37 +72,26 @@ extern rt_datapath_t dp;
 /* A message handle with this bit is a send slot kept for oneself. */
 #define RT_MSG_LOCAL 0x80000000u
 
-/* The link of a message handle: in its receive slot, or its send slot when local. */
-static inline uint32_t *dp_msg_next(rt_msg_t msg)
+/* The arrival queue of mr_receive(): receive slots only, linked through rt_recv_t.next. */
+static inline void dp_recvq_push(rt_msgq_t *q, uint32_t idx)
 {
-    return msg & RT_MSG_LOCAL ? &dp.sends[msg & ~RT_MSG_LOCAL].next : &dp.recvs[msg].next;
+    dp.recvs[idx].next = MR_NIL;
+    if (q->tail == MR_NIL) q->head = idx;
+    else dp.recvs[q->tail].next = idx;
+    q->tail = idx;
 }
 
-static inline void dp_msgq_push(rt_msgq_t *q, rt_msg_t msg)
+static inline uint32_t dp_recvq_pop(rt_msgq_t *q)
 {
-    *dp_msg_next(msg) = MR_NIL;
-    if (q->tail == MR_NIL) q->head = msg;
-    else *dp_msg_next(q->tail) = msg;
-    q->tail = msg;
-}
+    uint32_t idx = q->head;
 
-static inline rt_msg_t dp_msgq_pop(rt_msgq_t *q)
-{
-    rt_msg_t msg = q->head;
-
-    if (msg == MR_NIL) return MR_NIL;
-    q->head = *dp_msg_next(msg);
+    if (idx == MR_NIL) return MR_NIL;
+    q->head = dp.recvs[idx].next;
     if (q->head == MR_NIL) q->tail = MR_NIL;
-    return msg;
+    return idx;
 }
 
-/* datapath.c: takes a free receive slot for an arrival, or MR_NIL (noted for held()). */
-uint32_t dp_recv_take(void);
 /* datapath.c: returns a held or queued receive slot, and its credit, to MailRail. */
 void dp_recv_release(uint32_t idx);
-/* datapath_send.c: sends deferred messages (docs/architecture.md); returns how many left. */
-int dp_drain(bool until_stuck);
-/* datapath_send.c: the send slot of a buffer the application passes in, misuse logged. */
-mr_status_t dp_reserved_slot(const char *fn, const void *buffer, uint32_t *out);
 
 #endif /* MR_DATAPATH_STATE_H */

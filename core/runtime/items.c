@@ -121,7 +121,7 @@ static uint64_t items_discard(mr_items_t *a)
         items_stage_t *st = &a->stage[dest];
         if (st->pos == NULL) continue;
         discarded++;
-        rt_send_free(st->slot);
+        rt_send_free(rt_send_slot(st->end - rt.cfg.datagram_size));
         st->pos = st->end = NULL;
     }
     for (rt_msg_t msg; (msg = rt_msgq_pop(&rt_items_arrivals[a->id])) != MR_NIL; discarded++) {

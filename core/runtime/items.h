@@ -26,7 +26,6 @@
 typedef struct items_stage {
     uint8_t *pos;       /* Next free byte, or NULL when nothing is staged. */
     uint8_t *end;       /* End of the datagram. */
-    uint32_t slot;      /* Its send slot. */
 } items_stage_t;
 
 /* Aligned to a power of two, so that checking a handle takes no division. */

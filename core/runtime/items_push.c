@@ -15,8 +15,9 @@
 static mr_status_t items_send_staged(mr_items_t *a, int dest)
 {
     items_stage_t *st = &a->stage[dest];
-    uint32_t slot = st->slot;
-    size_t length = (size_t)(st->pos - rt_send_buffer(slot));
+    uint8_t *base = st->end - rt.cfg.datagram_size;
+    uint32_t slot = rt_send_slot(base);
+    size_t length = (size_t)(st->pos - base);
     mr_status_t status = MR_OK;
 
     st->pos = st->end = NULL;
@@ -80,7 +81,6 @@ static mr_status_t items_stage_open(mr_items_t *a, int dest)
     }
     base = rt_send_buffer(idx);
     items_wire_hdr_encode(base, a->number, a->item_size);
-    a->stage[dest].slot = idx;
     a->stage[dest].pos = base + ITEMS_WIRE_HDR_LEN;
     a->stage[dest].end = base + rt.cfg.datagram_size;
     if (!a->listed[dest]) {

@@ -1,0 +1,90 @@
+/*
+ * What the datapath offers the layers that consume a message kind (the item
+ * layer): registration, message handles and their queues, and datagrams to
+ * oneself handed over without a copy (datapath.h).
+ */
+#include "datapath_state.h"
+
+/* The link of a message handle: in its receive slot, or its send slot when local. */
+static inline uint32_t *dp_msg_next(rt_msg_t msg)
+{
+    return msg & RT_MSG_LOCAL ? &dp.sends[msg & ~RT_MSG_LOCAL].next : &dp.recvs[msg].next;
+}
+
+static void dp_msgq_push(rt_msgq_t *q, rt_msg_t msg)
+{
+    *dp_msg_next(msg) = MR_NIL;
+    if (q->tail == MR_NIL) q->head = msg;
+    else *dp_msg_next(q->tail) = msg;
+    q->tail = msg;
+}
+
+static rt_msg_t dp_msgq_pop(rt_msgq_t *q)
+{
+    rt_msg_t msg = q->head;
+
+    if (msg == MR_NIL) return MR_NIL;
+    q->head = *dp_msg_next(msg);
+    if (q->head == MR_NIL) q->tail = MR_NIL;
+    return msg;
+}
+
+void rt_datapath_consume(unsigned kind, const rt_consumer_t *consumer)
+{
+    if (kind != MR_KIND_DATA && kind < sizeof(dp.consumers) / sizeof(dp.consumers[0])) {
+        dp.consumers[kind] = consumer;
+    }
+}
+
+void rt_msgq_push(rt_msgq_t *q, rt_msg_t msg)
+{
+    dp_msgq_push(q, msg);
+}
+
+rt_msg_t rt_msgq_pop(rt_msgq_t *q)
+{
+    return dp_msgq_pop(q);
+}
+
+const uint8_t *rt_msg_data(rt_msg_t msg)
+{
+    return msg & RT_MSG_LOCAL ? mr__pool_slot(&dp.send_pool, msg & ~RT_MSG_LOCAL)
+                              : dp.recvs[msg].data;
+}
+
+size_t rt_msg_length(rt_msg_t msg)
+{
+    return msg & RT_MSG_LOCAL ? dp.sends[msg & ~RT_MSG_LOCAL].length : dp.recvs[msg].length;
+}
+
+int rt_msg_source(rt_msg_t msg)
+{
+    return msg & RT_MSG_LOCAL ? rt.rank : dp.recvs[msg].source;
+}
+
+void rt_msg_drop(rt_msg_t msg)
+{
+    if (msg & RT_MSG_LOCAL) rt_send_free(msg & ~RT_MSG_LOCAL);
+    else dp_recv_release(msg);
+}
+
+void rt_msg_consumed(rt_msg_t msg)
+{
+    rt.stats.messages_received++;
+    rt.stats.bytes_received += rt_msg_length(msg);
+    rt_msg_drop(msg);
+}
+
+void rt_submit_local(uint32_t slot, size_t length, unsigned kind)
+{
+    rt_send_t *s = &dp.sends[slot];
+
+    s->state = SEND_LOCAL;
+    s->kind = (uint8_t)kind;
+    s->dest = rt.rank;
+    s->length = (uint32_t)length;
+    rt.stats.messages_sent++;
+    rt.stats.bytes_sent += length;
+    dp.consumers[kind]->arrived(slot | RT_MSG_LOCAL, mr__pool_slot(&dp.send_pool, slot), length,
+                                rt.rank);
+}

@@ -1,0 +1,91 @@
+/*
+ * The datapath's life: its pools and slot tables allocated at init and freed
+ * at finalize, what it is told once flow control and the substrate are open,
+ * and what finalize and failures ask of it (datapath.h).
+ */
+#include "datapath_state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void rt_datapath_fini(void)
+{
+    free(dp.sends);
+    free(dp.recvs);
+    free(dp.refused_epoch);
+    mr__ptrmap_fini(&dp.foreign);
+    mr__deferq_fini(&dp.deferq);
+    mr__pool_fini(&dp.recv_pool);
+    mr__pool_fini(&dp.send_pool);
+    memset(&dp, 0, sizeof(dp));
+}
+
+mr_status_t rt_datapath_init(void)
+{
+    mr_status_t status;
+
+    memset(&dp, 0, sizeof(dp));
+    status = mr__pool_init(&dp.send_pool, rt.cfg.send_slots, rt.cfg.datagram_size, rt.cfg.numa);
+    if (status == MR_OK) {
+        status = mr__pool_init(&dp.recv_pool, rt.cfg.recv_slots, rt.cfg.datagram_size,
+                              rt.cfg.numa);
+    }
+    if (status == MR_OK) status = mr__deferq_init(&dp.deferq, rt.size, rt.cfg.send_slots);
+    if (status == MR_OK) status = mr__ptrmap_init(&dp.foreign, rt.cfg.recv_slots);
+    if (status == MR_OK) {
+        dp.sends = calloc(rt.cfg.send_slots, sizeof(*dp.sends));
+        dp.recvs = calloc(rt.cfg.recv_slots, sizeof(*dp.recvs));
+        dp.refused_epoch = calloc((size_t)rt.size, sizeof(*dp.refused_epoch));
+        if (!dp.sends || !dp.recvs || !dp.refused_epoch) {
+            mr_error("Cannot allocate the slot tables.");
+            status = MR_ERR_NO_MEMORY;
+        }
+    }
+    if (status != MR_OK) {
+        rt_datapath_fini();
+        return status;
+    }
+    dp.arrivals = RT_MSGQ_INIT;
+    dp.progress_epoch = 1; /* refused_epoch starts at 0: nobody has refused yet. */
+    return MR_OK;
+}
+
+void rt_datapath_attach(uint64_t recv_bound, uint64_t (*held)(mr_substrate_t *s))
+{
+    dp.recv_bound = recv_bound;
+    dp.sub_held = held;
+}
+
+bool rt_datapath_sends_pending(void)
+{
+    return dp.deferq.depth > 0 || dp.inflight > 0;
+}
+
+void rt_datapath_drop_deferred(int rank)
+{
+    for (uint32_t idx; (idx = mr__deferq_pop(&dp.deferq, rank)) != MR_NIL;) rt_send_free(idx);
+}
+
+void rt_datapath_stats(mr_stats_t *snapshot)
+{
+    snapshot->peak_deferred_depth = dp.deferq.peak_depth;
+    snapshot->deferred_now = dp.deferq.depth;
+    snapshot->recv_slots_in_use = mr__pool_in_use(&dp.recv_pool);
+    snapshot->recv_granted = dp.recv_bound != 0 ? dp.recv_bound : rt.cfg.recv_slots;
+    snapshot->recv_inflight = snapshot->recv_slots_in_use + dp.held;
+}
+
+uint64_t rt_datapath_drop_arrivals(void)
+{
+    uint64_t dropped = 0;
+
+    for (rt_msg_t msg; (msg = dp_recvq_pop(&dp.arrivals)) != MR_NIL; dropped++) dp_recv_release(msg);
+    return dropped;
+}
+
+void rt_datapath_release_held(void)
+{
+    for (size_t i = 0; i < rt.cfg.recv_slots; i++) {
+        if (dp.recvs[i].state == RECV_HELD) dp_recv_release((uint32_t)i);
+    }
+}
