@@ -106,9 +106,8 @@ static inline bool rt_msgq_empty(const rt_msgq_t *q)
     return q->head == MR_NIL;
 }
 
-const uint8_t *rt_msg_data(rt_msg_t msg);
-size_t rt_msg_length(rt_msg_t msg);
-int rt_msg_source(rt_msg_t msg);
+/* Where a message's bytes are, and (unless NULL) how many and from whom. */
+const uint8_t *rt_msg_data(rt_msg_t msg, size_t *length, int *source);
 /* Counts a message as received (quiescence) and gives its slot and credit back. */
 void rt_msg_consumed(rt_msg_t msg);
 /* Gives a message's slot and credit back without counting it (finalize's drops). */

@@ -46,20 +46,17 @@ rt_msg_t rt_msgq_pop(rt_msgq_t *q)
     return dp_msgq_pop(q);
 }
 
-const uint8_t *rt_msg_data(rt_msg_t msg)
+const uint8_t *rt_msg_data(rt_msg_t msg, size_t *length, int *source)
 {
-    return msg & RT_MSG_LOCAL ? mr__pool_slot(&dp.send_pool, msg & ~RT_MSG_LOCAL)
-                              : dp.recvs[msg].data;
-}
-
-size_t rt_msg_length(rt_msg_t msg)
-{
-    return msg & RT_MSG_LOCAL ? dp.sends[msg & ~RT_MSG_LOCAL].length : dp.recvs[msg].length;
-}
-
-int rt_msg_source(rt_msg_t msg)
-{
-    return msg & RT_MSG_LOCAL ? rt.rank : dp.recvs[msg].source;
+    if (msg & RT_MSG_LOCAL) {
+        uint32_t slot = msg & ~RT_MSG_LOCAL;
+        if (length != NULL) *length = dp.sends[slot].length;
+        if (source != NULL) *source = rt.rank;
+        return mr__pool_slot(&dp.send_pool, slot);
+    }
+    if (length != NULL) *length = dp.recvs[msg].length;
+    if (source != NULL) *source = dp.recvs[msg].source;
+    return dp.recvs[msg].data;
 }
 
 void rt_msg_drop(rt_msg_t msg)
@@ -70,8 +67,11 @@ void rt_msg_drop(rt_msg_t msg)
 
 void rt_msg_consumed(rt_msg_t msg)
 {
+    size_t length;
+
+    rt_msg_data(msg, &length, NULL);
     rt.stats.messages_received++;
-    rt.stats.bytes_received += rt_msg_length(msg);
+    rt.stats.bytes_received += length;
     rt_msg_drop(msg);
 }
 

@@ -51,7 +51,7 @@ void rt_items_adopt_early(mr_items_t *a)
     rt_msgq_t keep = RT_MSGQ_INIT;
 
     for (rt_msg_t msg; (msg = rt_msgq_pop(&rt_items_future)) != MR_NIL;) {
-        bool mine = mr__get_le16(rt_msg_data(msg)) == a->number;
+        bool mine = mr__get_le16(rt_msg_data(msg, NULL, NULL)) == a->number;
         rt_msgq_push(mine ? &rt_items_arrivals[a->id] : &keep, msg);
     }
     rt_items_future = keep;
@@ -95,10 +95,8 @@ static mr_status_t items_take(mr_items_t *a)
 
     if (msg == MR_NIL) return MR_AGAIN;
     a->cur = msg;
-    a->cur_source = rt_msg_source(msg);
     a->pulls++;
-    data = rt_msg_data(msg);
-    length = rt_msg_length(msg);
+    data = rt_msg_data(msg, &length, &a->cur_source);
     if (!items_header_ok(a, data, length, a->cur_source)) {
         rt_items_release_current(a);
         return MR_ERR_PROTOCOL;

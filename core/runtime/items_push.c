@@ -12,7 +12,7 @@
  * Sends the datagram staged for `dest`: to the substrate, or to the
  * aggregator's own queue when `dest` is this rank. Counted as sent.
  */
-static mr_status_t items_send_staged(mr_items_t *a, int dest)
+__attribute__((noinline)) static mr_status_t items_send_staged(mr_items_t *a, int dest)
 {
     items_stage_t *st = &a->stage[dest];
     uint8_t *base = st->end - rt.cfg.datagram_size;
