@@ -115,6 +115,15 @@ void tally_init(tally_t *t, uint32_t per_source)
     ck_assert_ptr_nonnull(t->seen);
 }
 
+void tally_mark(tally_t *t, int source, uint32_t seq)
+{
+    ck_assert_uint_lt(seq, t->per_source);
+    uint8_t *slot = &t->seen[(size_t)source * t->per_source + seq];
+    ck_assert_msg(*slot == 0, "message %u from %d delivered twice", seq, source);
+    *slot = 1;
+    t->count++;
+}
+
 /* Receives whatever is there, checking each message; returns how many arrived. */
 int drain(tally_t *t)
 {
@@ -123,12 +132,7 @@ int drain(tally_t *t)
     mr_status_t st;
 
     while ((st = mr_receive(&m)) == MR_OK) {
-        uint32_t seq = check_message(&m);
-        ck_assert_uint_lt(seq, t->per_source);
-        uint8_t *slot = &t->seen[(size_t)m.source * t->per_source + seq];
-        ck_assert_msg(*slot == 0, "message %u from %d delivered twice", seq, m.source);
-        *slot = 1;
-        t->count++;
+        tally_mark(t, m.source, check_message(&m));
         n++;
         ck_assert_int_eq(mr_release(m.data), MR_OK);
     }

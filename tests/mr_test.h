@@ -65,6 +65,8 @@ void setup_env(const char *send_slots, const char *recv_slots, const char *dgram
 void init_on_world(void);
 
 void tally_init(tally_t *t, uint32_t per_source);
+/* Records message `seq` from `source`, failing on a second delivery or a seq out of range. */
+void tally_mark(tally_t *t, int source, uint32_t seq);
 
 /* Receives whatever is there, checking each message; returns how many arrived. */
 int drain(tally_t *t);

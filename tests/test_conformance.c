@@ -707,6 +707,164 @@ START_TEST(unknown_settings_are_named)
 }
 END_TEST
 
+/* ---- Active-message handlers ----------------------------------------------------------- */
+
+enum { H_REQUEST = 7, H_REPLY = 200, H_LONELY = 255 };
+
+typedef struct handler_state {
+    tally_t requests, replies;
+    uint64_t again;            /* Requests whose reply found no send buffer at first. */
+    bool checked_calls;        /* The calls refused inside a handler were tried. */
+} handler_state_t;
+
+/* Every length from a header's worth to the largest a handler's message may have. */
+static size_t handler_length(uint32_t seq, int dest)
+{
+    size_t room = mr_datagram_size() - 1 - sizeof(msg_header_t);
+    return sizeof(msg_header_t) + ((size_t)seq * 37 + (size_t)dest * 11) % (room + 1);
+}
+
+/* A request: checked, then answered with a reply of the same length and seq. */
+static mr_status_t on_request(const mr_message_t *m, void *arg)
+{
+    handler_state_t *hs = arg;
+    uint32_t seq = check_message(m);
+    mr_stats_t stats = {.size = sizeof(stats)};
+    mr_message_t other;
+    void *buf;
+
+    if (!hs->checked_calls) {
+        /* Only sends (and reads of counters) are allowed here: a handler never waits. */
+        hs->checked_calls = true;
+        ck_assert_int_eq(mr_receive(&other), MR_ERR_IN_HANDLER);
+        ck_assert_int_eq(mr_poll(), MR_ERR_IN_HANDLER);
+        ck_assert_int_eq(mr_wait(0), MR_ERR_IN_HANDLER);
+        ck_assert_int_eq(mr_quiesce(), MR_ERR_IN_HANDLER);
+        ck_assert_int_eq(mr_handler_register(H_LONELY, NULL, NULL), MR_ERR_IN_HANDLER);
+        ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    }
+    if (mr_reserve(&buf) != MR_OK) {
+        /* No send buffer now: called again later with the same message, nothing sent yet. */
+        hs->again++;
+        return MR_AGAIN;
+    }
+    tally_mark(&hs->requests, m->source, seq);
+    fill_message(buf, m->length, mr_rank(), m->source, seq);
+    ck_assert_int_eq(mr_send_handler(buf, m->length, m->source, H_REPLY), MR_OK);
+    return MR_OK;
+}
+
+static mr_status_t on_reply(const mr_message_t *m, void *arg)
+{
+    handler_state_t *hs = arg;
+
+    tally_mark(&hs->replies, m->source, check_message(m));
+    return MR_OK;
+}
+
+static mr_status_t on_lonely(const mr_message_t *m, void *arg)
+{
+    (void)m;
+    (void)arg;
+    ck_abort_msg("handler %d ran on rank %d, which never registered it", H_LONELY, mr_rank());
+    return MR_OK;
+}
+
+/* Progress between quiescence waves: mr_poll() on even ranks, mr_wait() and mr_receive() on odd ones. */
+static void progress_handlers(void *arg)
+{
+    mr_message_t m;
+    mr_status_t st;
+
+    (void)arg;
+    if (mr_rank() % 2 == 0) {
+        st = mr_poll();
+        ck_assert_msg(st == MR_OK || st == MR_AGAIN, "mr_poll: %s", mr_status_string(st));
+    } else {
+        st = mr_wait(1);
+        ck_assert_msg(st == MR_OK || st == MR_AGAIN, "mr_wait: %s", mr_status_string(st));
+        ck_assert_int_eq(mr_receive(&m), MR_AGAIN); /* Handlers' messages never come here. */
+    }
+}
+
+/*
+ * Handlers: every rank sends requests of every length to a handler on every
+ * rank (itself included), whose handler answers each with a reply to another
+ * handler, from inside the handler, through a send pool of 4 buffers so that
+ * replies often find none and their handler is called again. Every request
+ * and every reply is checked (payload, source, destination) and counted
+ * exactly once; quiescence waits for the replies; a message to a handler the
+ * destination never registered is dropped there and counted.
+ */
+START_TEST(handlers_exactly_once_with_replies)
+{
+    const uint32_t per_dest = 40;
+    int all[MR_TEST_MAX_RANKS];
+    handler_state_t hs = {0};
+    mr_stats_t stats = {.size = sizeof(stats)};
+    tally_t unused;
+    void *buf;
+
+    setup_env("4", "16", "512");
+    init_on_world();
+    tally_init(&unused, 1);
+    tally_init(&hs.requests, per_dest);
+    tally_init(&hs.replies, per_dest);
+    for (int r = 0; r < world_size; r++) all[r] = r;
+    ck_assert_int_eq(mr_handler_register(-1, on_request, &hs), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_handler_register(MR_HANDLERS_MAX, on_request, &hs), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_handler_register(H_REQUEST, on_request, &hs), MR_OK);
+    ck_assert_int_eq(mr_handler_register(H_REPLY, on_reply, &hs), MR_OK);
+
+    /* Refusals leave the buffer the caller's. */
+    buf = reserve_or_progress(&unused);
+    fill_message(buf, 64, world_rank, 0, 0);
+    ck_assert_int_eq(mr_send_handler(buf, 64, 0, 3), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_send_handler(buf, 64, 0, MR_HANDLERS_MAX), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_send_handler(buf, mr_datagram_size(), 0, H_REQUEST),
+                     MR_ERR_MESSAGE_TOO_LONG);
+    ck_assert_int_eq(mr_send_handler(buf, 64, world_size, H_REQUEST), MR_ERR_INVALID_RANK);
+    ck_assert_int_eq(mr_release(buf), MR_OK);
+
+    for (uint32_t seq = 0; seq < per_dest; seq++) {
+        for (int r = 0; r < world_size; r++) {
+            size_t length = handler_length(seq, r);
+            buf = reserve_or_progress(&unused);
+            fill_message(buf, length, world_rank, r, seq);
+            ck_assert_int_eq(mr_send_handler(buf, length, r, H_REQUEST), MR_OK);
+        }
+    }
+    /* Rank 0 alone knows H_LONELY: rank 1 drops what it gets for it. */
+    if (world_rank == 0 && world_size > 1) {
+        ck_assert_int_eq(mr_handler_register(H_LONELY, on_lonely, NULL), MR_OK);
+        buf = reserve_or_progress(&unused);
+        ck_assert_int_eq(mr_send_handler(buf, 8, 1, H_LONELY), MR_OK);
+    }
+    quiesce_with(progress_handlers, NULL);
+    expect_all_from(&hs.requests, all, world_size, per_dest);
+    expect_all_from(&hs.replies, all, world_size, per_dest);
+
+    ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    uint64_t lonely = world_rank == 0 && world_size > 1;
+    uint64_t dropped = world_rank == 1 ? 1 : 0;
+    ck_assert_uint_eq(stats.handler_calls, 2 * (uint64_t)per_dest * world_size);
+    ck_assert_uint_eq(stats.handler_dropped, dropped);
+    ck_assert_uint_eq(stats.handler_retries, hs.again);
+    ck_assert_uint_eq(stats.messages_sent, 2 * (uint64_t)per_dest * world_size + lonely);
+    ck_assert_uint_eq(stats.messages_received, 2 * (uint64_t)per_dest * world_size + dropped);
+    ck_assert_uint_eq(stats.recv_slots_in_use, 0);
+    printf("rank %d (%s/%s): %llu handler calls, %llu in the transport's callback, %llu called "
+           "again for want of a send buffer, %llu parked\n", world_rank, mr_substrate_name(),
+           mr_flowctl_name(),
+           (unsigned long long)stats.handler_calls, (unsigned long long)stats.handler_now,
+           (unsigned long long)stats.handler_retries, (unsigned long long)stats.handler_parked);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
+    free(unused.seen);
+    free(hs.requests.seen);
+    free(hs.replies.seen);
+}
+END_TEST
+
 /* ---- Topology ------------------------------------------------------------------------ */
 
 /* mr_init_mpi() on a thread of its own: what it returns. */
@@ -1220,6 +1378,7 @@ static Suite *conformance_suite(void)
     tcase_add_test(tc, zero_and_max_length);
     tcase_add_test(tc, backpressure);
     tcase_add_test(tc, quiescence_waits_for_chains);
+    tcase_add_test(tc, handlers_exactly_once_with_replies);
     tcase_add_test(tc, bad_input_loses_nothing);
     tcase_add_test(tc, wait_sleeps_and_wakes);
     tcase_add_test(tc, holding_messages_does_not_stall_the_sender);

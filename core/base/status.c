@@ -26,6 +26,7 @@ const char *mr_status_string(mr_status_t status)
     case MR_ERR_UNSUPPORTED: return "not supported by this build";
     case MR_ERR_SYSTEM: return "the operating system refused a resource (see the log)";
     case MR_ERR_LIMIT: return "a fixed limit of MailRail was reached (see the log)";
+    case MR_ERR_IN_HANDLER: return "not allowed inside an active-message handler";
     }
     return "unknown status";
 }

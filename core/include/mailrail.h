@@ -87,7 +87,8 @@ typedef enum mr_status {
     MR_ERR_TIMEOUT = -15,
     MR_ERR_UNSUPPORTED = -16,
     MR_ERR_SYSTEM = -17,
-    MR_ERR_LIMIT = -18
+    MR_ERR_LIMIT = -18,
+    MR_ERR_IN_HANDLER = -19
 } mr_status_t;
 
 /*
@@ -289,6 +290,86 @@ MR_API mr_status_t mr_wait(int timeout_ms);
 MR_API mr_status_t mr_release(void *buffer);
 
 /*
+ * Active-message handlers: the model of UCX active messages, GASNet-EX and
+ * YGM. Every rank registers the same handlers under the same ids (after
+ * mr_init(), before any message is sent to them); mr_send_handler() sends a
+ * message to a handler id at a rank, where its handler runs with it:
+ *
+ *     static mr_status_t on_visit(const mr_message_t *m, void *arg) { ... }
+ *     mr_handler_register(VISIT, on_visit, &graph);
+ *     mr_reserve(&buf); ... mr_send_handler(buf, len, owner, VISIT);
+ *     do { mr_poll(); } while (mr_quiesce() == MR_AGAIN);
+ *
+ * Where handlers run: in progress, that is in mr_poll(), mr_receive(),
+ * mr_wait(), mr_quiesce() and mr_items_end_phase() and the item pulls, in
+ * the order their messages arrived (FIFO per source, as for mr_send()). Over
+ * UCX a handler runs inside UCX's own receive callback when nothing is
+ * queued before its message, without a receive slot or a copy.
+ *
+ * What a handler may do: read `message` (data, length, source), valid only
+ * until it returns; send, with mr_reserve(), mr_send(), mr_send_handler(),
+ * mr_release() of a reserved buffer and the item pushes and flushes. Any
+ * other MailRail call made inside a handler fails with MR_ERR_IN_HANDLER:
+ * a handler never waits.
+ *
+ * Backpressure inside a handler: a handler that cannot send now (mr_reserve()
+ * returns MR_AGAIN) returns MR_AGAIN, having sent nothing for that message
+ * yet (reserve first, or send one message per call); it is called again with
+ * the same message by a later progress call, and the messages behind it wait
+ * their turn. While they wait they are parked: copied out of their receive
+ * slots, whose credits go back at once, so that ranks whose handlers send to
+ * each other cannot hold the very credits they wait for (no deadlock, at the
+ * cost of memory while handlers are starved of send buffers; handler_parked
+ * in mr_stats_t counts them). A handler must not assume it runs once per
+ * message unless it returns MR_OK.
+ *
+ * Quiescence counts a handler's message as received when its handler returns
+ * MR_OK, so that what a handler sends keeps the phase open. A message whose
+ * handler is not registered at its destination is dropped there with an
+ * error in the log (and counted as received and in handler_dropped).
+ */
+
+/* Handler ids are 0 to MR_HANDLERS_MAX - 1. */
+#define MR_HANDLERS_MAX 256
+
+/*
+ * Called with each message sent to its id. Returns MR_OK when done with it,
+ * or MR_AGAIN to be called again later with the same message (see above).
+ * Any other status is logged and counts as done.
+ */
+typedef mr_status_t (*mr_handler_t)(const mr_message_t *message, void *arg);
+
+/*
+ * Registers `handler` (with `arg`, passed to every call) under `id`; a second
+ * registration of an id replaces the first, NULL removes it. Local: every
+ * rank registers the same ids. Returns MR_OK, MR_ERR_INVALID_PARAM (an id out
+ * of range), MR_ERR_IN_HANDLER or MR_ERR_NOT_INITIALIZED.
+ */
+MR_API mr_status_t mr_handler_register(int id, mr_handler_t handler, void *arg);
+
+/*
+ * Sends the first `length` bytes of a buffer from mr_reserve() to handler
+ * `id` at rank `dest`, like mr_send(): the buffer is MailRail's on MR_OK and
+ * still the caller's on any error. `length` is at most mr_datagram_size() - 1
+ * (the id travels in the last byte).
+ *
+ * Returns MR_OK, MR_ERR_INVALID_PARAM (`id` is not registered on this rank),
+ * and the errors of mr_send().
+ */
+MR_API mr_status_t mr_send_handler(void *buffer, size_t length, int dest, int id);
+
+/*
+ * Drives progress and runs the handlers of the messages that arrived, without
+ * taking a message for the application. Non-blocking.
+ *
+ * Returns MR_OK (something happened: a handler ran, a send completed, credits
+ * came), MR_AGAIN (nothing), MR_ERR_PEER_FAILED (once per failed peer, as
+ * mr_receive() would), MR_ERR_TRANSPORT, MR_ERR_IN_HANDLER or
+ * MR_ERR_NOT_INITIALIZED.
+ */
+MR_API mr_status_t mr_poll(void);
+
+/*
  * Quiescence (termination detection). Collective and non-blocking: every rank
  * calls it repeatedly, receiving and handling messages in between, until it
  * returns MR_OK. MR_OK means that every message sent by any rank before the
@@ -362,6 +443,13 @@ typedef struct mr_stats {
     uint64_t breach_unacquired;       /* Deliveries into a receive slot the substrate had not
                                          acquired (or acquired twice). */
     uint64_t breach_beyond_grant;     /* Arrivals beyond recv_granted in flight (rank, node). */
+    uint64_t handler_calls;           /* Handler calls that returned MR_OK (or an error). */
+    uint64_t handler_retries;         /* Handler calls that returned MR_AGAIN. */
+    uint64_t handler_now;             /* Messages handled in the transport's own callback,
+                                         without a receive slot (UCX). */
+    uint64_t handler_dropped;         /* Messages to a handler id not registered here. */
+    uint64_t handler_parked;          /* Messages copied out of their receive slot while
+                                         handlers waited to send (their credit went back). */
 } mr_stats_t;
 
 /*

@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MR_SUBSTRATE_ABI_VERSION 3
+#define MR_SUBSTRATE_ABI_VERSION 4
 #define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
 #define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
 
@@ -45,9 +45,11 @@
 
 /* Message kinds carried in the header. */
 enum {
-    MR_KIND_DATA = 1,  /* Application payload; imm is owned by flow control. */
-    MR_KIND_ITEMS = 2  /* An aggregator's datagram (mailrail_items.h); imm as for data.
-                          Every substrate carries both kinds (ABI version 2). */
+    MR_KIND_DATA = 1,    /* Application payload; imm is owned by flow control. */
+    MR_KIND_ITEMS = 2,   /* An aggregator's datagram (mailrail_items.h); imm as for data.
+                            Every substrate carries both kinds (ABI version 2). */
+    MR_KIND_HANDLER = 3  /* A message for an active-message handler, its id in the last
+                            byte (mailrail.h); imm as for data. ABI 4. */
 };
 
 typedef struct mr_substrate mr_substrate_t; /* A plugin's own state. */
@@ -85,6 +87,15 @@ typedef struct mr_substrate_upcalls {
     void (*control)(void *core, int source, uint32_t imm);
     /* Rank `rank` is gone (EOF, reset, protocol error); `why` says which. */
     void (*peer_failed)(void *core, int rank, mr_status_t why);
+    /*
+     * Offers a message of kind MR_KIND_HANDLER to be consumed at once, from
+     * the transport's own receive callback, without a receive slot: MR_OK when
+     * the core consumed it (its bytes may be reused on return), MR_AGAIN when
+     * it must be delivered the usual way (earlier handler messages wait, or
+     * the handler asked to be called again later). Only from progress(). ABI 4.
+     */
+    mr_status_t (*deliver_now)(void *core, int source, uint32_t imm, const void *data,
+                               size_t length);
 } mr_substrate_upcalls_t;
 
 /* What the core tells a substrate when it opens it. */

@@ -128,6 +128,20 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
     return rt_arrived(idx, source, kind, imm, length);
 }
 
+/* A message the consumer of its kind may take at once, without a slot (ABI 4). */
+static mr_status_t up_deliver_now(void *core, int source, uint32_t imm, const void *data,
+                                  size_t length)
+{
+    const rt_consumer_t *c = dp.consumers[MR_KIND_HANDLER];
+
+    (void)core;
+    if (c == NULL || c->now == NULL || c->now(data, length, source) != MR_OK) return MR_AGAIN;
+    /* Its credit was spent and comes back at once, as if a slot had been taken and freed. */
+    rt.flowctl->on_arrival(rt.fc, source, imm);
+    rt.flowctl->on_release(rt.fc, source);
+    return MR_OK;
+}
+
 static mr_status_t up_deliver_copy(void *core, int source, unsigned kind, uint32_t imm,
                                    const void *data, size_t length)
 {
@@ -201,6 +215,7 @@ const mr_substrate_upcalls_t rt_upcalls = {
     .send_complete = up_send_complete,
     .control = up_control,
     .peer_failed = up_peer_failed,
+    .deliver_now = up_deliver_now,
 };
 
 mr_status_t rt_send_control(void *core, int dest, uint32_t imm)
@@ -237,11 +252,19 @@ static mr_status_t rt_deliver_self(uint32_t idx)
 
     if (r == MR_NIL) return MR_AGAIN;
     rt_inflight_grew(before);
-    memcpy(dp.recvs[r].data, mr__pool_slot(&dp.send_pool, idx), dp.sends[idx].length);
-    dp.recvs[r].state = RECV_QUEUED;
-    dp.recvs[r].source = rt.rank;
-    dp.recvs[r].length = dp.sends[idx].length;
-    dp_recvq_push(&dp.arrivals, r);
+    rt_send_t *s = &dp.sends[idx];
+    rt_recv_t *m = &dp.recvs[r];
+    memcpy(m->data, mr__pool_slot(&dp.send_pool, idx), s->length);
+    m->source = rt.rank;
+    m->length = s->length;
+    if (s->kind == MR_KIND_DATA) {
+        m->state = RECV_QUEUED;
+        dp_recvq_push(&dp.arrivals, r);
+    } else {
+        /* A handler's message to oneself (items to oneself take rt_submit_local()). */
+        m->state = RECV_CONSUMER;
+        dp.consumers[s->kind]->arrived(r, m->data, m->length, rt.rank);
+    }
     rt_send_free(idx);
     return MR_OK;
 }
@@ -340,6 +363,7 @@ int rt_progress(int timeout_ms)
     events += rt.flowctl->progress(rt.fc);
     if (rt.notice_sent < rt.notice_count) events += rt_notices_forward();
     if (dp.deferq.depth > 0) events += rt_drain(true);
+    for (int k = 0; k < dp.nconsumer_progress; k++) events += dp.consumer_progress[k]();
     return events;
 }
 
@@ -347,7 +371,7 @@ mr_status_t mr_reserve(void **buffer)
 {
     uint32_t idx;
 
-    RT_CHECK_READY("mr_reserve()");
+    RT_CHECK_SEND("mr_reserve()");
     if (buffer == NULL) {
         mr_error("mr_reserve(): the output pointer is NULL.");
         return MR_ERR_INVALID_PARAM;
@@ -375,28 +399,46 @@ static mr_status_t rt_reserved_slot(const char *fn, const void *buffer, uint32_t
     return MR_OK;
 }
 
-mr_status_t mr_send(void *buffer, size_t length, int dest)
+/*
+ * What mr_send() and mr_send_handler() share: the checks, then the message
+ * goes, with the handler's id as a last byte when `trailer` is not -1.
+ * Inlined into both, so that mr_send() pays for no trailer.
+ */
+__attribute__((always_inline)) static inline mr_status_t
+rt_send_checked(const char *fn, void *buffer, size_t length, int dest, unsigned kind, int trailer)
 {
     uint32_t idx;
     mr_status_t status;
 
-    RT_CHECK_READY("mr_send()");
     if (dest < 0 || dest >= rt.size) {
-        mr_error("mr_send(): destination %d is not in [0, %d).", dest, rt.size);
+        mr_error("%s: destination %d is not in [0, %d).", fn, dest, rt.size);
         return MR_ERR_INVALID_RANK;
     }
     if (length > rt.cfg.datagram_size) {
-        mr_error("mr_send(): length %zu exceeds the datagram size %zu (MAILRAIL_DATAGRAM_SIZE).",
+        mr_error("%s: length %zu exceeds the datagram size %zu (MAILRAIL_DATAGRAM_SIZE).", fn,
                  length, (size_t)rt.cfg.datagram_size);
         return MR_ERR_MESSAGE_TOO_LONG;
     }
-    status = rt_reserved_slot("mr_send()", buffer, &idx);
+    status = rt_reserved_slot(fn, buffer, &idx);
     if (status != MR_OK) return status;
     if (rt.peer[dest] != PEER_OK) {
         /* The failure itself was logged once, when it was detected. */
         return MR_ERR_PEER_FAILED;
     }
-    return rt_submit(idx, length, dest, MR_KIND_DATA);
+    if (trailer >= 0) ((uint8_t *)buffer)[length++] = (uint8_t)trailer;
+    return rt_submit(idx, length, dest, kind);
+}
+
+mr_status_t mr_send(void *buffer, size_t length, int dest)
+{
+    RT_CHECK_SEND("mr_send()");
+    return rt_send_checked("mr_send()", buffer, length, dest, MR_KIND_DATA, -1);
+}
+
+mr_status_t rt_send_kind(const char *fn, void *buffer, size_t length, int dest, unsigned kind,
+                         uint8_t trailer)
+{
+    return rt_send_checked(fn, buffer, length, dest, kind, trailer);
 }
 
 mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
@@ -501,6 +543,22 @@ static bool rt_consumers_waiting(void)
     return false;
 }
 
+mr_status_t mr_poll(void)
+{
+    int events;
+
+    RT_CHECK_READY("mr_poll()");
+    events = rt_progress(0);
+    if (events < 0) return (mr_status_t)events;
+    if (rt_report_failure()) return MR_ERR_PEER_FAILED;
+    if (events == 0) {
+        rt_idle();
+        return MR_AGAIN;
+    }
+    rt_busy();
+    return MR_OK;
+}
+
 mr_status_t mr_wait(int timeout_ms)
 {
     int events;
@@ -540,7 +598,7 @@ mr_status_t mr_release(void *buffer)
 {
     uint32_t idx;
 
-    RT_CHECK_READY("mr_release()");
+    RT_CHECK_SEND("mr_release()");
     idx = mr__pool_index(&dp.recv_pool, buffer);
     if (idx != MR_NIL) {
         if (dp.recvs[idx].state != RECV_HELD) {

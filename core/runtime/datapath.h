@@ -68,6 +68,13 @@ mr_status_t rt_submit(uint32_t slot, size_t length, int dest, unsigned kind);
  * a message sent, and as received when the consumer releases it.
  */
 void rt_submit_local(uint32_t slot, size_t length, unsigned kind);
+/*
+ * mr_send() for another kind of message (mr_send_handler()): the same checks
+ * under `fn`'s name, then `trailer` appended as a last byte (the buffer has
+ * room for it: `length` is below the datagram size).
+ */
+mr_status_t rt_send_kind(const char *fn, void *buffer, size_t length, int dest, unsigned kind,
+                         uint8_t trailer);
 /* True, once, for each peer failure the application has not been told of. */
 bool rt_report_failure(void);
 /* A poll found nothing: lets other ranks have the core now and then. */
@@ -92,9 +99,17 @@ typedef struct rt_consumer {
     void (*arrived)(rt_msg_t msg, const uint8_t *data, size_t length, int source);
     /* Whether it holds arrivals the application has not taken (mr_wait() returns). */
     bool (*waiting)(void);
+    /*
+     * Optional: consumes a message at once, in the transport's own receive
+     * callback, without a slot (the substrate's deliver_now()). MR_OK: done,
+     * counted as received; MR_AGAIN: it is to be delivered the usual way.
+     */
+    mr_status_t (*now)(const uint8_t *data, size_t length, int source);
+    /* Optional: runs at the end of every progress call; returns the events it made. */
+    int (*progress)(void);
 } rt_consumer_t;
 
-/* Registers the consumer of `kind` (not MR_KIND_DATA, which is mr_receive()'s). */
+/* Registers the consumer of `kind` (not MR_KIND_DATA, which is mr_receive()'s); NULL: none. */
 void rt_datapath_consume(unsigned kind, const rt_consumer_t *consumer);
 
 void rt_msgq_push(rt_msgq_t *q, rt_msg_t msg);

@@ -31,8 +31,13 @@ static rt_msg_t dp_msgq_pop(rt_msgq_t *q)
 
 void rt_datapath_consume(unsigned kind, const rt_consumer_t *consumer)
 {
-    if (kind != MR_KIND_DATA && kind < sizeof(dp.consumers) / sizeof(dp.consumers[0])) {
-        dp.consumers[kind] = consumer;
+    if (kind == MR_KIND_DATA || kind >= sizeof(dp.consumers) / sizeof(dp.consumers[0])) return;
+    dp.consumers[kind] = consumer;
+    dp.nconsumer_progress = 0;
+    for (size_t k = 0; k < sizeof(dp.consumers) / sizeof(dp.consumers[0]); k++) {
+        if (dp.consumers[k] != NULL && dp.consumers[k]->progress != NULL) {
+            dp.consumer_progress[dp.nconsumer_progress++] = dp.consumers[k]->progress;
+        }
     }
 }
 

@@ -45,7 +45,10 @@ typedef struct rt_datapath {
     mr_deferq_t deferq;
     rt_msgq_t arrivals;    /* Datagrams for mr_receive(); consumers keep their own. */
     mr_ptrmap_t foreign;   /* Substrate-owned buffer -> receive slot. */
-    const rt_consumer_t *consumers[MR_KIND_ITEMS + 1];
+    const rt_consumer_t *consumers[MR_KIND_HANDLER + 1];
+    /* The consumers with a progress() hook, run at the end of rt_progress(). */
+    int (*consumer_progress[MR_KIND_HANDLER + 1])(void);
+    int nconsumer_progress;
     /*
      * Progress calls so far, and per rank the count when the substrate last
      * refused a message to it (MR_AGAIN): until the next progress call it

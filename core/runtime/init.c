@@ -16,7 +16,9 @@ enum rt_state rt_state = RT_UNINITIALIZED;
 
 const char *rt_who(void)
 {
-    return rt_state == RT_FINALIZED ? "after mr_finalize()" : "before mr_init()";
+    return rt_state == RT_FINALIZED    ? "after mr_finalize()"
+           : rt_state == RT_IN_HANDLER ? "inside an active-message handler (only sends are allowed)"
+                                       : "before mr_init()";
 }
 
 typedef struct rt_found {
@@ -117,6 +119,7 @@ static mr_status_t rt_alloc_pools(void)
         return MR_ERR_NO_MEMORY;
     }
     rt_items_init();
+    rt_handlers_init();
     return MR_OK;
 }
 
@@ -277,6 +280,10 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     const char *flowctl_name;
     mr_status_t status;
 
+    if (rt_state == RT_IN_HANDLER) {
+        mr_error("mr_init() called %s.", rt_who());
+        return MR_ERR_IN_HANDLER;
+    }
     if (rt_state == RT_READY) {
         mr_error("mr_init() called twice without mr_finalize().");
         return MR_ERR_ALREADY_INITIALIZED;
@@ -407,6 +414,7 @@ static void rt_drop_arrivals(void)
 {
     rt.dropped_at_finalize += rt_datapath_drop_arrivals();
     rt.dropped_at_finalize += rt_items_drop_arrivals();
+    rt.dropped_at_finalize += rt_handlers_stop();
 }
 
 /*
@@ -452,6 +460,7 @@ mr_status_t mr_finalize(void)
     }
     /* Buffers the application still holds become invalid now, aggregators too. */
     rt_items_fini();
+    rt.dropped_at_finalize += rt_handlers_stop();
     rt_datapath_release_held();
     /*
      * Send what is deferred or in flight, discarding arrivals so that peers can

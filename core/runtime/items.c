@@ -105,7 +105,7 @@ mr_status_t mr_items_create(size_t item_size, mr_items_t **items)
 
 size_t mr_items_max_size(const mr_items_t *a)
 {
-    return rt_state == RT_READY && rt_items_valid(a) ? a->max_item : 0;
+    return RT_LIVE() && rt_items_valid(a) ? a->max_item : 0;
 }
 
 /* Frees everything an aggregator holds; returns the datagrams that were discarded. */

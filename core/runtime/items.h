@@ -66,15 +66,18 @@ static inline bool rt_items_valid(const mr_items_t *a)
 }
 
 /* Returns from an API function called before init or with an invalid handle. */
-#define RT_ITEMS_CHECK(fn, a)                                                                \
+#define RT_ITEMS_CHECK_STATE(fn, a, state_check)                                             \
     do {                                                                                     \
-        RT_CHECK_READY(fn);                                                                  \
+        state_check(fn);                                                                     \
         if (!rt_items_valid(a)) {                                                            \
             mr_error("%s: %p is not a live aggregator from mr_items_create().", fn,          \
                      (const void *)(a));                                                     \
             return MR_ERR_INVALID_PARAM;                                                     \
         }                                                                                    \
     } while (0)
+#define RT_ITEMS_CHECK(fn, a) RT_ITEMS_CHECK_STATE(fn, a, RT_CHECK_READY)
+/* For pushes and flushes, which a handler may make. */
+#define RT_ITEMS_CHECK_SEND(fn, a) RT_ITEMS_CHECK_STATE(fn, a, RT_CHECK_SEND)
 
 /* items.c: the live aggregator created as `number`, or NULL. */
 mr_items_t *rt_items_by_number(uint16_t number);

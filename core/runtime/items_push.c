@@ -141,7 +141,7 @@ static __attribute__((noinline)) mr_status_t items_push_slow(mr_items_t *a, cons
     items_stage_t *st;
     mr_status_t status;
 
-    RT_ITEMS_CHECK("mr_items_push()", a);
+    RT_ITEMS_CHECK_SEND("mr_items_push()", a);
     status = items_push_check(a, item, length, dest);
     if (status != MR_OK) return status;
     st = &a->stage[dest];
@@ -172,7 +172,8 @@ mr_status_t mr_items_push(mr_items_t *a, const void *item, size_t length, int de
      * fixed-size item for a live destination whose datagram is open, which
      * always has room for one more (a full one leaves at once).
      */
-    if (rt_state == RT_READY && rt_items_valid(a) && length == a->item_size && length != 0 &&
+    if (RT_LIVE() && rt_items_valid(a) &&
+        length == a->item_size && length != 0 &&
         item != NULL && (unsigned)dest < (unsigned)rt.size) {
         items_stage_t *st = &a->stage[dest];
         uint8_t *pos = st->pos;
@@ -189,7 +190,7 @@ mr_status_t mr_items_push(mr_items_t *a, const void *item, size_t length, int de
 
 mr_status_t mr_items_flush(mr_items_t *a)
 {
-    RT_ITEMS_CHECK("mr_items_flush()", a);
+    RT_ITEMS_CHECK_SEND("mr_items_flush()", a);
     rt_items_flush(a);
     return MR_OK;
 }

@@ -9,38 +9,38 @@
 
 int mr_rank(void)
 {
-    return rt_state == RT_READY ? rt.rank : -1;
+    return RT_LIVE() ? rt.rank : -1;
 }
 
 int mr_size(void)
 {
-    return rt_state == RT_READY ? rt.size : -1;
+    return RT_LIVE() ? rt.size : -1;
 }
 
 int mr_node_count(void)
 {
-    return rt_state == RT_READY ? rt.node_count : -1;
+    return RT_LIVE() ? rt.node_count : -1;
 }
 
 int mr_node_of(int rank)
 {
-    if (rt_state != RT_READY || rank < 0 || rank >= rt.size) return -1;
+    if (!RT_LIVE() || rank < 0 || rank >= rt.size) return -1;
     return rt.node_of[rank];
 }
 
 size_t mr_datagram_size(void)
 {
-    return rt_state == RT_READY ? rt.cfg.datagram_size : 0;
+    return RT_LIVE() ? rt.cfg.datagram_size : 0;
 }
 
 const char *mr_substrate_name(void)
 {
-    return rt_state == RT_READY ? rt.substrate->name : NULL;
+    return RT_LIVE() ? rt.substrate->name : NULL;
 }
 
 const char *mr_flowctl_name(void)
 {
-    return rt_state == RT_READY ? rt.flowctl->name : NULL;
+    return RT_LIVE() ? rt.flowctl->name : NULL;
 }
 
 mr_status_t mr_peer_address(int rank, char *buf, size_t len)
@@ -64,7 +64,7 @@ mr_status_t mr_get_stats(mr_stats_t *stats)
     mr_stats_t snapshot;
     size_t size;
 
-    RT_CHECK_READY("mr_get_stats()");
+    RT_CHECK_SEND("mr_get_stats()");
     if (stats == NULL || stats->size < offsetof(mr_stats_t, connections_rejected)) {
         mr_error("mr_get_stats(): NULL or stats->size not set to sizeof(mr_stats_t).");
         return MR_ERR_INVALID_PARAM;
@@ -98,7 +98,7 @@ mr_status_t mr_failed_ranks(int *ranks, int max, int *count)
 {
     int n = 0;
 
-    RT_CHECK_READY("mr_failed_ranks()");
+    RT_CHECK_SEND("mr_failed_ranks()");
     if (count == NULL || max < 0 || (ranks == NULL && max > 0)) {
         mr_error("mr_failed_ranks(): a NULL count, a negative maximum, or NULL ranks with room "
                  "for %d.", max);

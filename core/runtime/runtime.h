@@ -27,7 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum rt_state { RT_UNINITIALIZED, RT_READY, RT_FINALIZED };
+/* RT_IN_HANDLER: a handler runs; only sends are allowed (RT_CHECK_SEND). */
+enum rt_state { RT_UNINITIALIZED, RT_READY, RT_IN_HANDLER, RT_FINALIZED };
 
 /* Peer health, per rank. */
 enum peer_state { PEER_OK, PEER_FAILED_UNREPORTED, PEER_FAILED_REPORTED };
@@ -99,6 +100,18 @@ const char *rt_who(void);
     do {                                                                                     \
         if (rt_state != RT_READY) {                                                          \
             mr_error("%s called %s.", fn, rt_who());                                         \
+            return rt_state == RT_IN_HANDLER ? MR_ERR_IN_HANDLER : MR_ERR_NOT_INITIALIZED;    \
+        }                                                                                    \
+    } while (0)
+
+/* Initialized: ready, or inside a handler (one comparison). */
+#define RT_LIVE() ((unsigned)rt_state - RT_READY <= RT_IN_HANDLER - RT_READY)
+
+/* For the calls a handler may make too (the sends): ready, or inside a handler. */
+#define RT_CHECK_SEND(fn)                                                                    \
+    do {                                                                                     \
+        if (!RT_LIVE()) {                                                                    \
+            mr_error("%s called %s.", fn, rt_who());                                         \
             return MR_ERR_NOT_INITIALIZED;                                                   \
         }                                                                                    \
     } while (0)
@@ -122,6 +135,12 @@ void rt_items_init(void);
 void rt_items_fini(void);
 /* Drops every datagram waiting for an aggregator; returns how many. */
 uint64_t rt_items_drop_arrivals(void);
+
+/* handlers.c: active-message handlers (mailrail.h), the consumer of MR_KIND_HANDLER. */
+/* Empties the table and registers with the datapath. */
+void rt_handlers_init(void);
+/* At finalize: handlers run no more; returns how many waiting messages were dropped. */
+uint64_t rt_handlers_stop(void);
 
 /* job.c: what the ranks set up together at init, over the bootstrap. */
 mr_status_t rt_agree(mr_status_t local);

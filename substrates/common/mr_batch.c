@@ -85,7 +85,9 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
         b->open[dest] = batch;
         b->open_ranks[b->nopen++] = dest;
     }
-    hdr = (uint32_t)length | (kind == MR_KIND_ITEMS ? MR__BATCH_ITEMS_BIT : 0);
+    hdr = (uint32_t)length | (kind == MR_KIND_ITEMS     ? MR__BATCH_ITEMS_BIT
+                              : kind == MR_KIND_HANDLER ? MR__BATCH_HANDLER_BIT
+                                                        : 0);
     uint8_t *p = batch->data + batch->used;
     p[0] = (uint8_t)hdr;
     p[1] = (uint8_t)(hdr >> 8);
@@ -165,9 +167,14 @@ int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, un
     if (length - off < MR__BATCH_FRAME_HDR) return MR_ERR_PROTOCOL;
     hdr = (uint32_t)batch[off] | (uint32_t)batch[off + 1] << 8 | (uint32_t)batch[off + 2] << 16 |
           (uint32_t)batch[off + 3] << 24;
-    n = hdr & ~MR__BATCH_ITEMS_BIT;
+    n = hdr & ~MR__BATCH_KIND_BITS;
     if (n > length - off - MR__BATCH_FRAME_HDR) return MR_ERR_PROTOCOL;
-    *kind = (hdr & MR__BATCH_ITEMS_BIT) ? MR_KIND_ITEMS : MR_KIND_DATA;
+    switch (hdr & MR__BATCH_KIND_BITS) {
+    case 0: *kind = MR_KIND_DATA; break;
+    case MR__BATCH_ITEMS_BIT: *kind = MR_KIND_ITEMS; break;
+    case MR__BATCH_HANDLER_BIT: *kind = MR_KIND_HANDLER; break;
+    default: return MR_ERR_PROTOCOL;
+    }
     *payload = batch + off + MR__BATCH_FRAME_HDR;
     *payload_len = n;
     *offset = off + MR__BATCH_FRAME_HDR + n;

@@ -11,8 +11,8 @@
  * and completion: a batch only saves the transport's per-message cost.
  *
  * The wire form of a batch: frames back to back, each a 4-byte little-endian
- * header (bits 0-30 the payload length, bit 31 set for MR_KIND_ITEMS) and
- * the payload. The transport tells batches from single messages itself (MPI:
+ * header (bits 0-29 the payload length, bit 31 set for MR_KIND_ITEMS, bit 30
+ * for MR_KIND_HANDLER) and the payload. The transport tells batches from single messages itself (MPI:
  * a reserved tag; UCX: a kind in the header).
  */
 #ifndef MR_BATCH_H
@@ -26,6 +26,8 @@
 
 #define MR__BATCH_FRAME_HDR 4u
 #define MR__BATCH_ITEMS_BIT UINT32_C(0x80000000)
+#define MR__BATCH_HANDLER_BIT UINT32_C(0x40000000)
+#define MR__BATCH_KIND_BITS (MR__BATCH_ITEMS_BIT | MR__BATCH_HANDLER_BIT)
 /* Frames per batch at most, which bounds the memory kept for completions. */
 #define MR__BATCH_MAX_FRAMES 256u
 

@@ -120,12 +120,17 @@ static mr_status_t mpi_read_tag_ub(mr_substrate_t *s)
         return MR_ERR_TRANSPORT;
     }
     s->tag_ub = *ub;
-    /* The highest bit that keeps every data tag within the bound tells the kind. */
+    /*
+     * The two highest bits that keep every data tag within the bound tell the
+     * kind (neither: data; the higher: items; the lower: a handler's message);
+     * the bits below carry the immediate, and all bits set mark a batch.
+     */
     s->kind_bit = 1;
     while ((uint64_t)s->kind_bit * 4 - 1 <= (uint64_t)s->tag_ub) s->kind_bit *= 2;
-    s->data_imm_ub = s->kind_bit - 1;
-    s->data_imm_max = s->kind_bit - 2;
-    s->batch_tag = s->kind_bit | s->data_imm_ub;
+    s->handler_bit = s->kind_bit >> 1;
+    s->data_imm_ub = s->handler_bit - 1;
+    s->data_imm_max = s->handler_bit - 2;
+    s->batch_tag = s->kind_bit | s->handler_bit | s->data_imm_ub;
     return MR_OK;
 }
 

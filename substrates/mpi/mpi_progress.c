@@ -282,7 +282,9 @@ static int progress_data_recvs(mr_substrate_t *s)
             uint32_t tag = (uint32_t)e->status.MPI_TAG;
             if (tag != s->batch_tag) {
                 /* Zero copy: the staging buffer itself, until release_recv(). */
-                unsigned kind = (tag & s->kind_bit) ? MR_KIND_ITEMS : MR_KIND_DATA;
+                unsigned kind = (tag & s->kind_bit)      ? MR_KIND_ITEMS
+                                : (tag & s->handler_bit) ? MR_KIND_HANDLER
+                                                         : MR_KIND_DATA;
                 mr_status_t st = s->base.up.deliver(s->base.core, src, kind,
                                                     tag & s->data_imm_ub, buf, (size_t)count,
                                                     (void *)(uintptr_t)(e->buf + 1));

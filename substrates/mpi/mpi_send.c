@@ -132,7 +132,7 @@ mr_status_t mpi__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
     bool packed;
 
     if (st != MR_OK) return st;
-    if ((kind != MR_KIND_DATA && kind != MR_KIND_ITEMS) || (data == NULL && length > 0)) {
+    if (kind < MR_KIND_DATA || kind > MR_KIND_HANDLER || (data == NULL && length > 0)) {
         return MR_ERR_INVALID_PARAM;
     }
     if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
@@ -156,6 +156,7 @@ mr_status_t mpi__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
         tag = 0;
     }
     if (kind == MR_KIND_ITEMS) tag |= s->kind_bit;
+    if (kind == MR_KIND_HANDLER) tag |= s->handler_bit;
     return data_isend(s, dest, tag, data, length, cookie, NULL);
 }
 

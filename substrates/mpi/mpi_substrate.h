@@ -107,6 +107,7 @@ struct mr_substrate {
     bool have_data_comm, have_ctrl_comm;
     int tag_ub;                /* MPI_TAG_UB of the data and control communicators. */
     uint32_t kind_bit;         /* Data tags: this bit set for MR_KIND_ITEMS, */
+    uint32_t handler_bit;      /* this one for MR_KIND_HANDLER (mpi_open.c), */
     uint32_t data_imm_ub;      /* and the immediate in the bits below it, */
     uint32_t data_imm_max;     /* at most this, since */
     uint32_t batch_tag;        /* every bit set marks a batch of frames (mr_batch.h). */

@@ -45,7 +45,9 @@ static mr_status_t tcp_send(mr_substrate_t *s, int dest, unsigned kind, uint32_t
 
     if (st != MR_OK) return st;
     if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
-    if (kind > UINT8_MAX || (data == NULL && length > 0)) return MR_ERR_INVALID_PARAM;
+    if (kind < MR_KIND_DATA || kind > MR_KIND_HANDLER || (data == NULL && length > 0)) {
+        return MR_ERR_INVALID_PARAM;
+    }
     r = tcp__req_alloc(s);
     if (r == NULL) return MR_AGAIN;
     tcp_wire_frame_encode(r->hdr, TCP_WIRE_CH_DATA, (uint8_t)kind, imm, (uint32_t)length);

@@ -116,6 +116,11 @@ static ucs_status_t batch_recv(mr_substrate_t *s, int source, const uint8_t *dat
         return UCS_OK;
     }
     while ((r = mr__batch_frame_next(data, length, &off, &kind, &payload, &plen)) == 1) {
+        if (direct && kind == MR_KIND_HANDLER &&
+            s->base.up.deliver_now(s->base.core, source, 0, payload, plen) == MR_OK) {
+            s->cb_events++;
+            continue;
+        }
         if (direct &&
             s->base.up.deliver_copy(s->base.core, source, kind, 0, payload, plen) == MR_OK) {
             s->cb_events++;
@@ -151,6 +156,12 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
     if (may_claim && s->rxq_count == 0) {
         /* Fast path: nothing queued, deliver at once. */
         if (!rndv) {
+            /* A handler's message is consumed here, in UCX's callback, without a slot. */
+            if (kind == MR_KIND_HANDLER &&
+                s->base.up.deliver_now(s->base.core, source, imm, data, length) == MR_OK) {
+                s->cb_events++;
+                return UCS_OK;
+            }
             if (holdable && zcopy_ok(s, length)) {
                 mr_status_t st = s->base.up.deliver(s->base.core, source, kind, imm, data,
                                                     length, data);
@@ -244,6 +255,13 @@ static ucs_status_t bare_items_am_cb(void *arg, const void *header, size_t heade
 {
     (void)header;
     return bare_recv(arg, MR_KIND_ITEMS, header_length, data, length, param);
+}
+
+static ucs_status_t bare_handler_am_cb(void *arg, const void *header, size_t header_length,
+                                       void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    (void)header;
+    return bare_recv(arg, MR_KIND_HANDLER, header_length, data, length, param);
 }
 
 static void ctrlq_push(mr_substrate_t *s, int source, uint32_t imm)
@@ -345,9 +363,11 @@ mr_status_t ucx__set_handlers(mr_substrate_t *s)
     /* Header-less data from each peer, in jobs small enough to name them all. */
     for (int r = 0; us == UCS_OK && s->base.size <= UCX_BARE_MAX_RANKS && r < s->base.size; r++) {
         hparam.arg = &s->peers[r];
-        for (int items = 0; us == UCS_OK && items < 2; items++) {
-            hparam.id = (unsigned)(UCX_AM_BARE + 2 * r + items);
-            hparam.cb = items ? bare_items_am_cb : bare_data_am_cb;
+        static const ucp_am_recv_callback_t cbs[UCX_BARE_KINDS] = {
+            bare_data_am_cb, bare_items_am_cb, bare_handler_am_cb};
+        for (int k = 0; us == UCS_OK && k < UCX_BARE_KINDS; k++) {
+            hparam.id = (unsigned)(UCX_AM_BARE + UCX_BARE_KINDS * r + k);
+            hparam.cb = cbs[k];
             us = ucp_worker_set_am_recv_handler(s->worker, &hparam);
         }
     }

@@ -116,7 +116,7 @@ mr_status_t ucx__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
 
     if (st != MR_OK) return st;
     if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
-    if ((kind != MR_KIND_DATA && kind != MR_KIND_ITEMS) || (data == NULL && length > 0)) {
+    if (kind < MR_KIND_DATA || kind > MR_KIND_HANDLER || (data == NULL && length > 0)) {
         return MR_ERR_INVALID_PARAM;
     }
     /* A small message after another to the same rank joins a batch (mr_batch.h). */
@@ -135,7 +135,7 @@ mr_status_t ucx__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
     param.memory_type = UCS_MEMORY_TYPE_HOST;
     if (s->bare && imm == 0 && s->failures_seen == 0) {
         /* Nothing to say but who sent it and what it is: the AM id says both. */
-        unsigned id = UCX_AM_BARE + 2 * (unsigned)s->base.rank + (kind == MR_KIND_ITEMS);
+        unsigned id = UCX_AM_BARE + UCX_BARE_KINDS * (unsigned)s->base.rank + kind - MR_KIND_DATA;
         sp = ucp_am_send_nbx(p->ep, id, NULL, 0, data, length, &param);
     } else {
         hdr_pack(s, r->hdr, kind, imm);

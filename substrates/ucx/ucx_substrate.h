@@ -41,13 +41,14 @@
 #define UCX_AM_CTRL 0x4d32
 /*
  * Data without a user header: the AM id names the sender and the kind,
- * UCX_AM_BARE + 2 * source + (kind == MR_KIND_ITEMS). Used for a message that
+ * UCX_AM_BARE + 3 * source + kind - MR_KIND_DATA. Used for a message that
  * has nothing else to say (no credits, no failures seen), so that the
  * receiver never touches a header, which UCX places after the payload: at
  * 4 KiB reading it costs a cache miss per message (docs/notes/performance-notebook.md).
  */
 #define UCX_AM_BARE 0x4d40
-#define UCX_BARE_MAX_RANKS ((UINT16_MAX - UCX_AM_BARE) / 2)
+#define UCX_BARE_KINDS 3 /* MR_KIND_DATA, MR_KIND_ITEMS, MR_KIND_HANDLER. */
+#define UCX_BARE_MAX_RANKS ((UINT16_MAX - UCX_AM_BARE) / UCX_BARE_KINDS)
 
 #define UCX_ENV_PREFIX "MAILRAIL"       /* UCX reads MAILRAIL_UCX_<NAME>. */
 #define UCX_OWN_PREFIX "MAILRAIL_UCX_"  /* The plugin's own settings. */

@@ -1,0 +1,254 @@
+/*
+ * Active-message handlers (mailrail.h): the table of handlers, sending to
+ * one, and running them. The datapath hands this file every MR_KIND_HANDLER
+ * message (datapath.h): at once in the transport's callback when nothing
+ * waits before it (now), otherwise queued in arrival order and run at the
+ * end of each progress call. A message's last byte names its handler.
+ *
+ * A handler that cannot send now returns MR_AGAIN. Its message, and every
+ * message waiting behind it, is then parked: copied out of its receive slot,
+ * whose credit goes back at once. Otherwise the slots held by waiting
+ * handlers would keep the credits their senders need to drain the very
+ * sends this rank waits for, and ranks whose handlers send to each other
+ * would deadlock. Parked messages run first, in order, once sends move
+ * again; quiescence counts each as received when its handler returns MR_OK.
+ * Parking allocates, but only while handlers are starved of send buffers.
+ */
+#include "datapath.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct rt_handler {
+    mr_handler_t fn;
+    void *arg;
+} rt_handler_t;
+
+/* A message copied out of its receive slot while handlers wait to send. */
+typedef struct rt_parked {
+    struct rt_parked *next;
+    int source;
+    size_t length;
+    uint8_t data[];
+} rt_parked_t;
+
+static rt_handler_t handlers[MR_HANDLERS_MAX];
+static rt_msgq_t waiting;      /* Arrived, in their receive slots, handlers not run yet. */
+static uint64_t nwaiting;
+static rt_parked_t *parked, *parked_tail; /* Before every waiting message, in order. */
+static bool blocked;           /* A handler asked to be called again in this progress call. */
+static bool stopped;           /* Finalize began: handlers run no more. */
+
+/* Handler messages run per progress call at most, so that one sent to oneself
+ * by its own handler cannot keep progress from returning. */
+#define RT_HANDLER_BURST 256
+
+/*
+ * Runs the handler of a message of `length` bytes whose last byte is its id.
+ * MR_AGAIN: the handler asked to be called again; anything else: done with it.
+ */
+static mr_status_t handler_run(const uint8_t *data, size_t length, int source)
+{
+    const rt_handler_t *h;
+    mr_message_t m;
+    mr_status_t status;
+
+    if (length == 0) {
+        mr_error("Rank %d sent a handler's message without its id; it is dropped.", source);
+        rt.stats.handler_dropped++;
+        return MR_OK;
+    }
+    h = &handlers[data[length - 1]];
+    if (h->fn == NULL) {
+        mr_error("Rank %d sent a message to handler %u, which is not registered on this rank; "
+                 "it is dropped (register the same handlers on every rank before sending).",
+                 source, data[length - 1]);
+        rt.stats.handler_dropped++;
+        return MR_OK;
+    }
+    m.data = (void *)data;
+    m.length = length - 1;
+    m.source = source;
+    rt_state = RT_IN_HANDLER;
+    status = h->fn(&m, h->arg);
+    rt_state = RT_READY;
+    if (status == MR_AGAIN) {
+        rt.stats.handler_retries++;
+        return MR_AGAIN;
+    }
+    if (status != MR_OK) {
+        mr_warn("Handler %u returned %d (%s); its message counts as handled.", data[length - 1],
+                (int)status, mr_status_string(status));
+    }
+    rt.stats.handler_calls++;
+    return MR_OK;
+}
+
+/* Counts a handled message as received: quiescence sees it now. */
+static inline void handler_done(size_t length)
+{
+    rt.stats.messages_received++;
+    rt.stats.bytes_received += length > 0 ? length - 1 : 0;
+}
+
+static void handlers_arrived(rt_msg_t msg, const uint8_t *data, size_t length, int source)
+{
+    (void)data;
+    (void)length;
+    (void)source;
+    rt_msgq_push(&waiting, msg);
+    nwaiting++;
+}
+
+/* Runnable now: not while the last attempt found a handler unable to send (mr_wait() sleeps). */
+static bool handlers_waiting(void)
+{
+    return (nwaiting > 0 || parked != NULL) && !blocked && !stopped;
+}
+
+static mr_status_t handlers_now(const uint8_t *data, size_t length, int source)
+{
+    /* Behind waiting messages (their order is kept), in a handler, or finalizing: not now. */
+    if (nwaiting > 0 || parked != NULL || stopped || rt_state != RT_READY) return MR_AGAIN;
+    if (handler_run(data, length, source) == MR_AGAIN) return MR_AGAIN;
+    rt.stats.handler_now++;
+    handler_done(length);
+    return MR_OK;
+}
+
+/* Copies every waiting message out of its slot (its credit goes back), behind the parked ones. */
+static void handlers_park_all(void)
+{
+    rt_msg_t msg;
+
+    while ((msg = waiting.head) != MR_NIL) {
+        size_t length;
+        int source;
+        const uint8_t *data = rt_msg_data(msg, &length, &source);
+        rt_parked_t *p = malloc(sizeof(*p) + length);
+
+        if (p == NULL) {
+            mr_warn("Cannot park a handler's message of %zu bytes: it keeps its receive slot.",
+                    length);
+            return;
+        }
+        p->next = NULL;
+        p->source = source;
+        p->length = length;
+        memcpy(p->data, data, length);
+        if (parked_tail != NULL) parked_tail->next = p;
+        else parked = p;
+        parked_tail = p;
+        rt_msgq_pop(&waiting);
+        nwaiting--;
+        rt_msg_drop(msg);
+        rt.stats.handler_parked++;
+    }
+}
+
+/*
+ * Runs the handlers of the parked messages, then of the waiting ones, in
+ * order, until one asks to be called again; then parks what waits.
+ */
+static int handlers_progress(void)
+{
+    int events = 0;
+
+    blocked = false;
+    if ((nwaiting == 0 && parked == NULL) || stopped || rt_state != RT_READY) return 0;
+    while (parked != NULL && events < RT_HANDLER_BURST) {
+        rt_parked_t *p = parked;
+        if (handler_run(p->data, p->length, p->source) == MR_AGAIN) {
+            blocked = true;
+            break;
+        }
+        parked = p->next;
+        if (parked == NULL) parked_tail = NULL;
+        handler_done(p->length);
+        free(p);
+        events++;
+    }
+    while (!blocked && parked == NULL && waiting.head != MR_NIL && events < RT_HANDLER_BURST) {
+        rt_msg_t msg = waiting.head;
+        size_t length;
+        int source;
+        const uint8_t *data = rt_msg_data(msg, &length, &source);
+
+        if (handler_run(data, length, source) == MR_AGAIN) {
+            blocked = true;
+            break;
+        }
+        rt_msgq_pop(&waiting);
+        nwaiting--;
+        handler_done(length);
+        rt_msg_drop(msg);
+        events++;
+    }
+    if (blocked || parked != NULL) handlers_park_all();
+    return events;
+}
+
+static const rt_consumer_t rt_handlers_consumer = {
+    .arrived = handlers_arrived,
+    .waiting = handlers_waiting,
+    .now = handlers_now,
+    .progress = handlers_progress,
+};
+
+void rt_handlers_init(void)
+{
+    memset(handlers, 0, sizeof(handlers));
+    waiting = RT_MSGQ_INIT;
+    nwaiting = 0;
+    parked = parked_tail = NULL;
+    blocked = false;
+    stopped = false;
+    rt_datapath_consume(MR_KIND_HANDLER, &rt_handlers_consumer);
+}
+
+uint64_t rt_handlers_stop(void)
+{
+    uint64_t dropped = 0;
+
+    stopped = true;
+    for (rt_msg_t msg; (msg = rt_msgq_pop(&waiting)) != MR_NIL; dropped++) rt_msg_drop(msg);
+    nwaiting = 0;
+    while (parked != NULL) {
+        rt_parked_t *p = parked;
+        parked = p->next;
+        free(p);
+        dropped++;
+    }
+    parked_tail = NULL;
+    return dropped;
+}
+
+mr_status_t mr_handler_register(int id, mr_handler_t handler, void *arg)
+{
+    RT_CHECK_READY("mr_handler_register()");
+    if (id < 0 || id >= MR_HANDLERS_MAX) {
+        mr_error("mr_handler_register(): id %d is not in [0, %d).", id, MR_HANDLERS_MAX);
+        return MR_ERR_INVALID_PARAM;
+    }
+    handlers[id].fn = handler;
+    handlers[id].arg = handler != NULL ? arg : NULL;
+    return MR_OK;
+}
+
+mr_status_t mr_send_handler(void *buffer, size_t length, int dest, int id)
+{
+    RT_CHECK_SEND("mr_send_handler()");
+    if (id < 0 || id >= MR_HANDLERS_MAX || handlers[id].fn == NULL) {
+        mr_error("mr_send_handler(): handler %d is not registered on this rank (register the "
+                 "same handlers on every rank).", id);
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (length >= rt.cfg.datagram_size) {
+        mr_error("mr_send_handler(): length %zu leaves no room for the handler id in a "
+                 "datagram of %zu bytes (MAILRAIL_DATAGRAM_SIZE).", length,
+                 (size_t)rt.cfg.datagram_size);
+        return MR_ERR_MESSAGE_TOO_LONG;
+    }
+    return rt_send_kind("mr_send_handler()", buffer, length, dest, MR_KIND_HANDLER,
+                        (uint8_t)id);
+}
