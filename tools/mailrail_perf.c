@@ -15,9 +15,17 @@
  *     -a          raw MPI, driven asynchronously as a runtime must: WINDOW sends in
  *                 flight and WINDOW receives posted at all times, the oldest tested
  *                 with MPI_Testsome and re-posted as they complete (latency as -m)
+ *     -H          through active-message handlers (mr_send_handler, mr_poll): the
+ *                 receiver's handler takes each message; in the ping-pong the
+ *                 answer leaves from inside the handler (sizes up to
+ *                 MAILRAIL_DATAGRAM_SIZE - 1)
  *     -i          the item layer instead (mailrail_items.h): SIZES are item sizes
  *                 (default 8,16,64) and COUNT items (default 1000000) give the cost
  *                 per item of push and pull, to oneself and to a peer, in ns
+ *     -I          instructions: one stream per size under callgrind, each dumped
+ *                 on its own ("stream SIZE"), then IDLE polls with nothing to
+ *                 receive ("idle SIZE"); prints the messages and the empty
+ *                 polls of each rank (tools/perf_instructions.sh reads them)
  *     -c FILE     append results as CSV to FILE
  *
  * Rank 0 streams COUNT messages to rank 1 as fast as it can (through
@@ -38,6 +46,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef MR_HAVE_CALLGRIND
+#include <valgrind/callgrind.h>
+#endif
 
 #define PERF_MAX_SIZES 32
 #define PERF_ACK_TAG 77
@@ -52,6 +63,8 @@ typedef struct perf_options {
     bool raw_mpi;
     bool raw_async; /* With raw_mpi: the continuous loop instead of windows. */
     bool items;
+    bool handlers;  /* Through mr_send_handler() and mr_poll(). */
+    bool instructions; /* Phases dumped for callgrind (-I). */
     const char *csv;
 } perf_options_t;
 
@@ -63,7 +76,7 @@ typedef struct perf_result {
 static void perf_usage(void)
 {
     fprintf(stderr, "usage: mpiexec -n 2 mailrail_perf [-s sizes] [-n count] [-r reps] "
-                    "[-w window] [-l] [-m | -a | -i] [-c file.csv]\n");
+                    "[-w window] [-l] [-m | -a | -H | -i] [-I] [-c file.csv]\n");
 }
 
 static int perf_parse(int argc, char **argv, perf_options_t *o)
@@ -75,7 +88,7 @@ static int perf_parse(int argc, char **argv, perf_options_t *o)
 
     o->reps = 3;
     o->window = 64;
-    while ((c = getopt(argc, argv, "s:n:r:w:lmaic:h")) != -1) {
+    while ((c = getopt(argc, argv, "s:n:r:w:lmaHiIc:h")) != -1) {
         switch (c) {
         case 's': sizes = optarg; break;
         case 'n': ok &= tool_parse_long(optarg, 1, LONG_MAX, &count); break;
@@ -85,13 +98,16 @@ static int perf_parse(int argc, char **argv, perf_options_t *o)
         case 'm': o->raw_mpi = true; break;
         case 'a': o->raw_mpi = o->raw_async = true; break;
         case 'i': o->items = true; break;
+        case 'H': o->handlers = true; break;
+        case 'I': o->instructions = true; break;
         case 'c': o->csv = optarg; break;
         default: return -1;
         }
     }
     if (sizes == NULL) sizes = o->items ? "8,16,64" : "8,64,512,4096";
     o->count = count > 0 ? count : o->items ? 1000000 : 100000;
-    if (o->items && o->raw_mpi) return -1;
+    if ((o->items || o->handlers) && o->raw_mpi) return -1;
+    if (o->items && o->handlers) return -1;
     for (const char *p = sizes; *p != '\0' && o->nsizes < PERF_MAX_SIZES;) {
         char *end;
         o->sizes[o->nsizes++] = strtoul(p, &end, 10);
@@ -102,6 +118,9 @@ static int perf_parse(int argc, char **argv, perf_options_t *o)
 }
 
 /* ---- Through MailRail ------------------------------------------------------------------ */
+
+/* Polls that found nothing (a receive or a poll that returned MR_AGAIN), for -I. */
+static long perf_empty;
 
 /* Receives and releases one message, waiting for it. */
 static void mr_wait_one(void)
@@ -135,6 +154,7 @@ __attribute__((noinline)) static double mr_stream(int rank, size_t size, long co
             void *buf;
             while (mr_reserve(&buf) != MR_OK) {
                 if (mr_receive(&m) == MR_OK) mr_release(m.data);
+                else perf_empty++;
             }
             mr_send(buf, size, 1);
         }
@@ -144,6 +164,8 @@ __attribute__((noinline)) static double mr_stream(int rank, size_t size, long co
             if (mr_receive(&m) == MR_OK) {
                 mr_release(m.data);
                 got++;
+            } else {
+                perf_empty++;
             }
         }
         mr_send_one(0, 1);
@@ -164,6 +186,109 @@ __attribute__((noinline)) static double mr_pingpong(int rank, size_t size, long 
             mr_wait_one();
             mr_send_one(0, size);
         }
+    }
+    return (tool_now() - start) / (double)rounds / 2.0;
+}
+
+/* ---- Through active-message handlers ----------------------------------------------------- */
+
+enum { PERF_H_SINK = 1, PERF_H_ACK = 2, PERF_H_PING = 3, PERF_H_PONG = 4 };
+
+static long perf_h_got;     /* Messages the sink handler took. */
+static bool perf_h_answered; /* The ack or the pong arrived. */
+static size_t perf_h_size;   /* The ping-pong's message size. */
+
+static mr_status_t perf_h_sink(const mr_message_t *m, void *arg)
+{
+    (void)m;
+    (void)arg;
+    perf_h_got++;
+    return MR_OK;
+}
+
+static mr_status_t perf_h_answer(const mr_message_t *m, void *arg)
+{
+    (void)m;
+    (void)arg;
+    perf_h_answered = true;
+    return MR_OK;
+}
+
+/* The ping's handler answers from inside, or asks to be called again without a buffer. */
+static mr_status_t perf_h_ping(const mr_message_t *m, void *arg)
+{
+    void *buf;
+
+    (void)arg;
+    if (mr_reserve(&buf) != MR_OK) return MR_AGAIN;
+    memset(buf, 0x5a, perf_h_size < 64 ? perf_h_size : 64);
+    return mr_send_handler(buf, perf_h_size, m->source, PERF_H_PONG) == MR_OK ? MR_OK : MR_AGAIN;
+}
+
+static void perf_h_register(void)
+{
+    if (mr_handler_register(PERF_H_SINK, perf_h_sink, NULL) != MR_OK ||
+        mr_handler_register(PERF_H_ACK, perf_h_answer, NULL) != MR_OK ||
+        mr_handler_register(PERF_H_PING, perf_h_ping, NULL) != MR_OK ||
+        mr_handler_register(PERF_H_PONG, perf_h_answer, NULL) != MR_OK) {
+        fprintf(stderr, "mailrail_perf: cannot register the handlers\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
+
+/* Sends one message to handler `id` at `dest`, polling while backpressured. */
+static void mr_h_send_one(int dest, size_t size, int id)
+{
+    void *buf;
+
+    while (mr_reserve(&buf) != MR_OK) mr_poll();
+    memset(buf, 0x5a, size < 64 ? size : 64);
+    mr_send_handler(buf, size, dest, id);
+}
+
+static void mr_h_wait_answer(void)
+{
+    while (!perf_h_answered) mr_poll();
+    perf_h_answered = false;
+}
+
+__attribute__((noinline)) static double mr_h_stream(int rank, size_t size, long count)
+{
+    double start = tool_now();
+
+    if (rank == 0) {
+        for (long i = 0; i < count; i++) {
+            void *buf;
+            while (mr_reserve(&buf) != MR_OK) {
+                if (mr_poll() != MR_OK) perf_empty++;
+            }
+            mr_send_handler(buf, size, 1, PERF_H_SINK);
+        }
+        mr_h_wait_answer(); /* The receiver's answer: everything arrived. */
+    } else if (rank == 1) {
+        while (perf_h_got < count) {
+            if (mr_poll() != MR_OK) perf_empty++;
+        }
+        perf_h_got = 0;
+        mr_h_send_one(0, 1, PERF_H_ACK);
+    }
+    return tool_now() - start;
+}
+
+/* Rank 1's handler answers each ping from inside; rank 0 polls for the pong. */
+__attribute__((noinline)) static double mr_h_pingpong(int rank, size_t size, long rounds)
+{
+    double start = tool_now();
+
+    perf_h_size = size;
+    if (rank == 0) {
+        for (long i = 0; i < rounds; i++) {
+            mr_h_send_one(1, size, PERF_H_PING);
+            mr_h_wait_answer();
+        }
+        mr_h_send_one(1, 1, PERF_H_ACK); /* Done: rank 1 stops polling. */
+    } else if (rank == 1) {
+        mr_h_wait_answer();
     }
     return (tool_now() - start) / (double)rounds / 2.0;
 }
@@ -397,6 +522,54 @@ static void perf_items_report(const perf_options_t *o, int rank, FILE *csv)
     }
 }
 
+/* ---- Instructions (-I) ------------------------------------------------------------------- */
+
+#define PERF_IDLE_POLLS 2000
+
+/*
+ * One stream of o->count messages and then PERF_IDLE_POLLS polls with nothing
+ * to receive, each phase dumped by callgrind on its own; prints what each rank
+ * did, for tools/perf_instructions.sh to divide by.
+ */
+static void perf_instructions(const perf_options_t *o, int rank, size_t size)
+{
+#ifdef MR_HAVE_CALLGRIND
+    char name[64];
+    mr_message_t m;
+
+    o->handlers ? mr_h_stream(rank, size, o->count / 10 + 1) : mr_stream(rank, size, o->count / 10 + 1);
+    MPI_Barrier(MPI_COMM_WORLD);
+    perf_empty = 0;
+    CALLGRIND_ZERO_STATS;
+    o->handlers ? mr_h_stream(rank, size, o->count) : mr_stream(rank, size, o->count);
+    snprintf(name, sizeof(name), "stream %zu", size);
+    CALLGRIND_DUMP_STATS_AT(name);
+    long empty = perf_empty;
+    /* Everything has arrived on both sides: these polls find nothing. */
+    MPI_Barrier(MPI_COMM_WORLD);
+    CALLGRIND_ZERO_STATS;
+    for (int i = 0; i < PERF_IDLE_POLLS; i++) {
+        /* mr_poll() may still see a send complete; no handler may run. */
+        if (o->handlers ? (mr_poll(), perf_h_got != 0 || perf_h_answered) : mr_receive(&m) == MR_OK) {
+            fprintf(stderr, "mailrail_perf: a message arrived in the idle phase\n");
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    snprintf(name, sizeof(name), "idle %zu", size);
+    CALLGRIND_DUMP_STATS_AT(name);
+    if (rank < 2) {
+        printf("instructions rank=%d size=%zu messages=%ld empty_polls=%ld idle_polls=%d\n", rank,
+               size, o->count, empty, PERF_IDLE_POLLS);
+        fflush(stdout);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+#else
+    (void)o;
+    (void)rank;
+    (void)size;
+#endif
+}
+
 /* ---- Driver ---------------------------------------------------------------------------- */
 
 static perf_result_t perf_measure(const perf_options_t *o, int rank, size_t size, char *buf)
@@ -408,19 +581,22 @@ static perf_result_t perf_measure(const perf_options_t *o, int rank, size_t size
     /* A short untimed run first: connections, registration caches, page faults. */
     if (o->raw_async) mpi_stream_async(rank, size, warmup, o->window, buf);
     else if (o->raw_mpi) mpi_stream(rank, size, warmup, o->window, buf);
+    else if (o->handlers) mr_h_stream(rank, size, warmup);
     else mr_stream(rank, size, warmup);
     for (int i = 0; i < o->reps; i++) {
         double t;
         MPI_Barrier(MPI_COMM_WORLD);
-        t = o->raw_async ? mpi_stream_async(rank, size, o->count, o->window, buf)
-            : o->raw_mpi ? mpi_stream(rank, size, o->count, o->window, buf)
-                         : mr_stream(rank, size, o->count);
+        t = o->raw_async  ? mpi_stream_async(rank, size, o->count, o->window, buf)
+            : o->raw_mpi  ? mpi_stream(rank, size, o->count, o->window, buf)
+            : o->handlers ? mr_h_stream(rank, size, o->count)
+                          : mr_stream(rank, size, o->count);
         if (t < r.seconds) r.seconds = t;
     }
     if (o->latency) {
         MPI_Barrier(MPI_COMM_WORLD);
-        r.latency_us = 1e6 * (o->raw_mpi ? mpi_pingpong(rank, size, rounds, buf)
-                                         : mr_pingpong(rank, size, rounds));
+        r.latency_us = 1e6 * (o->raw_mpi    ? mpi_pingpong(rank, size, rounds, buf)
+                              : o->handlers ? mr_h_pingpong(rank, size, rounds)
+                                            : mr_pingpong(rank, size, rounds));
     }
     return r;
 }
@@ -451,13 +627,16 @@ int main(int argc, char **argv)
         }
         substrate = mr_substrate_name();
         flowctl = mr_flowctl_name();
+        if (o.handlers) perf_h_register();
+        size_t largest = o.handlers ? mr_datagram_size() - 1 : mr_datagram_size();
         for (int i = 0; i < o.nsizes; i++) {
-            if (o.items ? o.sizes[i] == 0 || o.sizes[i] > 64 : o.sizes[i] > mr_datagram_size()) {
+            if (o.items ? o.sizes[i] == 0 || o.sizes[i] > 64 : o.sizes[i] > largest) {
                 if (rank == 0 && o.items) {
                     fprintf(stderr, "mailrail_perf: item sizes are 1 to 64 bytes\n");
                 } else if (rank == 0) {
-                    fprintf(stderr, "mailrail_perf: size %zu exceeds MAILRAIL_DATAGRAM_SIZE=%zu\n",
-                            o.sizes[i], mr_datagram_size());
+                    fprintf(stderr, "mailrail_perf: size %zu exceeds MAILRAIL_DATAGRAM_SIZE=%zu%s\n",
+                            o.sizes[i], mr_datagram_size(),
+                            o.handlers ? " less the handler's id byte" : "");
                 }
                 mr_finalize();
                 MPI_Finalize();
@@ -470,6 +649,20 @@ int main(int argc, char **argv)
         buf = calloc((size_t)o.window, largest ? largest : 1);
     }
     if (rank == 0 && o.csv != NULL) csv = fopen(o.csv, "a");
+    if (o.instructions) {
+#ifndef MR_HAVE_CALLGRIND
+        if (rank == 0) fprintf(stderr, "mailrail_perf: -I needs a build with valgrind's headers\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+#endif
+        if (o.raw_mpi || o.items) {
+            if (rank == 0) fprintf(stderr, "mailrail_perf: -I measures MailRail's own loops\n");
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+        for (int i = 0; i < o.nsizes; i++) perf_instructions(&o, rank, o.sizes[i]);
+        mr_finalize();
+        MPI_Finalize();
+        return 0;
+    }
     if (o.items) {
         perf_items_report(&o, rank, csv);
         if (csv != NULL) fclose(csv);
@@ -482,8 +675,9 @@ int main(int argc, char **argv)
                      "latency_us\n");
     }
     if (rank == 0) {
-        printf("# mailrail_perf: substrate %s, flow control %s, %ld messages x %d repetitions "
-               "(best)\n# %10s %14s %12s %12s\n", substrate, flowctl, o.count, o.reps, "bytes",
+        printf("# mailrail_perf: substrate %s, flow control %s%s, %ld messages x %d repetitions "
+               "(best)\n# %10s %14s %12s %12s\n", substrate, flowctl,
+               o.handlers ? ", through handlers" : "", o.count, o.reps, "bytes",
                "messages/s", "MB/s", "latency us");
     }
     double rate_sum = 0;

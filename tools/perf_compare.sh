@@ -12,6 +12,8 @@
 #   async  (mpi only) `mailrail_perf -a`: plain MPI driven as an asynchronous
 #          runtime must drive it, requests kept in flight and tested, never a
 #          whole window waited for.
+# A policy with +h (none+h, rank+h, node+h) runs MailRail through active-message
+# handlers (`mailrail_perf -H`; its datagram has a byte more, for the id).
 # Prints, per substrate, policy and size, the median, lowest and highest ratio
 # of the rounds; writes every run to OUT/perf.csv, the summary to
 # OUT/perf_summary.csv, one Markdown table per substrate with the date and the
@@ -72,6 +74,11 @@ measure() {
 mailrail_run() {
     local substrate=$1 policy=$2 size=$3; shift 3
     local dgram=$((size > 4096 ? size : 4096)) text
+    if [[ $policy == *+h ]]; then
+        policy=${policy%+h}
+        dgram=$((size >= 4096 ? size + 1 : 4096))
+        set -- "$@" -H
+    fi
     text=$(MAILRAIL_SUBSTRATE=$substrate MAILRAIL_FLOWCTL=$policy MAILRAIL_DATAGRAM_SIZE=$dgram \
         timeout -k 5 300 mpiexec -n 2 "$perf" -s "$size" -n "$count" -r 1 ${latency:+-l} "$@") || return
     awk '$1 ~ /^[0-9]+$/ { print $2, ($4 == "" ? 0 : $4) }' <<<"$text"
