@@ -54,6 +54,29 @@ static mr_status_t bootstrap_wait(mr_bootstrap_t *b, MPI_Request *req, const cha
     }
 }
 
+/*
+ * A task that srun started without a PMI for MPI (`srun --mpi=none`, the
+ * default without MpiDefault): MPICH then initializes as a singleton and every
+ * task is a one-rank job. Returns the step's task count in that case, else 0.
+ * Hydra (mpiexec, also inside an allocation, where it starts its proxies with
+ * srun) sets PMI_PORT or PMI_FD; Slurm's pmi2 plugin sets PMI_FD; PMIx sets
+ * PMIX_RANK. Only reads the environment: MailRail needs nothing else from the
+ * launcher than what MPI_Init gets from it.
+ */
+static int bootstrap_unconnected_tasks(void)
+{
+    const char *tasks = getenv("SLURM_STEP_NUM_TASKS");
+    int world = 0;
+
+    if (tasks == NULL || getenv("PMI_FD") != NULL || getenv("PMI_PORT") != NULL ||
+        getenv("PMIX_RANK") != NULL)
+        return 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world != 1) return 0;
+    long n = strtol(tasks, NULL, 10);
+    return n > 1 && n < 1L << 30 ? (int)n : 0;
+}
+
 static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
                                   void (*log)(mr_log_level_t, const char *, ...),
                                   mr_bootstrap_t **out, int *rank, int *size)
@@ -126,6 +149,17 @@ static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
     MPI_Comm_set_errhandler(b->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(b->comm, rank);
     MPI_Comm_size(b->comm, size);
+    /* mr_init_mpi() with the application's own communicator is not second-guessed. */
+    int tasks = user_comm == NULL ? bootstrap_unconnected_tasks() : 0;
+    if (tasks > 1) {
+        log(MR_LOG_ERROR, "srun started %d tasks, but MPI sees one rank in each: no process "
+            "manager reached MPI, and each task would run as a job of its own. With "
+            "MPICH, launch with `srun --mpi=pmi2` (or MpiDefault=pmi2 in slurm.conf), or "
+            "with mpiexec inside the allocation (docs/launch.md).", tasks);
+        MPI_Comm_free(&b->comm);
+        free(b);
+        return MR_ERR_BOOTSTRAP;
+    }
     *out = b;
     return MR_OK;
 }

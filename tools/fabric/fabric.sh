@@ -378,10 +378,16 @@ trap teardown EXIT
 trap 'on_signal INT' INT
 trap 'on_signal TERM' TERM
 
-# The whole run's bound: the watchdog sends SIGTERM, whose trap tears down.
+# The whole run's bound: the watchdog sends SIGTERM, whose trap tears down. It
+# ends with the run, also with a run killed by SIGKILL (then --reap cleans up).
 ( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-  sleep "$TOTAL_TIMEOUT" & sp=$!
-  wait "$sp" && echo "fabric.sh: --total-timeout of $TOTAL_TIMEOUT s reached" >&2 && kill -TERM $$
+  end=$((SECONDS + TOTAL_TIMEOUT))
+  while [ "$SECONDS" -lt "$end" ]; do
+      kill -0 $$ 2>/dev/null || exit 0
+      sleep 1 & sp=$!
+      wait "$sp" || exit 0
+  done
+  echo "fabric.sh: --total-timeout of $TOTAL_TIMEOUT s reached" >&2 && kill -TERM $$
 ) </dev/null &
 WATCHDOG=$!
 

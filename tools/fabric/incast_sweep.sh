@@ -42,6 +42,11 @@
 #   --spin         ranks spin in mr_receive() when idle (the paper's benchmark as it is)
 #                  instead of waiting in mr_wait(): 2 cores then starve; results get "_spin"
 #   --wait-ms MS   idle ranks sleep in mr_wait() up to MS ms at a time (default 1)
+#   --launcher L   mpiexec (default: fabric.sh, MPICH's hydra) or srun: a Slurm
+#                  cluster on the same hosts (tools/fabric/slurm.sh, which needs the
+#                  Debian packages slurmctld slurmd slurm-client munge), each job
+#                  `srun --mpi=pmi2` with the same placement; results get "_srun"
+#                  (docs/launch.md)
 #   --static       static grants, all at once, as before adaptive grants (and in the
 #                  paper): MAILRAIL_NODE_CREDITS = 1024 / nodes, MAILRAIL_RANK_CREDITS =
 #                  1024 / ranks (the receive pool divided evenly); results get "_static"
@@ -75,10 +80,31 @@ sweep_jobs() {
         port_sampler "$tmp/port_samples.csv" &
         sampler=$!
     fi
-    # shellcheck disable=SC2086
-    fabric_run "$label" "$build/tools/mailrail_incast" -V @VICTIMS@ -m "$messages" \
-        -b "$bytes" -t "$trials" -p "$policies" -s 1 $wait -q -c "$tmp/incast.csv" \
-        -P "$FABRIC_PORT_COUNTERS" $extra >"$tmp/job.out" 2>&1 || rc=$?
+    if [ -n "${SLURM_DIR:-}" ]; then
+        # --launcher srun (inside tools/fabric/slurm.sh): the same placement as
+        # fabric.sh's, rank by rank (srun --distribution=arbitrary).
+        local r host
+        for ((r = 0; r < FABRIC_RANKS; r++)); do
+            if [ "$r" -lt "$FABRIC_SENDER_RANKS" ]; then
+                host=$((r / FABRIC_RANKS_PER_HOST))
+            else
+                host=$((FABRIC_SENDER_HOSTS + (r - FABRIC_SENDER_RANKS) / FABRIC_VICTIM_RANKS_PER_HOST))
+            fi
+            echo "mrf-h$host"
+        done >"$SLURM_DIR/hostfile"
+        fabric_mark
+        # shellcheck disable=SC2086
+        SLURM_HOSTFILE=$SLURM_DIR/hostfile slurm_srun "$label" -n "$FABRIC_RANKS" \
+            --distribution=arbitrary "$build/tools/mailrail_incast" -V "$FABRIC_VICTIM_RANKS" \
+            -m "$messages" -b "$bytes" -t "$trials" -p "$policies" -s 1 $wait -q \
+            -c "$tmp/incast.csv" -P "$FABRIC_PORT_COUNTERS" $extra >"$tmp/job.out" 2>&1 || rc=$?
+        fabric_report "$label" >>"$tmp/job.out"
+    else
+        # shellcheck disable=SC2086
+        fabric_run "$label" "$build/tools/mailrail_incast" -V @VICTIMS@ -m "$messages" \
+            -b "$bytes" -t "$trials" -p "$policies" -s 1 $wait -q -c "$tmp/incast.csv" \
+            -P "$FABRIC_PORT_COUNTERS" $extra >"$tmp/job.out" 2>&1 || rc=$?
+    fi
     if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; fi
     [ "$rc" -eq 0 ] || { cat "$tmp/job.out" >&2; return 1; }
     grep -E "^mailrail_incast|elsewhere" "$tmp/job.out" | sed 's/^/  /'
@@ -103,6 +129,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=build/incast trials=5 messages=1000 bytes=4096 policies=none,rank,node
 replot='' ratios='' build=build rate=200mbit buffer=32kb exps=() static=0 wait=-w paper=0 substrate=tcp
+launcher=mpiexec
 while [ $# -gt 0 ]; do
     case $1 in
         -o) out=$2; shift 2 ;;
@@ -118,6 +145,7 @@ while [ $# -gt 0 ]; do
         --paper) paper=1; shift ;;
         --name) replot=$2; shift 2 ;;
         --substrate) substrate=$2; shift 2 ;;
+        --launcher) launcher=$2; shift 2 ;;
         --spin) wait=; shift ;;
         --wait-ms) wait="-W $2"; shift 2 ;;
         -h|--help) usage ;;
@@ -127,6 +155,7 @@ while [ $# -gt 0 ]; do
 done
 [ ${#exps[@]} -gt 0 ] || usage
 case $substrate in tcp|ucx) ;; *) echo "incast_sweep: --substrate tcp or ucx" >&2; exit 2 ;; esac
+case $launcher in mpiexec|srun) ;; *) echo "incast_sweep: --launcher mpiexec or srun" >&2; exit 2 ;; esac
 for r in $ratios; do
     case $r in ''|*[!0-9]*) echo "incast_sweep: --ratios: '$r' is not a number" >&2; exit 2 ;; esac
     [ "$r" -ge 1 ] && { [ "$r" -le 4 ] || { [ $((r % 4)) -eq 0 ] && [ "$r" -le 1024 ]; }; } ||
@@ -165,7 +194,10 @@ layout() {
     # One job runs every trial: starting 1,025 ranks takes minutes on 2 cores, and
     # each trial starts MailRail afresh.
     local job_timeout=$((600 + (ratio * victims + 1) * (trl + 1)))
-    "$here/fabric.sh" -q -H "$hosts" -R "$ranks" -V "$victims" --victim-ranks 1 \
+    local launch=("$here/fabric.sh" -R "$ranks")
+    # slurm.sh: -C, each node's CPUs, is fabric.sh's -R.
+    [ "$launcher" = srun ] && launch=("$here/slurm.sh" -C "$ranks")
+    "${launch[@]}" -q -H "$hosts" -V "$victims" --victim-ranks 1 \
         --rate "$rate" --buffer "$buf" --substrate "$substrate" --timeout "$job_timeout" \
         --total-timeout $((job_timeout + 300)) --counters "$tmp/counters.csv" \
         --script "$0" --jobs "$exp" "$substrate" "$ratio" "$victims" "$msgs" "$trl" \
@@ -286,6 +318,7 @@ for name in "${expanded[@]}"; do
     exp=$name
     [ "$static" = 1 ] && exp=${exp}_static
     [ -z "$wait" ] && exp=${exp}_spin
+    [ "$launcher" = srun ] && exp=${exp}_srun
     case $name in
         ratio) ratio_sweep "$exp" tcp "${ratios:-1 2 4 8 16}" "$messages" "$trials" ;;
         ucx) ratio_sweep "$exp" ucx "${ratios:-1 2 4 8 16}" "$messages" "$trials" ;;
