@@ -528,6 +528,101 @@ START_TEST(end_phase_waits_for_chains)
 }
 END_TEST
 
+/* ---- Item handlers -------------------------------------------------------------------- */
+
+typedef struct item_handler_state {
+    mr_items_t *replies;          /* Where the request handler answers. */
+    items_tally_t requests, answers;
+    uint64_t again;
+} item_handler_state_t;
+
+/* A request: checked, then answered with an item of the same seq to its source. */
+static mr_status_t on_item_request(const mr_item_t *it, void *arg)
+{
+    item_handler_state_t *hs = arg;
+    item_head_t h;
+    uint8_t answer[24];
+    mr_item_t pulled;
+
+    memcpy(&h, it->data, sizeof(h));
+    item_fill(answer, sizeof(answer), it->source, h.seq);
+    mr_status_t st = mr_items_push(hs->replies, answer, sizeof(answer), it->source);
+    if (st == MR_AGAIN) {
+        hs->again++;
+        return MR_AGAIN; /* Nothing pushed: called again with the same item. */
+    }
+    ck_assert_int_eq(st, MR_OK);
+    item_check(&hs->requests, it);
+    /* Pulling and ending a phase are for outside handlers. */
+    ck_assert_int_eq(mr_items_pull(hs->replies, &pulled), MR_ERR_IN_HANDLER);
+    return MR_OK;
+}
+
+static mr_status_t on_item_answer(const mr_item_t *it, void *arg)
+{
+    item_check(&((item_handler_state_t *)arg)->answers, it);
+    return MR_OK;
+}
+
+/*
+ * Item handlers: every rank pushes requests to every rank, oneself included;
+ * a handler checks each and answers it with an item pushed from inside the
+ * handler, through one send slot per rank so that answers often find none
+ * and their handler is called again; a second handler checks the answers.
+ * The phase ends only when every answer has been handled.
+ */
+START_TEST(item_handlers_answer_from_inside)
+{
+    const uint32_t per_dest = 500;
+    item_handler_state_t hs = {0};
+    mr_items_t *requests;
+    mr_item_t it;
+    uint8_t item[32];
+    double start = now_s();
+    mr_status_t st;
+    char slots[16];
+
+    snprintf(slots, sizeof(slots), "%d", world_size + 1);
+    setup_env(slots, NULL, "256");
+    init_on_world();
+    ck_assert_int_eq(mr_items_create(sizeof(item), &requests), MR_OK);
+    ck_assert_int_eq(mr_items_create(24, &hs.replies), MR_OK);
+    ck_assert_int_eq(mr_items_handler(requests, on_item_request, &hs), MR_OK);
+    ck_assert_int_eq(mr_items_handler(hs.replies, on_item_answer, &hs), MR_OK);
+    ck_assert_int_eq(mr_items_pull(requests, &it), MR_ERR_INVALID_PARAM);
+    items_tally_init(&hs.requests, per_dest);
+    items_tally_init(&hs.answers, per_dest);
+    for (uint32_t seq = 0; seq < per_dest; seq++) {
+        for (int k = 0; k < world_size; k++) {
+            int dest = (world_rank + k) % world_size;
+            item_fill(item, sizeof(item), dest, seq);
+            while ((st = mr_items_push(requests, item, sizeof(item), dest)) == MR_AGAIN) {
+                ck_assert(mr_poll() >= 0);
+                ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "backpressure never released");
+            }
+            ck_assert_int_eq(st, MR_OK);
+        }
+    }
+    do {
+        ck_assert(mr_poll() >= 0);
+        st = mr_items_end_phase(requests);
+        ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "the phase never ended");
+    } while (st == MR_AGAIN);
+    ck_assert_int_eq(st, MR_OK);
+    expect_all(&hs.requests, per_dest);
+    expect_all(&hs.answers, per_dest);
+    printf("rank %d: %llu item handlers called again for want of a send slot\n", world_rank,
+           (unsigned long long)hs.again);
+    ck_assert_int_eq(mr_items_handler(requests, NULL, NULL), MR_OK);
+    ck_assert_int_eq(mr_items_pull(requests, &it), MR_AGAIN);
+    ck_assert_int_eq(mr_items_destroy(requests), MR_OK);
+    ck_assert_int_eq(mr_items_destroy(hs.replies), MR_OK);
+    items_tally_free(&hs.requests);
+    items_tally_free(&hs.answers);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
+}
+END_TEST
+
 /* Items and plain datagrams in one phase: each reaches only its own receiver. */
 START_TEST(items_beside_datagrams)
 {
@@ -785,6 +880,7 @@ static Suite *items_suite(void)
     ITEMS_CASE(s, items_to_self_in_blocks);
     ITEMS_CASE(s, backpressure_with_one_send_slot);
     ITEMS_CASE(s, end_phase_waits_for_chains);
+    ITEMS_CASE(s, item_handlers_answer_from_inside);
     ITEMS_CASE(s, items_beside_datagrams);
     ITEMS_CASE(s, end_phase_releases_every_aggregator);
     ITEMS_CASE(s, recreated_aggregators_keep_their_items);

@@ -170,6 +170,26 @@ MR_API mr_status_t mr_items_pull_block(mr_items_t *items, const void **data, siz
 MR_API mr_status_t mr_items_flush(mr_items_t *items);
 
 /*
+ * Called with each item of an aggregator that has a handler. Returns MR_OK
+ * when done with it, or MR_AGAIN to be called again later with the same item
+ * (the rest of its datagram waits, in its receive slot). Any other status is
+ * logged and counts as done. `item` is valid until the handler returns.
+ */
+typedef mr_status_t (*mr_item_handler_t)(const mr_item_t *item, void *arg);
+
+/*
+ * Gives an aggregator a handler (NULL: none, pulls again): its items then run
+ * through it in progress (mr_poll(), mr_receive(), mr_wait(), mr_quiesce(),
+ * mr_items_end_phase()), in arrival order, instead of being pulled; the
+ * pulls return MR_ERR_INVALID_PARAM. Inside an item handler, as inside a
+ * message handler (mailrail.h), only sends and pushes are allowed. A
+ * datagram counts as received for quiescence when the handler of its last
+ * item returns. Returns MR_OK, MR_ERR_INVALID_PARAM (not a live aggregator),
+ * MR_ERR_IN_HANDLER or MR_ERR_NOT_INITIALIZED.
+ */
+MR_API mr_status_t mr_items_handler(mr_items_t *items, mr_item_handler_t handler, void *arg);
+
+/*
  * Ends a phase. Collective and non-blocking, like mr_quiesce(), which it
  * includes: call it repeatedly, pulling in between, until it returns MR_OK.
  * It flushes every aggregator on each call. MR_OK means that every item

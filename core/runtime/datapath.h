@@ -127,5 +127,15 @@ const uint8_t *rt_msg_data(rt_msg_t msg, size_t *length, int *source);
 void rt_msg_consumed(rt_msg_t msg);
 /* Gives a message's slot and credit back without counting it (finalize's drops). */
 void rt_msg_drop(rt_msg_t msg);
+/*
+ * Parks a message: copies it to the heap and gives its slot and credit back
+ * at once, for a consumer that cannot take it now (a handler that waits to
+ * send): slots held by waiting consumers would keep the very credits their
+ * peers need to drain what this rank waits for. Returns the copy's handle
+ * (the same handle when it is parked already, or when memory runs out).
+ */
+rt_msg_t rt_msg_park(rt_msg_t msg);
+/* Parks every message of a queue, in order. */
+void rt_msgq_park(rt_msgq_t *q);
 
 #endif /* MR_DATAPATH_H */

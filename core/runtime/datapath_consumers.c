@@ -1,14 +1,19 @@
 /*
  * What the datapath offers the layers that consume a message kind (the item
- * layer): registration, message handles and their queues, and datagrams to
- * oneself handed over without a copy (datapath.h).
+ * layer, handlers): registration, message handles and their queues,
+ * datagrams to oneself handed over without a copy, and parking (datapath.h).
  */
 #include "datapath_state.h"
 
-/* The link of a message handle: in its receive slot, or its send slot when local. */
+#include <stdlib.h>
+#include <string.h>
+
+/* The link of a message handle: in its receive slot, its send slot, or its parked copy. */
 static inline uint32_t *dp_msg_next(rt_msg_t msg)
 {
-    return msg & RT_MSG_LOCAL ? &dp.sends[msg & ~RT_MSG_LOCAL].next : &dp.recvs[msg].next;
+    if (msg & RT_MSG_LOCAL) return &dp.sends[msg & RT_MSG_INDEX].next;
+    if (msg & RT_MSG_PARKED) return &dp.parked[msg & RT_MSG_INDEX]->next;
+    return &dp.recvs[msg].next;
 }
 
 static void dp_msgq_push(rt_msgq_t *q, rt_msg_t msg)
@@ -53,6 +58,12 @@ rt_msg_t rt_msgq_pop(rt_msgq_t *q)
 
 const uint8_t *rt_msg_data(rt_msg_t msg, size_t *length, int *source)
 {
+    if (msg & RT_MSG_PARKED) {
+        const dp_parked_t *p = dp.parked[msg & RT_MSG_INDEX];
+        if (length != NULL) *length = p->length;
+        if (source != NULL) *source = p->source;
+        return p->data;
+    }
     if (msg & RT_MSG_LOCAL) {
         uint32_t slot = msg & ~RT_MSG_LOCAL;
         if (length != NULL) *length = dp.sends[slot].length;
@@ -66,6 +77,14 @@ const uint8_t *rt_msg_data(rt_msg_t msg, size_t *length, int *source)
 
 void rt_msg_drop(rt_msg_t msg)
 {
+    if (msg & RT_MSG_PARKED) {
+        uint32_t i = msg & RT_MSG_INDEX;
+        free(dp.parked[i]);
+        dp.parked[i] = NULL;
+        dp.parked_next[i] = dp.parked_free;
+        dp.parked_free = i;
+        return;
+    }
     if (msg & RT_MSG_LOCAL) rt_send_free(msg & ~RT_MSG_LOCAL);
     else dp_recv_release(msg);
 }
@@ -92,4 +111,62 @@ void rt_submit_local(uint32_t slot, size_t length, unsigned kind)
     rt.stats.bytes_sent += length;
     dp.consumers[kind]->arrived(slot | RT_MSG_LOCAL, mr__pool_slot(&dp.send_pool, slot), length,
                                 rt.rank);
+}
+
+/* A free entry of the parked table, growing it when full; MR_NIL without memory. */
+static uint32_t dp_parked_entry(void)
+{
+    if (dp.parked_free == MR_NIL || dp.nparked_cap == 0) {
+        uint32_t cap = dp.nparked_cap ? 2 * dp.nparked_cap : 64;
+        dp_parked_t **table = cap <= RT_MSG_INDEX ? realloc(dp.parked, cap * sizeof(*table)) : NULL;
+        if (table == NULL) return MR_NIL;
+        dp.parked = table;
+        uint32_t *next = realloc(dp.parked_next, cap * sizeof(*next));
+        if (next == NULL) return MR_NIL;
+        dp.parked_next = next;
+        for (uint32_t i = cap; i-- > dp.nparked_cap;) {
+            dp.parked[i] = NULL;
+            dp.parked_next[i] = i == cap - 1 ? MR_NIL : i + 1;
+        }
+        dp.parked_free = dp.nparked_cap;
+        dp.nparked_cap = cap;
+    }
+    uint32_t i = dp.parked_free;
+    dp.parked_free = dp.parked_next[i];
+    return i;
+}
+
+rt_msg_t rt_msg_park(rt_msg_t msg)
+{
+    size_t length;
+    int source;
+    const uint8_t *data;
+    dp_parked_t *p;
+    uint32_t i;
+
+    if (msg & RT_MSG_PARKED) return msg;
+    data = rt_msg_data(msg, &length, &source);
+    p = malloc(sizeof(*p) + length);
+    i = p != NULL ? dp_parked_entry() : MR_NIL;
+    if (i == MR_NIL) {
+        free(p);
+        mr_warn("Cannot park a message of %zu bytes: it keeps its slot.", length);
+        return msg;
+    }
+    p->next = MR_NIL;
+    p->source = source;
+    p->length = length;
+    memcpy(p->data, data, length);
+    dp.parked[i] = p;
+    rt.stats.handler_parked++;
+    rt_msg_drop(msg); /* Its slot, and with it a credit, go back now. */
+    return i | RT_MSG_PARKED;
+}
+
+void rt_msgq_park(rt_msgq_t *q)
+{
+    rt_msgq_t parked = RT_MSGQ_INIT;
+
+    for (rt_msg_t msg; (msg = dp_msgq_pop(q)) != MR_NIL;) dp_msgq_push(&parked, rt_msg_park(msg));
+    *q = parked;
 }

@@ -13,6 +13,9 @@ void rt_datapath_fini(void)
     free(dp.sends);
     free(dp.recvs);
     free(dp.refused_epoch);
+    for (uint32_t i = 0; i < dp.nparked_cap; i++) free(dp.parked[i]);
+    free(dp.parked);
+    free(dp.parked_next);
     mr__ptrmap_fini(&dp.foreign);
     mr__deferq_fini(&dp.deferq);
     mr__pool_fini(&dp.recv_pool);

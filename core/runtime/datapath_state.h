@@ -37,6 +37,14 @@ typedef struct rt_recv {
                            recognised; NULL if none. */
 } rt_recv_t;
 
+/* A message copied out of its slot while its consumer waits to send. */
+typedef struct dp_parked {
+    uint32_t next;       /* Queue link, as rt_recv_t.next; a free-list link when unused. */
+    int source;
+    size_t length;
+    uint8_t data[];
+} dp_parked_t;
+
 /* The datapath's state: nobody outside this file touches it (datapath.h). */
 typedef struct rt_datapath {
     mr_pool_t send_pool, recv_pool;
@@ -49,6 +57,10 @@ typedef struct rt_datapath {
     /* The consumers with a progress() hook, run at the end of rt_progress(). */
     int (*consumer_progress[MR_KIND_HANDLER + 1])(void);
     int nconsumer_progress;
+    dp_parked_t **parked;    /* Parked messages by index (rt_msg_park()), ... */
+    uint32_t nparked_cap;    /* ... the table's size ... */
+    uint32_t parked_free;    /* ... and its free entries, linked through parked_next. */
+    uint32_t *parked_next;
     /*
      * Progress calls so far, and per rank the count when the substrate last
      * refused a message to it (MR_AGAIN): until the next progress call it
@@ -72,8 +84,15 @@ typedef struct rt_datapath {
 
 extern rt_datapath_t dp;
 
-/* A message handle with this bit is a send slot kept for oneself. */
+/*
+ * Message handles: a receive slot's index; with RT_MSG_LOCAL, a send slot kept
+ * for oneself; with RT_MSG_PARKED, a copy on the heap (rt_msg_park()), the
+ * index of its entry in dp.parked.
+ */
 #define RT_MSG_LOCAL 0x80000000u
+#define RT_MSG_PARKED 0x40000000u
+#define RT_MSG_INDEX 0x3fffffffu
+
 
 /* The arrival queue of mr_receive(): receive slots only, linked through rt_recv_t.next. */
 static inline void dp_recvq_push(rt_msgq_t *q, uint32_t idx)

@@ -6,17 +6,16 @@
  * end of each progress call. A message's last byte names its handler.
  *
  * A handler that cannot send now returns MR_AGAIN. Its message, and every
- * message waiting behind it, is then parked: copied out of its receive slot,
- * whose credit goes back at once. Otherwise the slots held by waiting
- * handlers would keep the credits their senders need to drain the very
- * sends this rank waits for, and ranks whose handlers send to each other
- * would deadlock. Parked messages run first, in order, once sends move
- * again; quiescence counts each as received when its handler returns MR_OK.
- * Parking allocates, but only while handlers are starved of send buffers.
+ * message waiting behind it, is then parked (rt_msg_park()): copied out of
+ * its receive slot, whose credit goes back at once. Otherwise the slots held
+ * by waiting handlers would keep the credits their senders need to drain the
+ * very sends this rank waits for, and ranks whose handlers send to each
+ * other would deadlock. Quiescence counts each message as received when its
+ * handler returns MR_OK. Parking allocates, but only while handlers are
+ * starved of send buffers.
  */
 #include "datapath.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 typedef struct rt_handler {
@@ -24,18 +23,9 @@ typedef struct rt_handler {
     void *arg;
 } rt_handler_t;
 
-/* A message copied out of its receive slot while handlers wait to send. */
-typedef struct rt_parked {
-    struct rt_parked *next;
-    int source;
-    size_t length;
-    uint8_t data[];
-} rt_parked_t;
-
 static rt_handler_t handlers[MR_HANDLERS_MAX];
-static rt_msgq_t waiting;      /* Arrived, in their receive slots, handlers not run yet. */
+static rt_msgq_t waiting;      /* Arrived (in their slots, or parked), handlers not run yet. */
 static uint64_t nwaiting;
-static rt_parked_t *parked, *parked_tail; /* Before every waiting message, in order. */
 static bool blocked;           /* A handler asked to be called again in this progress call. */
 static bool stopped;           /* Finalize began: handlers run no more. */
 
@@ -103,72 +93,30 @@ static void handlers_arrived(rt_msg_t msg, const uint8_t *data, size_t length, i
 /* Runnable now: not while the last attempt found a handler unable to send (mr_wait() sleeps). */
 static bool handlers_waiting(void)
 {
-    return (nwaiting > 0 || parked != NULL) && !blocked && !stopped;
+    return nwaiting > 0 && !blocked && !stopped;
 }
 
 static mr_status_t handlers_now(const uint8_t *data, size_t length, int source)
 {
     /* Behind waiting messages (their order is kept), in a handler, or finalizing: not now. */
-    if (nwaiting > 0 || parked != NULL || stopped || rt_state != RT_READY) return MR_AGAIN;
+    if (nwaiting > 0 || stopped || rt_state != RT_READY) return MR_AGAIN;
     if (handler_run(data, length, source) == MR_AGAIN) return MR_AGAIN;
     rt.stats.handler_now++;
     handler_done(length);
     return MR_OK;
 }
 
-/* Copies every waiting message out of its slot (its credit goes back), behind the parked ones. */
-static void handlers_park_all(void)
-{
-    rt_msg_t msg;
-
-    while ((msg = waiting.head) != MR_NIL) {
-        size_t length;
-        int source;
-        const uint8_t *data = rt_msg_data(msg, &length, &source);
-        rt_parked_t *p = malloc(sizeof(*p) + length);
-
-        if (p == NULL) {
-            mr_warn("Cannot park a handler's message of %zu bytes: it keeps its receive slot.",
-                    length);
-            return;
-        }
-        p->next = NULL;
-        p->source = source;
-        p->length = length;
-        memcpy(p->data, data, length);
-        if (parked_tail != NULL) parked_tail->next = p;
-        else parked = p;
-        parked_tail = p;
-        rt_msgq_pop(&waiting);
-        nwaiting--;
-        rt_msg_drop(msg);
-        rt.stats.handler_parked++;
-    }
-}
-
 /*
- * Runs the handlers of the parked messages, then of the waiting ones, in
- * order, until one asks to be called again; then parks what waits.
+ * Runs the waiting messages' handlers in order, until one asks to be called
+ * again; then parks it and those behind it, so that their credits go back.
  */
 static int handlers_progress(void)
 {
     int events = 0;
 
     blocked = false;
-    if ((nwaiting == 0 && parked == NULL) || stopped || rt_state != RT_READY) return 0;
-    while (parked != NULL && events < RT_HANDLER_BURST) {
-        rt_parked_t *p = parked;
-        if (handler_run(p->data, p->length, p->source) == MR_AGAIN) {
-            blocked = true;
-            break;
-        }
-        parked = p->next;
-        if (parked == NULL) parked_tail = NULL;
-        handler_done(p->length);
-        free(p);
-        events++;
-    }
-    while (!blocked && parked == NULL && waiting.head != MR_NIL && events < RT_HANDLER_BURST) {
+    if (nwaiting == 0 || stopped || rt_state != RT_READY) return 0;
+    while (waiting.head != MR_NIL && events < RT_HANDLER_BURST) {
         rt_msg_t msg = waiting.head;
         size_t length;
         int source;
@@ -176,6 +124,7 @@ static int handlers_progress(void)
 
         if (handler_run(data, length, source) == MR_AGAIN) {
             blocked = true;
+            rt_msgq_park(&waiting);
             break;
         }
         rt_msgq_pop(&waiting);
@@ -184,7 +133,6 @@ static int handlers_progress(void)
         rt_msg_drop(msg);
         events++;
     }
-    if (blocked || parked != NULL) handlers_park_all();
     return events;
 }
 
@@ -200,7 +148,6 @@ void rt_handlers_init(void)
     memset(handlers, 0, sizeof(handlers));
     waiting = RT_MSGQ_INIT;
     nwaiting = 0;
-    parked = parked_tail = NULL;
     blocked = false;
     stopped = false;
     rt_datapath_consume(MR_KIND_HANDLER, &rt_handlers_consumer);
@@ -213,13 +160,6 @@ uint64_t rt_handlers_stop(void)
     stopped = true;
     for (rt_msg_t msg; (msg = rt_msgq_pop(&waiting)) != MR_NIL; dropped++) rt_msg_drop(msg);
     nwaiting = 0;
-    while (parked != NULL) {
-        rt_parked_t *p = parked;
-        parked = p->next;
-        free(p);
-        dropped++;
-    }
-    parked_tail = NULL;
     return dropped;
 }
 

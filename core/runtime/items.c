@@ -20,6 +20,7 @@ void rt_items_init(void)
     for (int i = 0; i < MR_ITEMS_MAX; i++) rt_items_arrivals[i] = RT_MSGQ_INIT;
     rt_items_future = RT_MSGQ_INIT;
     rt_items_created = 0;
+    rt_items_nhandlers = 0;
     rt_datapath_consume(MR_KIND_ITEMS, &rt_items_consumer);
 }
 
@@ -137,6 +138,7 @@ static uint64_t items_discard(mr_items_t *a)
 mr_status_t mr_items_destroy(mr_items_t *a)
 {
     RT_ITEMS_CHECK("mr_items_destroy()", a);
+    if (a->handler != NULL) mr_items_handler(a, NULL, NULL);
     unsigned number = a->number;
     uint64_t discarded = items_discard(a);
     if (discarded > 0) {

@@ -46,6 +46,9 @@ struct __attribute__((aligned(128))) mr_items {
     const uint8_t *pos, *end;
 
     unsigned pulls;                  /* Datagrams taken, to pace progress. */
+
+    mr_item_handler_t handler;       /* mr_items_handler(), or NULL: items are pulled. */
+    void *handler_arg;
 };
 
 /* Aggregators live here, so that a handle is checked without dereferencing it. */
@@ -76,13 +79,26 @@ static inline bool rt_items_valid(const mr_items_t *a)
         }                                                                                    \
     } while (0)
 #define RT_ITEMS_CHECK(fn, a) RT_ITEMS_CHECK_STATE(fn, a, RT_CHECK_READY)
+/* For the pulls: refused on an aggregator whose items go to its handler. */
+#define RT_ITEMS_CHECK_PULL(fn, a)                                                           \
+    do {                                                                                     \
+        RT_ITEMS_CHECK(fn, a);                                                               \
+        if ((a)->handler != NULL) {                                                          \
+            mr_error("%s: aggregator %u has a handler (mr_items_handler()), which takes its " \
+                     "items.", fn, (a)->number);                                             \
+            return MR_ERR_INVALID_PARAM;                                                     \
+        }                                                                                    \
+    } while (0)
 /* For pushes and flushes, which a handler may make. */
 #define RT_ITEMS_CHECK_SEND(fn, a) RT_ITEMS_CHECK_STATE(fn, a, RT_CHECK_SEND)
 
 /* items.c: the live aggregator created as `number`, or NULL. */
 mr_items_t *rt_items_by_number(uint16_t number);
-/* items_pull.c: the datapath's consumer of item datagrams. */
-extern const rt_consumer_t rt_items_consumer;
+/* items_pull.c: the datapath's consumer of item datagrams, with a progress hook while an
+ * aggregator has a handler, and without it. */
+extern const rt_consumer_t rt_items_consumer, rt_items_consumer_handlers;
+/* Aggregators with a handler. */
+extern int rt_items_nhandlers;
 /* items_pull.c: moves the datagrams that came early for a new aggregator into its queue. */
 void rt_items_adopt_early(mr_items_t *a);
 /* items_pull.c: counts the datagram being pulled as received and gives its slot back. */

@@ -40,10 +40,107 @@ static bool items_waiting(void)
     return false;
 }
 
+/* Item handlers run per aggregator and progress call at most. */
+#define RT_ITEMS_HANDLER_BURST 4096
+
+int rt_items_nhandlers;
+
+/* Below: the next datagram, and the next item of the current one. */
+static mr_status_t items_take(mr_items_t *a);
+static mr_status_t items_next(mr_items_t *a, mr_item_t *item);
+
+/*
+ * Parks the datagram being handled and those queued behind it (rt_msg_park()):
+ * while the handler waits to send, their slots and credits go back.
+ */
+static void items_park(mr_items_t *a)
+{
+    if (a->cur != MR_NIL) {
+        size_t length;
+        const uint8_t *old = rt_msg_data(a->cur, &length, NULL);
+        size_t at = (size_t)(a->pos - old);
+        a->cur = rt_msg_park(a->cur);
+        const uint8_t *now = rt_msg_data(a->cur, NULL, NULL);
+        a->pos = now + at;
+        a->end = now + length;
+    }
+    rt_msgq_park(&rt_items_arrivals[a->id]);
+}
+
+/*
+ * Runs an aggregator's handler on its items in arrival order, until one asks
+ * to be called again; a datagram goes back (counted as received) once its
+ * last item is handled. Returns the number of items handled.
+ */
+static int items_handle(mr_items_t *a)
+{
+    int handled = 0;
+
+    while (handled < RT_ITEMS_HANDLER_BURST) {
+        if (a->pos == a->end) {
+            rt_items_release_current(a);
+            mr_status_t st = items_take(a);
+            if (st == MR_AGAIN) break;
+            if (st != MR_OK || a->pos == a->end) continue; /* Malformed (dropped), or empty. */
+        }
+        const uint8_t *at = a->pos;
+        mr_item_t item;
+        if (items_next(a, &item) != MR_OK) continue; /* Malformed: the datagram was dropped. */
+        rt_state = RT_IN_HANDLER;
+        mr_status_t st = a->handler(&item, a->handler_arg);
+        rt_state = RT_READY;
+        if (st == MR_AGAIN) {
+            a->pos = at;
+            rt.stats.items_pulled--;
+            rt.stats.handler_retries++;
+            items_park(a);
+            break;
+        }
+        if (st != MR_OK) {
+            mr_warn("The item handler of aggregator %u returned %d (%s); the item counts as "
+                    "handled.", a->number, (int)st, mr_status_string(st));
+        }
+        rt.stats.handler_calls++;
+        handled++;
+        if (a->pos == a->end) rt_items_release_current(a);
+    }
+    return handled;
+}
+
+static int items_progress(void)
+{
+    int events = 0;
+
+    if (rt_state != RT_READY) return 0;
+    for (int i = 0; i < MR_ITEMS_MAX; i++) {
+        mr_items_t *a = &rt_items_table[i];
+        if (a->live && a->handler != NULL) events += items_handle(a);
+    }
+    return events;
+}
+
 const rt_consumer_t rt_items_consumer = {
     .arrived = items_arrived,
     .waiting = items_waiting,
 };
+
+const rt_consumer_t rt_items_consumer_handlers = {
+    .arrived = items_arrived,
+    .waiting = items_waiting,
+    .progress = items_progress,
+};
+
+mr_status_t mr_items_handler(mr_items_t *a, mr_item_handler_t handler, void *arg)
+{
+    RT_ITEMS_CHECK("mr_items_handler()", a);
+    rt_items_nhandlers += (handler != NULL) - (a->handler != NULL);
+    a->handler = handler;
+    a->handler_arg = handler != NULL ? arg : NULL;
+    /* The progress hook costs every progress call: only while some aggregator has a handler. */
+    rt_datapath_consume(MR_KIND_ITEMS,
+                        rt_items_nhandlers > 0 ? &rt_items_consumer_handlers : &rt_items_consumer);
+    return MR_OK;
+}
 
 /* Moves the datagrams that came early for a new aggregator into its queue. */
 void rt_items_adopt_early(mr_items_t *a)
@@ -161,7 +258,7 @@ mr_status_t mr_items_pull(mr_items_t *a, mr_item_t *item)
 {
     mr_status_t status;
 
-    RT_ITEMS_CHECK("mr_items_pull()", a);
+    RT_ITEMS_CHECK_PULL("mr_items_pull()", a);
     if (item == NULL) {
         mr_error("mr_items_pull(): the item pointer is NULL.");
         return MR_ERR_INVALID_PARAM;
@@ -175,7 +272,7 @@ mr_status_t mr_items_pull_batch(mr_items_t *a, mr_item_t *out, size_t max, size_
     mr_status_t status;
     size_t n = 0;
 
-    RT_ITEMS_CHECK("mr_items_pull_batch()", a);
+    RT_ITEMS_CHECK_PULL("mr_items_pull_batch()", a);
     if (out == NULL || count == NULL || max == 0) {
         mr_error("mr_items_pull_batch(): NULL output or a maximum of 0 items.");
         return MR_ERR_INVALID_PARAM;
@@ -196,7 +293,7 @@ mr_status_t mr_items_pull_block(mr_items_t *a, const void **data, size_t *count,
 {
     mr_status_t status;
 
-    RT_ITEMS_CHECK("mr_items_pull_block()", a);
+    RT_ITEMS_CHECK_PULL("mr_items_pull_block()", a);
     if (a->item_size == 0 || data == NULL || count == NULL || source == NULL) {
         mr_error("mr_items_pull_block(): %s.", a->item_size == 0
                      ? "the aggregator takes variable-size items; use mr_items_pull_batch()"
