@@ -18,6 +18,9 @@
  *     -o FILE     write the loaded edges to FILE in the binary form and stop
  *     -q          only the result lines
  *     -P          one MailRail session per phase instead of one for the whole kernel
+ *     -H          records handled by item handlers (mr_items_handler) in progress,
+ *                 instead of pulled: a phase's handler is installed when the phase
+ *                 starts, so records of the next one wait in their aggregator
  *
  * Vertices are owned by hash. Records go to their owners through
  * aggregators of MailRail's item layer (mailrail_items.h), which pack them
@@ -82,6 +85,7 @@ typedef struct graph_options {
     const char *convert;
     bool quiet;
     bool session_per_phase;
+    bool handlers;
 } graph_options_t;
 
 typedef enum graph_phase { GRAPH_DEGREE, GRAPH_ORIENT, GRAPH_TRIANGLE, GRAPH_PHASES } graph_phase_t;
@@ -115,6 +119,7 @@ typedef struct graph_local {
     uint64_t sampled_peak_slots;
     /* Datagrams from other ranks and their bytes, by the phase they belong to. */
     uint64_t datagrams_received[GRAPH_PHASES], bytes_received[GRAPH_PHASES];
+    bool handlers;             /* -H: records go to item handlers, run in progress. */
 } graph_local_t;
 
 typedef void (*graph_handler_t)(graph_local_t *g, const uint64_t *record);
@@ -188,9 +193,28 @@ static const size_t graph_record_words[GRAPH_PHASES] = {2, 3, 2};
 static const graph_handler_t graph_handlers[GRAPH_PHASES] = {graph_on_arc, graph_on_degree,
                                                              graph_on_query};
 
+/* With -H: the item handler of each phase and what it needs. */
+typedef struct graph_handler_ctx {
+    graph_local_t *g;
+    graph_phase_t phase;
+} graph_handler_ctx_t;
+
+static graph_handler_ctx_t graph_handler_ctx[GRAPH_PHASES];
+
+/* One record, in progress (-H). Datagrams are not seen: messages come from the counters. */
+static mr_status_t graph_item_handler(const mr_item_t *item, void *arg)
+{
+    const graph_handler_ctx_t *c = arg;
+
+    graph_handlers[c->phase](c->g, item->data);
+    if (item->source != c->g->rank) c->g->bytes_received[c->phase] += item->length;
+    return MR_OK;
+}
+
 /*
- * Handles every record of `phase` that has arrived, a datagram at a time.
- * Records of the next phase stay in their own aggregator.
+ * Handles every record of `phase` that has arrived, a datagram at a time
+ * (with -H, progress runs the phase's handler on them). Records of the next
+ * phase stay in their own aggregator.
  */
 static void graph_drain(graph_local_t *g, graph_phase_t phase)
 {
@@ -205,6 +229,11 @@ static void graph_drain(graph_local_t *g, graph_phase_t phase)
         if (mr_get_stats(&now) == MR_OK && now.recv_slots_in_use > g->sampled_peak_slots) {
             g->sampled_peak_slots = now.recv_slots_in_use;
         }
+    }
+    if (g->handlers) {
+        st = mr_poll();
+        if (st < 0) graph_die(g, "mr_poll", st);
+        return;
     }
     for (;;) {
         st = mr_items_pull_block(g->items[phase], &data, &count, &source);
@@ -474,6 +503,12 @@ static void graph_run_phase(graph_local_t *g, const graph_options_t *o, const ch
     start = tool_now();
     /* Between phases, only datagrams of this phase waiting in its aggregator hold receive slots. */
     out->early = before.recv_slots_in_use;
+    if (g->handlers) {
+        graph_handler_ctx[phase] = (graph_handler_ctx_t){g, phase};
+        mr_status_t st = mr_items_handler(g->items[phase], graph_item_handler,
+                                          &graph_handler_ctx[phase]);
+        if (st != MR_OK) graph_die(g, "mr_items_handler", st);
+    }
     switch (phase) {
     case GRAPH_DEGREE: graph_send_arcs(g); break;
     case GRAPH_ORIENT: graph_send_degrees(g); break;
@@ -482,7 +517,10 @@ static void graph_run_phase(graph_local_t *g, const graph_options_t *o, const ch
     graph_end_phase(g, phase);
     out->seconds = tool_now() - start;
     mr_get_stats(&after);
-    out->messages = g->datagrams_received[phase];
+    if (g->handlers) mr_items_handler(g->items[phase], NULL, NULL);
+    /* -H sees no datagrams: those received, this rank's to itself included, from the counters. */
+    out->messages = g->handlers ? after.messages_received - before.messages_received
+                                : g->datagrams_received[phase];
     out->bytes_received = g->bytes_received[phase];
     out->credit_returns = after.credit_returns_sent - before.credit_returns_sent;
     /*
@@ -769,7 +807,7 @@ static int graph_parse(int argc, char **argv, graph_options_t *o)
     int c;
 
     o->rmat.seed = 1;
-    while ((c = getopt(argc, argv, "f:r:e:S:p:t:Vc:o:qPh")) != -1) {
+    while ((c = getopt(argc, argv, "f:r:e:S:p:t:Vc:o:qPHh")) != -1) {
         switch (c) {
         case 'f': o->file = optarg; break;
         case 'r':
@@ -785,6 +823,7 @@ static int graph_parse(int argc, char **argv, graph_options_t *o)
         case 'o': o->convert = optarg; break;
         case 'q': o->quiet = true; break;
         case 'P': o->session_per_phase = true; break;
+        case 'H': o->handlers = true; break;
         default: return -1;
         }
     }
@@ -852,11 +891,12 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &g.size);
     if (graph_parse(argc, argv, &o) != 0) {
         graph_rank0_printf(&g, "usage: mpiexec -n N mailrail_graph (-f edges | -r scale [-e factor] "
-                               "[-S seed]) [-p none,rank,node] [-t trials] [-P] [-V] [-c file.csv] "
-                               "[-o edges.bin] [-q]\n");
+                               "[-S seed]) [-p none,rank,node] [-t trials] [-P] [-H] [-V] "
+                               "[-c file.csv] [-o edges.bin] [-q]\n");
         MPI_Finalize();
         return 2;
     }
+    g.handlers = o.handlers;
     if (!graph_load(&o, &g)) {
         graph_edges_free(&g.input);
         MPI_Finalize();
