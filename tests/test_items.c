@@ -528,6 +528,72 @@ START_TEST(end_phase_waits_for_chains)
 }
 END_TEST
 
+/*
+ * The bulk push: every rank pushes its items to every rank in runs of
+ * mr_items_push_many(), destinations interleaved, through few send slots
+ * so that runs stop on backpressure and resume where they stopped.
+ */
+START_TEST(push_many_exactly_once)
+{
+    const uint32_t per_dest = 2000;
+    const size_t n = (size_t)per_dest * (size_t)world_size, run = 300;
+    uint8_t *items = malloc(n * 24);
+    int *dests = malloc(n * sizeof(*dests));
+    items_tally_t t;
+    mr_items_t *a, *var;
+    size_t pushed, done = 0;
+    int again = 0, bad[2] = {-1, 0};
+    double start = now_s();
+    mr_status_t st;
+
+    ck_assert_ptr_nonnull(items);
+    ck_assert_ptr_nonnull(dests);
+    setup_env("6", NULL, "512");
+    init_on_world();
+    ck_assert_int_eq(mr_items_create(24, &a), MR_OK);
+    ck_assert_int_eq(mr_items_create(MR_ITEMS_VARIABLE, &var), MR_OK);
+    items_tally_init(&t, per_dest);
+    for (size_t i = 0; i < n; i++) {
+        dests[i] = (int)((i * 7 + (size_t)world_rank) % (size_t)world_size);
+        item_fill(items + i * 24, 24, dests[i], (uint32_t)(i / (size_t)world_size));
+    }
+    /* Refusals push nothing: a bad first destination, NULLs, variable sizes. */
+    ck_assert_int_eq(mr_items_push_many(a, items, 2, bad, &pushed), MR_ERR_INVALID_RANK);
+    ck_assert_uint_eq(pushed, 0);
+    ck_assert_int_eq(mr_items_push_many(a, items, 1, dests, NULL), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_items_push_many(a, NULL, 1, dests, &pushed), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_items_push_many(var, items, 1, dests, &pushed), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_items_push_many(a, items, 0, NULL, &pushed), MR_OK);
+    ck_assert_uint_eq(pushed, 0);
+    while (done < n) {
+        size_t count = n - done < run ? n - done : run;
+        st = mr_items_push_many(a, items + done * 24, count, dests + done, &pushed);
+        ck_assert_uint_le(pushed, count);
+        done += pushed;
+        if (st == MR_AGAIN) {
+            again++;
+            pull_all(a, &t);
+            ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "backpressure never released");
+        } else {
+            ck_assert_int_eq(st, MR_OK);
+            ck_assert_uint_eq(pushed, count);
+        }
+    }
+    end_phase(a, &t);
+    expect_all(&t, per_dest);
+    mr_stats_t stats = {.size = sizeof(stats)};
+    ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    ck_assert_uint_eq(stats.items_pushed, n);
+    printf("rank %d: %d runs stopped by backpressure\n", world_rank, again);
+    ck_assert_int_eq(mr_items_destroy(var), MR_OK);
+    ck_assert_int_eq(mr_items_destroy(a), MR_OK);
+    items_tally_free(&t);
+    free(items);
+    free(dests);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
+}
+END_TEST
+
 /* ---- Item handlers -------------------------------------------------------------------- */
 
 typedef struct item_handler_state {
@@ -881,6 +947,7 @@ static Suite *items_suite(void)
     ITEMS_CASE(s, backpressure_with_one_send_slot);
     ITEMS_CASE(s, end_phase_waits_for_chains);
     ITEMS_CASE(s, item_handlers_answer_from_inside);
+    ITEMS_CASE(s, push_many_exactly_once);
     ITEMS_CASE(s, items_beside_datagrams);
     ITEMS_CASE(s, end_phase_releases_every_aggregator);
     ITEMS_CASE(s, recreated_aggregators_keep_their_items);

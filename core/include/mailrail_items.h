@@ -121,6 +121,22 @@ MR_API size_t mr_items_max_size(const mr_items_t *items);
 MR_API mr_status_t mr_items_push(mr_items_t *items, const void *item, size_t length, int dest);
 
 /*
+ * Pushes `count` items of the aggregator's fixed size, packed back to back at
+ * `data`, the k-th to rank dests[k], in order: what `count` calls of
+ * mr_items_push() would do, with the checks made once per call and per
+ * datagram instead of per item (the bulk path of a histogram or an edge
+ * exchange). Sets *pushed to how many went in.
+ *
+ * Returns MR_OK (all of them), MR_AGAIN (backpressure, as for mr_items_push():
+ * make progress and push the rest, from data + *pushed items on), or the
+ * error of mr_items_push() for the item at *pushed, those before it pushed;
+ * MR_ERR_INVALID_PARAM also for a NULL `pushed`, NULL `data` or `dests` with a
+ * nonzero count, or an aggregator of variable-size items.
+ */
+MR_API mr_status_t mr_items_push_many(mr_items_t *items, const void *data, size_t count,
+                                      const int *dests, size_t *pushed);
+
+/*
  * Makes progress like mr_receive() and returns the next received item, zero
  * copy. Items from one datagram come in the order they were pushed.
  *

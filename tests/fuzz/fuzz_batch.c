@@ -42,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         if (payload != batch + before + MR__BATCH_FRAME_HDR ||
             off != before + MR__BATCH_FRAME_HDR + len || off > size ||
-            (kind != MR_KIND_DATA && kind != MR_KIND_ITEMS)) {
+            (kind != MR_KIND_DATA && kind != MR_KIND_ITEMS && kind != MR_KIND_HANDLER)) {
             abort();
         }
         mr__batch_add_t how = mr__batcher_add(&b, 0, kind, payload, len, NULL);
