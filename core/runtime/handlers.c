@@ -26,8 +26,11 @@ typedef struct rt_handler {
 static rt_handler_t handlers[MR_HANDLERS_MAX];
 static rt_msgq_t waiting;      /* Arrived (in their slots, or parked), handlers not run yet. */
 static uint64_t nwaiting;
+static int nregistered;        /* Handlers registered. */
 static bool blocked;           /* A handler asked to be called again in this progress call. */
 static bool stopped;           /* Finalize began: handlers run no more. */
+
+static void handlers_consume(void);
 
 /* Handler messages run per progress call at most, so that one sent to oneself
  * by its own handler cannot keep progress from returning. */
@@ -87,7 +90,7 @@ static void handlers_arrived(rt_msg_t msg, const uint8_t *data, size_t length, i
     (void)length;
     (void)source;
     rt_msgq_push(&waiting, msg);
-    nwaiting++;
+    if (nwaiting++ == 0 && nregistered == 0) handlers_consume(); /* To drop it, in order. */
 }
 
 /* Runnable now: not while the last attempt found a handler unable to send (mr_wait() sleeps). */
@@ -136,21 +139,35 @@ static int handlers_progress(void)
     return events;
 }
 
+/* With a progress hook while a handler is registered; without, progress pays nothing. */
 static const rt_consumer_t rt_handlers_consumer = {
     .arrived = handlers_arrived,
     .waiting = handlers_waiting,
     .now = handlers_now,
     .progress = handlers_progress,
 };
+static const rt_consumer_t rt_handlers_consumer_idle = {
+    .arrived = handlers_arrived,
+    .waiting = handlers_waiting,
+    .now = handlers_now,
+};
+/* Registers the consumer with its progress hook only while some handler is registered. */
+static void handlers_consume(void)
+{
+    rt_datapath_consume(MR_KIND_HANDLER, nregistered > 0 || nwaiting > 0
+                                             ? &rt_handlers_consumer
+                                             : &rt_handlers_consumer_idle);
+}
 
 void rt_handlers_init(void)
 {
     memset(handlers, 0, sizeof(handlers));
     waiting = RT_MSGQ_INIT;
     nwaiting = 0;
+    nregistered = 0;
     blocked = false;
     stopped = false;
-    rt_datapath_consume(MR_KIND_HANDLER, &rt_handlers_consumer);
+    handlers_consume();
 }
 
 uint64_t rt_handlers_stop(void)
@@ -170,8 +187,10 @@ mr_status_t mr_handler_register(int id, mr_handler_t handler, void *arg)
         mr_error("mr_handler_register(): id %d is not in [0, %d).", id, MR_HANDLERS_MAX);
         return MR_ERR_INVALID_PARAM;
     }
+    nregistered += (handler != NULL) - (handlers[id].fn != NULL);
     handlers[id].fn = handler;
     handlers[id].arg = handler != NULL ? arg : NULL;
+    handlers_consume();
     return MR_OK;
 }
 
