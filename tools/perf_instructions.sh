@@ -15,6 +15,9 @@
 #   own    = (mailrail instructions of the stream - empty polls x idle price) / COUNT
 #   polls  = empty polls / COUNT, and the idle price apart
 #   transp = transport instructions of the stream / COUNT
+#   coal   = the share of the sender's messages that travelled coalesced (several
+#            in one transport message): it depends on timing, and a coalesced
+#            message costs less on both sides, so read the counts beside it
 # A policy with +h streams through active-message handlers (mailrail_perf -H).
 # Writes OUT/instructions.csv and prints a table; a run that fails makes the
 # script name it and exit 1.
@@ -61,7 +64,7 @@ dump_file() {
 }
 
 failed=()
-echo "substrate,policy,bytes,side,messages,own_ir_per_msg,empty_polls_per_msg,ir_per_empty_poll,transport_ir_per_msg" \
+echo "substrate,policy,bytes,side,messages,own_ir_per_msg,empty_polls_per_msg,ir_per_empty_poll,transport_ir_per_msg,coalesced_share" \
     >"$out/instructions.csv"
 for substrate in ${substrates//,/ }; do
     for policy in ${policies//,/ }; do
@@ -94,13 +97,14 @@ for substrate in ${substrates//,/ }; do
                 read -r i_own _ <<<"$(dump_costs "$idle")"
                 empty=$(sed -n 's/.* empty_polls=\([0-9]*\).*/\1/p' <<<"$line")
                 idle_polls=$(sed -n 's/.* idle_polls=\([0-9]*\).*/\1/p' <<<"$line")
+                coalesced=$(sed -n 's/.* coalesced=\([0-9]*\).*/\1/p' <<<"$line")
                 awk -v sb="$substrate" -v pol="$policy" -v z="$size" -v side="$side" -v n="$count" \
                     -v own="$s_own" -v other="$s_other" -v idle="$i_own" -v ip="$idle_polls" \
-                    -v e="$empty" 'BEGIN {
+                    -v e="$empty" -v co="${coalesced:-0}" 'BEGIN {
                         price = idle / ip
-                        printf "%s,%s,%s,%s,%d,%.1f,%.3f,%.1f,%.1f\n", sb, pol, z,
+                        printf "%s,%s,%s,%s,%d,%.1f,%.3f,%.1f,%.1f,%.3f\n", sb, pol, z,
                             side == 0 ? "sender" : "receiver", n, (own - e * price) / n, e / n,
-                            price, other / n }' >>"$out/instructions.csv"
+                            price, other / n, co / n }' >>"$out/instructions.csv"
             done
         done
     done
@@ -111,14 +115,15 @@ awk -F, 'NR == 1 { next }
     { k = $1 "," $2 "," $3; if (!(k in own)) order[++n] = k
       own[k] += $6; polls[k] = polls[k] (polls[k] == "" ? "" : "/") sprintf("%.2f", $7)
       price[k] = price[k] (price[k] == "" ? "" : "/") sprintf("%.0f", $8); tr[k] += $9
-      side[k, $4] = $6 }
+      side[k, $4] = $6; if ($4 == "sender") coal[k] = $10 }
     END {
-        printf "%-5s %-7s %6s %10s %10s %10s %12s %12s %12s\n", "sub", "policy", "bytes",
-            "own/msg", "sender", "receiver", "empty/msg", "Ir/empty", "transport"
+        printf "%-5s %-7s %6s %10s %10s %10s %12s %12s %10s %6s\n", "sub", "policy", "bytes",
+            "own/msg", "sender", "receiver", "empty/msg", "Ir/empty", "transport", "coal"
         for (i = 1; i <= n; i++) {
             k = order[i]; split(k, f, ",")
-            printf "%-5s %-7s %6s %10.0f %10.0f %10.0f %12s %12s %12.0f\n", f[1], f[2], f[3],
-                own[k], side[k, "sender"], side[k, "receiver"], polls[k], price[k], tr[k]
+            printf "%-5s %-7s %6s %10.0f %10.0f %10.0f %12s %12s %10.0f %5.0f%%\n", f[1], f[2], f[3],
+                own[k], side[k, "sender"], side[k, "receiver"], polls[k], price[k], tr[k],
+                100 * coal[k]
         }
     }' "$out/instructions.csv"
 echo "CSV: $out/instructions.csv (per side; own = MailRail's instructions per message, empty polls apart)"
