@@ -20,30 +20,15 @@
 # cannot be created here; fails instead when MR_TEST_STRICT=1 (-Dstrict_tests).
 set -u
 
+# shellcheck source=skip.sh
 . "$(dirname "$0")/skip.sh"
+# shellcheck source=fabric_test.sh
+. "$(dirname "$0")/fabric_test.sh"
 [ $# -eq 3 ] || { echo "usage: $0 FABRIC_SH MPIEXEC MAILRAIL_DEMO" >&2; exit 2; }
 fabric=$1 mpiexec=$2 demo=$3
 
-[ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces, tc)"
-for t in ip tc ethtool unshare timeout; do
-    command -v "$t" >/dev/null 2>&1 || skip "'$t' is missing (Debian packages: iproute2 ethtool util-linux)"
-done
-unshare --net true 2>/dev/null || skip "network namespaces cannot be created here"
-
-tmp=$(mktemp -d /tmp/run_fabric.XXXXXX)
-pid=
-trap 'rm -rf "$tmp"' EXIT
-# Stopped (meson's timeout): stop the running fabric.sh, which tears down.
-on_stop() {
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null
-    fi
-    exit 1
-}
-trap on_stop INT TERM
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+fabric_needs "iproute2 ethtool util-linux"
+fabric_test_begin run_fabric
 
 # The segments that existed before: others' running jobs may own some.
 shm_segments() {
@@ -136,13 +121,7 @@ check_clean "$pid" "jobs"
 env --default-signal=INT "$fabric" -q -H 2 -R 2 --timeout 60 --total-timeout 90 \
     --mpiexec "$mpiexec" -- sleep 50 >"$tmp/out" 2>&1 &
 pid=$!
-running=0
-for _ in $(seq 150); do
-    if [ -n "$(ip netns pids "mrf${pid}h1" 2>/dev/null)" ]; then running=1; break; fi
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.2
-done
-[ "$running" -eq 1 ] || fail "the interrupted job never started"
+fabric_wait_for h1 "sleep 50$" || fail "the interrupted job never started"
 kill -INT "$pid" 2>/dev/null
 for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
 if kill -0 "$pid" 2>/dev/null; then

@@ -20,33 +20,16 @@
 # instead when MR_TEST_STRICT=1 (-Dstrict_tests). About a minute.
 set -u
 
+# shellcheck source=skip.sh
 . "$(dirname "$0")/skip.sh"
+# shellcheck source=fabric_test.sh
+. "$(dirname "$0")/fabric_test.sh"
 [ $# -eq 2 ] || { echo "usage: $0 SLURM_SH MAILRAIL_DEMO" >&2; exit 2; }
 slurm=$1 demo=$(readlink -f "$2")
 
-[ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces, daemons in them)"
-for t in slurmctld slurmd srun sbatch sinfo munged munge unmunge; do
-    command -v "$t" >/dev/null 2>&1 || skip "'$t' is missing (Debian packages: slurmctld slurmd slurm-client munge)"
-done
-for t in ip tc ethtool unshare timeout mount mpiexec; do
-    command -v "$t" >/dev/null 2>&1 || skip "'$t' is missing (Debian packages: iproute2 ethtool util-linux mount mpich)"
-done
-unshare --net true 2>/dev/null || skip "network namespaces cannot be created here"
-
-tmp=$(mktemp -d /tmp/run_slurm.XXXXXX)
-pid=
-trap 'rm -rf "$tmp"' EXIT
-# Stopped (meson's timeout): stop the running slurm.sh, which tears down.
-on_stop() {
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null
-    fi
-    exit 1
-}
-trap on_stop INT TERM
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+fabric_needs "slurmctld slurmd slurm-client munge iproute2 ethtool util-linux mount mpich" \
+    slurmctld slurmd srun sbatch sinfo munged munge unmunge mount mpiexec
+fabric_test_begin run_slurm
 
 # Nothing of run PID may remain: namespaces, run directory, daemons.
 check_clean() {
@@ -123,16 +106,7 @@ check_clean "$pid" "jobs"
 env --default-signal=INT "$slurm" -q -H 2 -C 1 --timeout 60 --total-timeout 120 \
     -- srun -N 2 sleep 50 >"$tmp/out" 2>&1 &
 pid=$!
-running=0
-for _ in $(seq 200); do
-    if for p in $(ip netns pids "mrf${pid}h1" 2>/dev/null); do ps -o args= -p "$p"; done | grep -q "sleep 50$"; then
-        running=1
-        break
-    fi
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.2
-done
-[ "$running" -eq 1 ] || { cat "$tmp/out"; fail "the interrupted job never started"; }
+fabric_wait_for h1 "sleep 50$" || { cat "$tmp/out"; fail "the interrupted job never started"; }
 kill -INT "$pid" 2>/dev/null
 for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
 if kill -0 "$pid" 2>/dev/null; then
@@ -155,16 +129,7 @@ check_clean "$pid" "failing command"
 # 4. SIGKILL while srun runs leaves the cluster behind; --reap removes it.
 "$slurm" -q -H 2 -C 1 --timeout 60 --total-timeout 120 -- srun -N 2 sleep 47 >"$tmp/out" 2>&1 &
 pid=$!
-running=0
-for _ in $(seq 200); do
-    if for p in $(ip netns pids "mrf${pid}h1" 2>/dev/null); do ps -o args= -p "$p"; done | grep -q "sleep 47$"; then
-        running=1
-        break
-    fi
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.2
-done
-[ "$running" -eq 1 ] || { cat "$tmp/out"; fail "the killed job never started"; }
+fabric_wait_for h1 "sleep 47$" || { cat "$tmp/out"; fail "the killed job never started"; }
 kill -KILL "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 "$slurm" --reap >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "slurm.sh --reap failed"; }
