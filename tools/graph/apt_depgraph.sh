@@ -12,6 +12,10 @@
 # with the most in-edges. Needs the package lists of `apt-get update`; reads
 # them through `apt-cache dumpavail`, so compressed lists work as well.
 set -eu
+case "${1:-}" in
+    -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
+    -*) echo "usage: $0 OUT.el (an output file, not an option)" >&2; exit 2 ;;
+esac
 if [ $# -ne 1 ]; then
     echo "usage: $0 OUT.el" >&2
     exit 2
