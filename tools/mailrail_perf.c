@@ -25,7 +25,8 @@
  *     -I          instructions: one stream per size under callgrind, each dumped
  *                 on its own ("stream SIZE"), then IDLE polls with nothing to
  *                 receive ("idle SIZE"); prints the messages and the empty
- *                 polls of each rank (tools/perf_instructions.sh reads them)
+ *                 polls of each rank (tools/perf_instructions.sh reads them);
+ *                 with -a, the raw asynchronous MPI stream instead
  *     -c FILE     append results as CSV to FILE
  *
  * Rank 0 streams COUNT messages to rank 1 as fast as it can (through
@@ -531,6 +532,35 @@ static void perf_items_report(const perf_options_t *o, int rank, FILE *csv)
  * to receive, each phase dumped by callgrind on its own; prints what each rank
  * did, for tools/perf_instructions.sh to divide by.
  */
+/* -I with -a: the raw MPI stream driven asynchronously, the transport alone beside MailRail. */
+static void perf_instructions_raw(const perf_options_t *o, int rank, size_t size, char *buf)
+{
+#ifdef MR_HAVE_CALLGRIND
+    char name[64];
+
+    mpi_stream_async(rank, size, o->count / 10 + 1, o->window, buf);
+    MPI_Barrier(MPI_COMM_WORLD);
+    CALLGRIND_ZERO_STATS;
+    mpi_stream_async(rank, size, o->count, o->window, buf);
+    snprintf(name, sizeof(name), "stream %zu", size);
+    CALLGRIND_DUMP_STATS_AT(name);
+    CALLGRIND_ZERO_STATS;
+    snprintf(name, sizeof(name), "idle %zu", size);
+    CALLGRIND_DUMP_STATS_AT(name);
+    if (rank < 2) {
+        printf("instructions rank=%d size=%zu messages=%ld empty_polls=0 idle_polls=1 "
+               "coalesced=0\n", rank, size, o->count);
+        fflush(stdout);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+#else
+    (void)o;
+    (void)rank;
+    (void)size;
+    (void)buf;
+#endif
+}
+
 static void perf_instructions(const perf_options_t *o, int rank, size_t size)
 {
 #ifdef MR_HAVE_CALLGRIND
@@ -659,12 +689,16 @@ int main(int argc, char **argv)
         if (rank == 0) fprintf(stderr, "mailrail_perf: -I needs a build with valgrind's headers\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
 #endif
-        if (o.raw_mpi || o.items) {
-            if (rank == 0) fprintf(stderr, "mailrail_perf: -I measures MailRail's own loops\n");
+        if (o.items || (o.raw_mpi && !o.raw_async)) {
+            if (rank == 0) fprintf(stderr, "mailrail_perf: -I measures MailRail's loops, or -a's\n");
             MPI_Abort(MPI_COMM_WORLD, 2);
         }
-        for (int i = 0; i < o.nsizes; i++) perf_instructions(&o, rank, o.sizes[i]);
-        mr_finalize();
+        for (int i = 0; i < o.nsizes; i++) {
+            if (o.raw_mpi) perf_instructions_raw(&o, rank, o.sizes[i], buf);
+            else perf_instructions(&o, rank, o.sizes[i]);
+        }
+        if (!o.raw_mpi) mr_finalize();
+        free(buf);
         MPI_Finalize();
         return 0;
     }

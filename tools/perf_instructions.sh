@@ -19,16 +19,20 @@
 #            in one transport message): it depends on timing, and a coalesced
 #            message costs less on both sides, so read the counts beside it
 # A policy with +h streams through active-message handlers (mailrail_perf -H).
+# The policy `raw` (MPI only) is the transport alone: MPI driven asynchronously
+# (mailrail_perf -a), all its instructions in the transport column, for the
+# raw transport's cost per message beside MailRail's. (UCX's own cost is the
+# transport column of MailRail's UCX rows: ucx_perftest has no such dumps.)
 # Writes OUT/instructions.csv and prints a table; a run that fails makes the
 # script name it and exit 1.
 #
 # Usage: tools/perf_instructions.sh [-b BUILD] [-s SIZES] [-n COUNT] [-S SUBSTRATES]
 #                                   [-p POLICIES] [-o OUT]
 #   defaults: -b build -s 8,512,4096 -n 20000 -S ucx,mpi,tcp
-#             -p none,rank,node,none+h -o BUILD/instructions
+#             -p none,rank,node,none+h,raw -o BUILD/instructions
 set -euo pipefail
 
-build=build sizes=8,512,4096 count=20000 substrates=ucx,mpi,tcp policies=none,rank,node,none+h
+build=build sizes=8,512,4096 count=20000 substrates=ucx,mpi,tcp policies=none,rank,node,none+h,raw
 out=''
 while getopts "b:s:n:S:p:o:h" opt; do
     case $opt in
@@ -70,6 +74,10 @@ for substrate in ${substrates//,/ }; do
     for policy in ${policies//,/ }; do
         flowctl=${policy%+h} mode=() dgram=4096
         if [[ $policy == *+h ]]; then mode=(-H); fi
+        if [[ $policy == raw ]]; then
+            [[ $substrate == mpi ]] || continue
+            flowctl=none mode=(-a)
+        fi
         for size in ${sizes//,/ }; do
             [[ $policy == *+h && $size -ge 4096 ]] && dgram=$((size + 1))
             [[ $policy != *+h && $size -gt 4096 ]] && dgram=$size
