@@ -33,6 +33,22 @@ fabric_on_stop() {
 }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
+# Interrupts run $pid (of script NAME) once its host h1 runs PATTERN: it must end
+# within 20 s with status 130. The caller then checks what was left.
+fabric_interrupt() {
+    local name=$1 pattern=$2 rc
+    fabric_wait_for h1 "$pattern" || { cat "$tmp/out"; fail "the interrupted job never started"; }
+    kill -INT "$pid" 2>/dev/null
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then
+        fail "$name still runs 20 s after SIGINT"
+        kill -TERM "$pid" 2>/dev/null
+    fi
+    wait "$pid"
+    rc=$?
+    [ "$rc" -eq 130 ] || { cat "$tmp/out"; fail "$name exited with status $rc after SIGINT, not 130"; }
+}
+
 # Waits up to 40 s until a process of run $pid's host HOST matches PATTERN (its
 # command line); returns 1 if the run ended or the time passed first.
 fabric_wait_for() {

@@ -121,16 +121,7 @@ check_clean "$pid" "jobs"
 env --default-signal=INT "$fabric" -q -H 2 -R 2 --timeout 60 --total-timeout 90 \
     --mpiexec "$mpiexec" -- sleep 50 >"$tmp/out" 2>&1 &
 pid=$!
-fabric_wait_for h1 "sleep 50$" || fail "the interrupted job never started"
-kill -INT "$pid" 2>/dev/null
-for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-if kill -0 "$pid" 2>/dev/null; then
-    fail "fabric.sh still runs 20 s after SIGINT"
-    kill -TERM "$pid" 2>/dev/null
-fi
-wait "$pid"
-rc=$?
-[ "$rc" -eq 130 ] || { cat "$tmp/out"; fail "fabric.sh exited with status $rc after SIGINT, not 130"; }
+fabric_interrupt fabric.sh "sleep 50$"
 check_clean "$pid" "SIGINT"
 
 # 3. A failing job: non-zero exit, everything torn down.

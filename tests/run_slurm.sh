@@ -106,16 +106,7 @@ check_clean "$pid" "jobs"
 env --default-signal=INT "$slurm" -q -H 2 -C 1 --timeout 60 --total-timeout 120 \
     -- srun -N 2 sleep 50 >"$tmp/out" 2>&1 &
 pid=$!
-fabric_wait_for h1 "sleep 50$" || { cat "$tmp/out"; fail "the interrupted job never started"; }
-kill -INT "$pid" 2>/dev/null
-for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-if kill -0 "$pid" 2>/dev/null; then
-    fail "slurm.sh still runs 20 s after SIGINT"
-    kill -TERM "$pid" 2>/dev/null
-fi
-wait "$pid"
-rc=$?
-[ "$rc" -eq 130 ] || { cat "$tmp/out"; fail "slurm.sh exited with status $rc after SIGINT, not 130"; }
+fabric_interrupt slurm.sh "sleep 50$"
 check_clean "$pid" "SIGINT"
 
 # 3. A failing command: its status, everything torn down.

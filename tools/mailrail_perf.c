@@ -532,56 +532,41 @@ static void perf_items_report(const perf_options_t *o, int rank, FILE *csv)
  * to receive, each phase dumped by callgrind on its own; prints what each rank
  * did, for tools/perf_instructions.sh to divide by.
  */
-/* -I with -a: the raw MPI stream driven asynchronously, the transport alone beside MailRail. */
-static void perf_instructions_raw(const perf_options_t *o, int rank, size_t size, char *buf)
+/* The stream -I counts: through MailRail, its handlers, or raw MPI driven asynchronously (-a). */
+static void perf_i_stream(const perf_options_t *o, int rank, size_t size, long count, char *buf)
 {
-#ifdef MR_HAVE_CALLGRIND
-    char name[64];
-
-    mpi_stream_async(rank, size, o->count / 10 + 1, o->window, buf);
-    MPI_Barrier(MPI_COMM_WORLD);
-    CALLGRIND_ZERO_STATS;
-    mpi_stream_async(rank, size, o->count, o->window, buf);
-    snprintf(name, sizeof(name), "stream %zu", size);
-    CALLGRIND_DUMP_STATS_AT(name);
-    CALLGRIND_ZERO_STATS;
-    snprintf(name, sizeof(name), "idle %zu", size);
-    CALLGRIND_DUMP_STATS_AT(name);
-    if (rank < 2) {
-        printf("instructions rank=%d size=%zu messages=%ld empty_polls=0 idle_polls=1 "
-               "coalesced=0\n", rank, size, o->count);
-        fflush(stdout);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-#else
-    (void)o;
-    (void)rank;
-    (void)size;
-    (void)buf;
-#endif
+    if (o->raw_mpi) mpi_stream_async(rank, size, count, o->window, buf);
+    else if (o->handlers) mr_h_stream(rank, size, count);
+    else mr_stream(rank, size, count);
 }
 
-static void perf_instructions(const perf_options_t *o, int rank, size_t size)
+/*
+ * One stream of o->count messages and then PERF_IDLE_POLLS polls with nothing
+ * to receive (none for raw MPI), each phase dumped by callgrind on its own;
+ * prints what each rank did, for tools/perf_instructions.sh to divide by.
+ */
+static void perf_instructions(const perf_options_t *o, int rank, size_t size, char *buf)
 {
 #ifdef MR_HAVE_CALLGRIND
+    mr_stats_t before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
+    int idle_polls = o->raw_mpi ? 0 : PERF_IDLE_POLLS;
     char name[64];
     mr_message_t m;
 
-    o->handlers ? mr_h_stream(rank, size, o->count / 10 + 1) : mr_stream(rank, size, o->count / 10 + 1);
+    perf_i_stream(o, rank, size, o->count / 10 + 1, buf);
     MPI_Barrier(MPI_COMM_WORLD);
     perf_empty = 0;
-    mr_stats_t before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
-    mr_get_stats(&before);
+    if (!o->raw_mpi) mr_get_stats(&before);
     CALLGRIND_ZERO_STATS;
-    o->handlers ? mr_h_stream(rank, size, o->count) : mr_stream(rank, size, o->count);
+    perf_i_stream(o, rank, size, o->count, buf);
     snprintf(name, sizeof(name), "stream %zu", size);
     CALLGRIND_DUMP_STATS_AT(name);
     long empty = perf_empty;
-    mr_get_stats(&after);
+    if (!o->raw_mpi) mr_get_stats(&after);
     /* Everything has arrived on both sides: these polls find nothing. */
     MPI_Barrier(MPI_COMM_WORLD);
     CALLGRIND_ZERO_STATS;
-    for (int i = 0; i < PERF_IDLE_POLLS; i++) {
+    for (int i = 0; i < idle_polls; i++) {
         /* mr_poll() may still see a send complete; no handler may run. */
         if (o->handlers ? (mr_poll(), perf_h_got != 0 || perf_h_answered) : mr_receive(&m) == MR_OK) {
             fprintf(stderr, "mailrail_perf: a message arrived in the idle phase\n");
@@ -593,7 +578,7 @@ static void perf_instructions(const perf_options_t *o, int rank, size_t size)
     if (rank < 2) {
         /* Coalesced messages ride in batches: per message they cost less, on both sides. */
         printf("instructions rank=%d size=%zu messages=%ld empty_polls=%ld idle_polls=%d "
-               "coalesced=%llu\n", rank, size, o->count, empty, PERF_IDLE_POLLS,
+               "coalesced=%llu\n", rank, size, o->count, empty, idle_polls,
                (unsigned long long)(after.messages_coalesced - before.messages_coalesced));
         fflush(stdout);
     }
@@ -602,6 +587,7 @@ static void perf_instructions(const perf_options_t *o, int rank, size_t size)
     (void)o;
     (void)rank;
     (void)size;
+    (void)buf;
 #endif
 }
 
@@ -693,10 +679,7 @@ int main(int argc, char **argv)
             if (rank == 0) fprintf(stderr, "mailrail_perf: -I measures MailRail's loops, or -a's\n");
             MPI_Abort(MPI_COMM_WORLD, 2);
         }
-        for (int i = 0; i < o.nsizes; i++) {
-            if (o.raw_mpi) perf_instructions_raw(&o, rank, o.sizes[i], buf);
-            else perf_instructions(&o, rank, o.sizes[i]);
-        }
+        for (int i = 0; i < o.nsizes; i++) perf_instructions(&o, rank, o.sizes[i], buf);
         if (!o.raw_mpi) mr_finalize();
         free(buf);
         MPI_Finalize();

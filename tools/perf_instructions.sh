@@ -109,7 +109,7 @@ for substrate in ${substrates//,/ }; do
                 awk -v sb="$substrate" -v pol="$policy" -v z="$size" -v side="$side" -v n="$count" \
                     -v own="$s_own" -v other="$s_other" -v idle="$i_own" -v ip="$idle_polls" \
                     -v e="$empty" -v co="${coalesced:-0}" 'BEGIN {
-                        price = idle / ip
+                        price = ip > 0 ? idle / ip : 0 # raw MPI: no idle phase
                         printf "%s,%s,%s,%s,%d,%.1f,%.3f,%.1f,%.1f,%.3f\n", sb, pol, z,
                             side == 0 ? "sender" : "receiver", n, (own - e * price) / n, e / n,
                             price, other / n, co / n }' >>"$out/instructions.csv"

@@ -49,6 +49,7 @@ struct __attribute__((aligned(128))) mr_items {
 
     mr_item_handler_t handler;       /* mr_items_handler(), or NULL: items are pulled. */
     void *handler_arg;
+    bool blocked;                    /* Its handler asked to be called again this progress. */
 };
 
 /* Aggregators live here, so that a handle is checked without dereferencing it. */

@@ -35,7 +35,8 @@ static void items_arrived(rt_msg_t msg, const uint8_t *data, size_t length, int 
 static bool items_waiting(void)
 {
     for (int i = 0; i < MR_ITEMS_MAX; i++) {
-        if (!rt_msgq_empty(&rt_items_arrivals[i])) return true;
+        /* A handler waiting to send is no news: mr_wait() sleeps until progress is made. */
+        if (!rt_msgq_empty(&rt_items_arrivals[i]) && !rt_items_table[i].blocked) return true;
     }
     return false;
 }
@@ -76,6 +77,7 @@ static int items_handle(mr_items_t *a)
 {
     int handled = 0;
 
+    a->blocked = false;
     while (handled < RT_ITEMS_HANDLER_BURST) {
         if (a->pos == a->end) {
             rt_items_release_current(a);
@@ -93,6 +95,7 @@ static int items_handle(mr_items_t *a)
             a->pos = at;
             rt.stats.items_pulled--;
             rt.stats.handler_retries++;
+            a->blocked = true;
             items_park(a);
             break;
         }
@@ -135,6 +138,7 @@ mr_status_t mr_items_handler(mr_items_t *a, mr_item_handler_t handler, void *arg
     RT_ITEMS_CHECK("mr_items_handler()", a);
     rt_items_nhandlers += (handler != NULL) - (a->handler != NULL);
     a->handler = handler;
+    a->blocked = false;
     a->handler_arg = handler != NULL ? arg : NULL;
     /* The progress hook costs every progress call: only while some aggregator has a handler. */
     rt_datapath_consume(MR_KIND_ITEMS,
