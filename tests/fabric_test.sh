@@ -33,6 +33,18 @@ fabric_on_stop() {
 }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
+# What every fabric run must leave behind it, run PID's: no namespace, no run
+# directory, no CPU cgroup. WHAT names the case in the failure.
+fabric_check_clean() {
+    local pid=$1 what=$2 ns cg
+    ns=$(ip netns list 2>/dev/null | awk '{print $1}' | grep "^mrf${pid}\(sw\|h[0-9]*\)$")
+    [ -z "$ns" ] || fail "$what: namespaces left behind: $ns"
+    ls -d /tmp/"mrf${pid}".* >/dev/null 2>&1 && fail "$what: run directory left behind"
+    for cg in /sys/fs/cgroup/cpu /sys/fs/cgroup; do
+        [ -d "$cg/mrf${pid}" ] && fail "$what: cgroup $cg/mrf${pid} left behind"
+    done
+}
+
 # Interrupts run $pid (of script NAME) once its host h1 runs PATTERN: it must end
 # within 20 s with status 130. The caller then checks what was left.
 fabric_interrupt() {

@@ -39,13 +39,8 @@ shm_before=$(shm_segments)
 
 # Nothing of run PID may remain: no namespace, no new mailrail segment.
 check_clean() {
-    local pid=$1 what=$2 ns seg
-    ns=$(ip netns list 2>/dev/null | awk '{print $1}' | grep "^mrf${pid}\(sw\|h[0-9]*\)$")
-    [ -z "$ns" ] || fail "$what: namespaces left behind: $ns"
-    ls -d /tmp/"mrf${pid}".* >/dev/null 2>&1 && fail "$what: run directory left behind"
-    for cg in /sys/fs/cgroup/cpu /sys/fs/cgroup; do
-        [ -d "$cg/mrf${pid}" ] && fail "$what: cgroup $cg/mrf${pid} left behind"
-    done
+    local pid=$1 what=$2 seg
+    fabric_check_clean "$pid" "$what"
     for seg in $(shm_segments | comm -13 <(echo "$shm_before") -); do
         # A segment of another job that is still running is not ours.
         local creator

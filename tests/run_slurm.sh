@@ -31,15 +31,10 @@ fabric_needs "slurmctld slurmd slurm-client munge iproute2 ethtool util-linux mo
     slurmctld slurmd srun sbatch sinfo munged munge unmunge mount mpiexec
 fabric_test_begin run_slurm
 
-# Nothing of run PID may remain: namespaces, run directory, daemons.
+# Nothing of run PID may remain: namespaces, run directory, cgroups, daemons.
 check_clean() {
-    local pid=$1 what=$2 ns procs
-    ns=$(ip netns list 2>/dev/null | awk '{print $1}' | grep "^mrf${pid}\(sw\|h[0-9]*\)$")
-    [ -z "$ns" ] || fail "$what: namespaces left behind: $ns"
-    ls -d /tmp/"mrf${pid}".* >/dev/null 2>&1 && fail "$what: run directory left behind"
-    for cg in /sys/fs/cgroup/cpu /sys/fs/cgroup; do
-        [ -d "$cg/mrf${pid}" ] && fail "$what: cgroup $cg/mrf${pid} left behind"
-    done
+    local pid=$1 what=$2 procs
+    fabric_check_clean "$pid" "$what"
     # Every daemon of the run names a file in its run directory.
     procs=$(ps -eo pid=,args= | grep -E "(munged|slurmctld|slurmd|slurmstepd).*/tmp/mrf${pid}\." | grep -v grep)
     [ -z "$procs" ] || fail "$what: processes left behind: $procs"
