@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MR_SUBSTRATE_ABI_VERSION 4
+#define MR_SUBSTRATE_ABI_VERSION 5
 #define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
 #define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
 
@@ -48,9 +48,24 @@ enum {
     MR_KIND_DATA = 1,    /* Application payload; imm is owned by flow control. */
     MR_KIND_ITEMS = 2,   /* An aggregator's datagram (mailrail_items.h); imm as for data.
                             Every substrate carries both kinds (ABI version 2). */
-    MR_KIND_HANDLER = 3  /* A message for an active-message handler, its id in the last
+    MR_KIND_HANDLER = 3, /* A message for an active-message handler, its id in the last
                             byte (mailrail.h); imm as for data. ABI 4. */
+    MR_KIND_BATCH = 4    /* Data messages of one sender in one transport message, as
+                            frames (below); imm as for data. ABI 5. */
 };
+
+/*
+ * Frames: messages packed back to back, each a 4-byte little-endian header
+ * (bits 0-29 the payload length, bit 31 set for MR_KIND_ITEMS, bit 30 for
+ * MR_KIND_HANDLER) and the payload. A substrate that coalesces (mr_batch.h)
+ * delivers a batch whose frames are all data as one message of kind
+ * MR_KIND_BATCH, into a receive slot (never with a handle): the core hands
+ * its frames to mr_receive() one by one and counts a credit per frame.
+ */
+#define MR_FRAME_HDR 4u
+#define MR_FRAME_ITEMS_BIT UINT32_C(0x80000000)
+#define MR_FRAME_HANDLER_BIT UINT32_C(0x40000000)
+#define MR_FRAME_KIND_BITS (MR_FRAME_ITEMS_BIT | MR_FRAME_HANDLER_BIT)
 
 typedef struct mr_substrate mr_substrate_t; /* A plugin's own state. */
 

@@ -8,10 +8,35 @@
  */
 #include "datapath_state.h"
 
+#include <endian.h>
 #include <sched.h>
 #include <string.h>
 
 rt_datapath_t dp;
+
+/*
+ * A batch's frame header once mr_receive() handed the frame out, and once it
+ * was released: both kind bits set, which no frame header has, and the
+ * frame's offset in its slot, so that mr_release() knows a frame it handed
+ * out from any other pointer into the slot.
+ */
+#define DP_FRAME_HELD UINT32_C(0xE0000000)
+#define DP_FRAME_RELEASED UINT32_C(0xD0000000)
+#define DP_FRAME_OFFSET UINT32_C(0x0FFFFFFF)
+
+static inline uint32_t dp_le32(const uint8_t *p)
+{
+    uint32_t v;
+
+    memcpy(&v, p, sizeof(v));
+    return le32toh(v);
+}
+
+static inline void dp_set_le32(uint8_t *p, uint32_t v)
+{
+    v = htole32(v);
+    memcpy(p, &v, sizeof(v));
+}
 
 /* ---- Receive slots and the arrival queue --------------------------------------------- */
 
@@ -57,6 +82,80 @@ void dp_recv_release(uint32_t idx)
     rt.flowctl->on_release(rt.fc, r->source);
 }
 
+/* ---- Batches of data frames (MR_KIND_BATCH) ------------------------------------------ */
+
+/*
+ * A batch arrived in receive slot `idx` (rt_arrived() charged one credit):
+ * checks that its frames are data and add up, charges a credit for each of
+ * the others, and queues it for mr_receive(), which hands out its frames.
+ */
+static void dp_batch_arrived(uint32_t idx, int source)
+{
+    rt_recv_t *r = &dp.recvs[idx];
+    const uint8_t *p = r->data;
+    size_t off = 0, length = r->length;
+    uint32_t n = 0;
+
+    while (r->handle == NULL && length - off >= MR_FRAME_HDR && n < UINT16_MAX) {
+        uint32_t hdr = dp_le32(p + off);
+        if ((hdr & MR_FRAME_KIND_BITS) != 0 || hdr > length - off - MR_FRAME_HDR) break;
+        off += MR_FRAME_HDR + hdr;
+        n++;
+    }
+    if (off != length || n == 0) {
+        mr_error("Rank %d sent a malformed batch of %zu bytes; it is dropped.", source, length);
+        dp_recv_release(idx);
+        return;
+    }
+    for (uint32_t i = 1; i < n; i++) rt.flowctl->on_arrival(rt.fc, source, 0);
+    r->state = RECV_BATCH;
+    r->frames_left = (uint16_t)n;
+    r->frames_held = 0;
+    r->cursor = 0;
+    dp_recvq_push(&dp.arrivals, idx);
+}
+
+uint32_t dp_batch_drop(uint32_t idx)
+{
+    rt_recv_t *r = &dp.recvs[idx];
+    uint32_t left = r->frames_left;
+
+    for (uint32_t i = left + r->frames_held; i-- > 0;) rt.flowctl->on_release(rt.fc, r->source);
+    r->frames_left = 0;
+    r->frames_held = 0;
+    rt_recv_free(idx);
+    return left;
+}
+
+/* mr_release() of a pointer inside a receive slot, past its start: a frame of a batch? */
+static mr_status_t dp_frame_release(void *buffer)
+{
+    uintptr_t off = (uintptr_t)buffer - (uintptr_t)dp.recv_pool.base;
+    size_t stride = dp.recv_pool.stride;
+    uint32_t idx = (uint32_t)(off / stride);
+    size_t at = off - (size_t)idx * stride;
+    uint8_t *hdr = (uint8_t *)buffer - MR_FRAME_HDR;
+    uint32_t mark = (uint32_t)(at - MR_FRAME_HDR) & DP_FRAME_OFFSET;
+
+    if (idx < dp.recv_pool.count && at >= MR_FRAME_HDR) {
+        rt_recv_t *r = &dp.recvs[idx];
+        uint32_t tag = dp_le32(hdr);
+        if (r->state == RECV_BATCH && tag == (DP_FRAME_HELD | mark)) {
+            dp_set_le32(hdr, DP_FRAME_RELEASED | mark);
+            rt.flowctl->on_release(rt.fc, r->source);
+            if (--r->frames_held == 0 && r->frames_left == 0) rt_recv_free(idx);
+            return MR_OK;
+        }
+        if (tag == (DP_FRAME_RELEASED | mark)) {
+            mr_error("mr_release(): receive buffer %p is not held by the application "
+                     "(double release?).", buffer);
+            return MR_ERR_BUFFER_STATE;
+        }
+    }
+    mr_error("mr_release(): %p was not handed out by MailRail.", buffer);
+    return MR_ERR_INVALID_BUFFER;
+}
+
 /* ---- Upcalls from the substrate ------------------------------------------------------- */
 
 static void *up_recv_slot_acquire(void *core)
@@ -92,6 +191,8 @@ static mr_status_t rt_arrived(uint32_t idx, int source, unsigned kind, uint32_t 
     if (kind == MR_KIND_DATA) {
         r->state = RECV_QUEUED;
         dp_recvq_push(&dp.arrivals, idx);
+    } else if (kind == MR_KIND_BATCH) {
+        dp_batch_arrived(idx, source);
     } else if (kind < sizeof(dp.consumers) / sizeof(dp.consumers[0]) &&
                dp.consumers[kind] != NULL) {
         r->state = RECV_CONSUMER;
@@ -506,6 +607,7 @@ bool rt_report_failure(void)
 mr_status_t mr_receive(mr_message_t *message)
 {
     uint32_t idx;
+    rt_recv_t *r;
     int events;
 
     RT_CHECK_READY("mr_receive()");
@@ -519,18 +621,32 @@ mr_status_t mr_receive(mr_message_t *message)
         if (events < 0) return (mr_status_t)events;
     }
     if (rt_report_failure()) return MR_ERR_PEER_FAILED;
-    idx = dp_recvq_pop(&dp.arrivals);
+    idx = dp.arrivals.head;
     if (idx == MR_NIL) {
         rt_idle();
         return MR_AGAIN;
     }
     dp.idle_polls = 0;
-    dp.recvs[idx].state = RECV_HELD;
-    message->data = dp.recvs[idx].data;
-    message->length = dp.recvs[idx].length;
-    message->source = dp.recvs[idx].source;
+    r = &dp.recvs[idx];
+    if (r->state == RECV_BATCH) {
+        /* The next frame of a batch: its header is marked as handed out (dp_frame_release()). */
+        uint8_t *frame = (uint8_t *)r->data + r->cursor;
+        uint32_t length = dp_le32(frame);
+        dp_set_le32(frame, DP_FRAME_HELD | (r->cursor & DP_FRAME_OFFSET));
+        r->cursor += MR_FRAME_HDR + length;
+        r->frames_held++;
+        if (--r->frames_left == 0) dp_recvq_pop(&dp.arrivals);
+        message->data = frame + MR_FRAME_HDR;
+        message->length = length;
+    } else {
+        dp_recvq_pop(&dp.arrivals);
+        r->state = RECV_HELD;
+        message->data = r->data;
+        message->length = r->length;
+    }
+    message->source = r->source;
     rt.stats.messages_received++;
-    rt.stats.bytes_received += dp.recvs[idx].length;
+    rt.stats.bytes_received += message->length;
     return MR_OK;
 }
 
@@ -601,6 +717,10 @@ mr_status_t mr_release(void *buffer)
     RT_CHECK_SEND("mr_release()");
     idx = mr__pool_index(&dp.recv_pool, buffer);
     if (idx != MR_NIL) {
+        if (dp.recvs[idx].state == RECV_BATCH) {
+            mr_error("mr_release(): %p was not handed out by MailRail.", buffer);
+            return MR_ERR_INVALID_BUFFER;
+        }
         if (dp.recvs[idx].state != RECV_HELD) {
             mr_error("mr_release(): receive buffer %p is not held by the application "
                      "(double release?).", buffer);
@@ -609,6 +729,7 @@ mr_status_t mr_release(void *buffer)
         dp_recv_release(idx);
         return MR_OK;
     }
+    if (mr__pool_contains(&dp.recv_pool, buffer)) return dp_frame_release(buffer);
     if (mr__pool_contains(&dp.send_pool, buffer)) {
         mr_status_t status = rt_reserved_slot("mr_release()", buffer, &idx);
         if (status != MR_OK) return status;
@@ -616,7 +737,7 @@ mr_status_t mr_release(void *buffer)
         return MR_OK;
     }
     /* A buffer the substrate owns (zero-copy receive). */
-    idx = mr__pool_contains(&dp.recv_pool, buffer) ? MR_NIL : mr__ptrmap_get(&dp.foreign, buffer);
+    idx = mr__ptrmap_get(&dp.foreign, buffer);
     if (idx != MR_NIL) {
         if (dp.recvs[idx].state != RECV_HELD || dp.recvs[idx].data != buffer) {
             mr_error("mr_release(): receive buffer %p is not held by the application "

@@ -82,7 +82,14 @@ uint64_t rt_datapath_drop_arrivals(void)
 {
     uint64_t dropped = 0;
 
-    for (rt_msg_t msg; (msg = dp_recvq_pop(&dp.arrivals)) != MR_NIL; dropped++) dp_recv_release(msg);
+    for (rt_msg_t msg; (msg = dp_recvq_pop(&dp.arrivals)) != MR_NIL;) {
+        if (dp.recvs[msg].state == RECV_BATCH) {
+            dropped += dp_batch_drop(msg);
+        } else {
+            dp_recv_release(msg);
+            dropped++;
+        }
+    }
     return dropped;
 }
 
@@ -90,5 +97,6 @@ void rt_datapath_release_held(void)
 {
     for (size_t i = 0; i < rt.cfg.recv_slots; i++) {
         if (dp.recvs[i].state == RECV_HELD) dp_recv_release((uint32_t)i);
+        if (dp.recvs[i].state == RECV_BATCH) dp_batch_drop((uint32_t)i);
     }
 }

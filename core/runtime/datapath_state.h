@@ -14,8 +14,12 @@
  */
 enum send_state { SEND_FREE, SEND_RESERVED, SEND_DEFERRED, SEND_INFLIGHT, SEND_LOCAL };
 
-/* Where a receive slot is in its life (RECV_CONSUMER: a consumer of its kind owns it). */
-enum recv_state { RECV_FREE, RECV_FILLING, RECV_QUEUED, RECV_HELD, RECV_CONSUMER };
+/*
+ * Where a receive slot is in its life (RECV_CONSUMER: a consumer of its kind
+ * owns it; RECV_BATCH: a batch of data frames, in the arrival queue while
+ * frames are left to hand out, and free once every frame was released).
+ */
+enum recv_state { RECV_FREE, RECV_FILLING, RECV_QUEUED, RECV_HELD, RECV_CONSUMER, RECV_BATCH };
 
 typedef struct rt_send {
     uint8_t state;
@@ -27,6 +31,9 @@ typedef struct rt_send {
 
 typedef struct rt_recv {
     uint8_t state;
+    uint16_t frames_left;   /* RECV_BATCH: frames not handed out yet, ... */
+    uint16_t frames_held;   /* ... handed out and not released, ... */
+    uint32_t cursor;        /* ... and the offset of the next one. */
     int32_t source;
     uint32_t length;
     uint32_t next;      /* Next in the arrival queue or a consumer's. */
@@ -115,5 +122,11 @@ static inline uint32_t dp_recvq_pop(rt_msgq_t *q)
 
 /* datapath.c: returns a held or queued receive slot, and its credit, to MailRail. */
 void dp_recv_release(uint32_t idx);
+
+/*
+ * datapath.c: gives back a batch slot with every frame in it, handed out or
+ * not, and their credits; returns how many were not handed out.
+ */
+uint32_t dp_batch_drop(uint32_t idx);
 
 #endif /* MR_DATAPATH_STATE_H */

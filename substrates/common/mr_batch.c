@@ -28,11 +28,6 @@ mr_status_t mr__batcher_init(mr__batcher_t *b, int nranks, unsigned nbatches, si
     }
     for (unsigned i = nbatches; i-- > 0;) {
         mr__batch_t *batch = &b->batches[i];
-        batch->cookies = malloc(MR__BATCH_MAX_FRAMES * sizeof(*batch->cookies));
-        if (batch->cookies == NULL) {
-            mr__batcher_fini(b);
-            return MR_ERR_NO_MEMORY;
-        }
         batch->data = b->memory + (size_t)i * cap;
         batch->dest = -1;
         batch->next_free = b->free_list;
@@ -44,9 +39,6 @@ mr_status_t mr__batcher_init(mr__batcher_t *b, int nranks, unsigned nbatches, si
 
 void mr__batcher_fini(mr__batcher_t *b)
 {
-    if (b->batches != NULL) {
-        for (unsigned i = 0; i < b->nbatches; i++) free(b->batches[i].cookies);
-    }
     free(b->batches);
     free(b->memory);
     free(b->open);
@@ -56,15 +48,14 @@ void mr__batcher_fini(mr__batcher_t *b)
 }
 
 mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const void *data,
-                                size_t length, void *cookie)
+                                size_t length)
 {
     mr__batch_t *batch;
-    uint32_t hdr;
 
     if (length > b->max_frame) return MR__BATCH_ALONE; /* Also when coalescing is off. */
     batch = b->open[dest];
     if (batch != NULL) {
-        if (batch->nframes == MR__BATCH_MAX_FRAMES ||
+        if (batch->kind != kind || batch->nframes == MR__BATCH_MAX_FRAMES ||
             b->cap - batch->used < MR__BATCH_FRAME_HDR + length) {
             return MR__BATCH_FULL;
         }
@@ -80,28 +71,23 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
         batch = b->free_list;
         b->free_list = batch->next_free;
         batch->dest = dest;
+        batch->kind = kind;
         batch->used = 0;
         batch->nframes = 0;
         b->open[dest] = batch;
         b->open_ranks[b->nopen++] = dest;
     }
-    hdr = (uint32_t)length | (kind == MR_KIND_ITEMS     ? MR__BATCH_ITEMS_BIT
-                              : kind == MR_KIND_HANDLER ? MR__BATCH_HANDLER_BIT
-                                                        : 0);
     uint8_t *p = batch->data + batch->used;
-    p[0] = (uint8_t)hdr;
-    p[1] = (uint8_t)(hdr >> 8);
-    p[2] = (uint8_t)(hdr >> 16);
-    p[3] = (uint8_t)(hdr >> 24);
+    mr__batch_frame_hdr(p, kind, length);
     if (length > 0) memcpy(p + MR__BATCH_FRAME_HDR, data, length);
     batch->used += MR__BATCH_FRAME_HDR + length;
-    batch->cookies[batch->nframes++] = cookie;
+    batch->nframes++;
     b->added++;
     return MR__BATCH_ADDED;
 }
 
 mr_status_t mr__batcher_route_slow(mr__batcher_t *b, int dest, unsigned kind, uint32_t imm,
-                                   const void *data, size_t length, void *cookie,
+                                   const void *data, size_t length,
                                    mr_status_t (*send_batch)(void *ctx, int dest), void *ctx,
                                    bool *packed)
 {
@@ -110,11 +96,11 @@ mr_status_t mr__batcher_route_slow(mr__batcher_t *b, int dest, unsigned kind, ui
     *packed = false;
     if (imm == 0) {
         /* Credits ride on a message of their own: only a message without any is packed. */
-        mr__batch_add_t how = mr__batcher_add(b, dest, kind, data, length, cookie);
+        mr__batch_add_t how = mr__batcher_add(b, dest, kind, data, length);
         if (how == MR__BATCH_FULL) {
             st = send_batch(ctx, dest);
             if (st != MR_OK) return st;
-            how = mr__batcher_add(b, dest, kind, data, length, cookie);
+            how = mr__batcher_add(b, dest, kind, data, length);
         }
         if (how == MR__BATCH_ADDED) {
             *packed = true;
@@ -144,16 +130,6 @@ void mr__batcher_release(mr__batcher_t *b, mr__batch_t *batch)
     batch->dest = -1;
     batch->next_free = b->free_list;
     b->free_list = batch;
-}
-
-int mr__batcher_complete(mr__batcher_t *b, mr__batch_t *batch, const mr_substrate_upcalls_t *up,
-                         void *core)
-{
-    unsigned n = batch->nframes;
-
-    for (unsigned f = 0; f < n; f++) up->send_complete(core, batch->cookies[f]);
-    mr__batcher_release(b, batch);
-    return (int)n;
 }
 
 int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, unsigned *kind,

@@ -7,13 +7,15 @@
  * at once, so a lone message (a ping-pong, a request) is never held back.
  * Further messages of at most max_frame bytes to that rank before the next
  * progress call are packed into a batch, which leaves when it is full or at
- * the next progress call. Every message keeps its own credit, receive slot
- * and completion: a batch only saves the transport's per-message cost.
+ * the next progress call. A batch holds messages of one kind; a message of
+ * another kind sends the open batch first. A packed message is copied: its
+ * send buffer is free at once (send() returns MR_SUBSTRATE_SENT), and no
+ * completion follows. Every message keeps its own credit; the receiver takes
+ * a batch of data messages in one receive slot (MR_KIND_BATCH).
  *
- * The wire form of a batch: frames back to back, each a 4-byte little-endian
- * header (bits 0-29 the payload length, bit 31 set for MR_KIND_ITEMS, bit 30
- * for MR_KIND_HANDLER) and the payload. The transport tells batches from single messages itself (MPI:
- * a reserved tag; UCX: a kind in the header).
+ * The wire form of a batch: frames back to back (mr_substrate.h). The
+ * transport tells batches from single messages itself (MPI: a reserved tag;
+ * UCX: a kind in the header).
  */
 #ifndef MR_BATCH_H
 #define MR_BATCH_H
@@ -23,11 +25,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
-#define MR__BATCH_FRAME_HDR 4u
-#define MR__BATCH_ITEMS_BIT UINT32_C(0x80000000)
-#define MR__BATCH_HANDLER_BIT UINT32_C(0x40000000)
-#define MR__BATCH_KIND_BITS (MR__BATCH_ITEMS_BIT | MR__BATCH_HANDLER_BIT)
+#define MR__BATCH_FRAME_HDR MR_FRAME_HDR
+#define MR__BATCH_ITEMS_BIT MR_FRAME_ITEMS_BIT
+#define MR__BATCH_HANDLER_BIT MR_FRAME_HANDLER_BIT
+#define MR__BATCH_KIND_BITS MR_FRAME_KIND_BITS
 /* Frames per batch at most, which bounds the memory kept for completions. */
 #define MR__BATCH_MAX_FRAMES 256u
 
@@ -35,8 +38,8 @@ typedef struct mr__batch {
     uint8_t *data;             /* cap bytes of frames. */
     size_t used;
     unsigned nframes;
+    unsigned kind;             /* The kind of every frame in it. */
     int dest;                  /* -1 while free. */
-    void **cookies;            /* send()'s cookie of each frame, for its completion. */
     struct mr__batch *next_free;
 } mr__batch_t;
 
@@ -67,12 +70,48 @@ void mr__batcher_fini(mr__batcher_t *b);
 /* What mr__batcher_add() did with a message. */
 typedef enum {
     MR__BATCH_ALONE,           /* Not packed: the caller sends it as a message of its own. */
-    MR__BATCH_ADDED,           /* Packed: it completes with its batch. */
+    MR__BATCH_ADDED,           /* Packed: copied into the batch, done. */
     MR__BATCH_FULL             /* The rank's open batch has no room: send it, then add again. */
 } mr__batch_add_t;
 
 mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const void *data,
-                                size_t length, void *cookie);
+                                size_t length);
+
+/* A frame's 4-byte header, little-endian, written at `p`. */
+static inline void mr__batch_frame_hdr(uint8_t *p, unsigned kind, size_t length)
+{
+    uint32_t hdr = (uint32_t)length | (kind == MR_KIND_ITEMS     ? MR__BATCH_ITEMS_BIT
+                                       : kind == MR_KIND_HANDLER ? MR__BATCH_HANDLER_BIT
+                                                                 : 0);
+    p[0] = (uint8_t)hdr;
+    p[1] = (uint8_t)(hdr >> 8);
+    p[2] = (uint8_t)(hdr >> 16);
+    p[3] = (uint8_t)(hdr >> 24);
+}
+
+/*
+ * Packs a message without credits into the open batch of `dest` when there
+ * is one of its kind with room: the common case of a stream, inline.
+ */
+static inline bool mr__batcher_append(mr__batcher_t *b, int dest, unsigned kind, const void *data,
+                                      size_t length)
+{
+    mr__batch_t *batch;
+
+    if (b->max_frame == 0 || (batch = b->open[dest]) == NULL) return false;
+    if (batch->kind != kind || length > b->max_frame ||
+        batch->nframes == MR__BATCH_MAX_FRAMES ||
+        b->cap - batch->used < MR__BATCH_FRAME_HDR + length) {
+        return false;
+    }
+    uint8_t *p = batch->data + batch->used;
+    mr__batch_frame_hdr(p, kind, length);
+    if (length > 0) memcpy(p + MR__BATCH_FRAME_HDR, data, length);
+    batch->used += MR__BATCH_FRAME_HDR + length;
+    batch->nframes++;
+    b->added++;
+    return true;
+}
 
 /*
  * The rule for a rank with no batch open: true, and noted, for the first
@@ -87,22 +126,21 @@ static inline bool mr__batcher_first_in_epoch(mr__batcher_t *b, int dest)
 
 /*
  * The coalescing step of a substrate's send(), for a message with immediate
- * `imm`: packs it when it may (sets *packed: the send is accepted, and
- * completes with its batch). Otherwise, before the caller sends it alone,
+ * `imm`: packs it when it may (sets *packed: the send is done, its buffer
+ * free). Otherwise, before the caller sends it alone,
  * sends the rank's open batch, so that the message does not overtake it.
  * `send_batch(ctx, dest)` sends the open batch of `dest`; when it refuses,
  * that status is returned and nothing was done with the message.
  * mr__batcher_route() below; this is the part that is not inline.
  */
 mr_status_t mr__batcher_route_slow(mr__batcher_t *b, int dest, unsigned kind, uint32_t imm,
-                                   const void *data, size_t length, void *cookie,
+                                   const void *data, size_t length,
                                    mr_status_t (*send_batch)(void *ctx, int dest), void *ctx,
                                    bool *packed);
 
 /* The coalescing step of send(), as described above. */
 static inline mr_status_t mr__batcher_route(mr__batcher_t *b, int dest, unsigned kind,
                                             uint32_t imm, const void *data, size_t length,
-                                            void *cookie,
                                             mr_status_t (*send_batch)(void *ctx, int dest),
                                             void *ctx, bool *packed)
 {
@@ -113,8 +151,7 @@ static inline mr_status_t mr__batcher_route(mr__batcher_t *b, int dest, unsigned
         (imm != 0 || length > b->max_frame || mr__batcher_first_in_epoch(b, dest))) {
         return MR_OK;
     }
-    return mr__batcher_route_slow(b, dest, kind, imm, data, length, cookie, send_batch, ctx,
-                                  packed);
+    return mr__batcher_route_slow(b, dest, kind, imm, data, length, send_batch, ctx, packed);
 }
 
 /* Takes the open batch of `dest` (NULL if none) off the open list, to send it. */
@@ -123,12 +160,6 @@ mr__batch_t *mr__batcher_detach(mr__batcher_t *b, int dest);
 /* A batch that was sent (or given up) is free again. */
 void mr__batcher_release(mr__batcher_t *b, mr__batch_t *batch);
 
-/*
- * A batch was sent or given up: runs send_complete() for each of its
- * messages (inside progress() only) and frees it. Returns how many.
- */
-int mr__batcher_complete(mr__batcher_t *b, mr__batch_t *batch, const mr_substrate_upcalls_t *up,
-                         void *core);
 
 /* Adds the messages packed so far to a substrate's mr_stats_t, when it has the field. */
 static inline void mr__batcher_stats(const mr__batcher_t *b, mr_stats_t *stats)

@@ -137,9 +137,9 @@ mr_status_t mpi__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
     }
     if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
     /* A small message after another to the same rank joins a batch (mr_batch.h). */
-    st = mr__batcher_route(&s->batcher, dest, kind, imm, data, length, cookie, batch_send_to, s,
-                           &packed);
-    if (st != MR_OK || packed) return st;
+    st = mr__batcher_route(&s->batcher, dest, kind, imm, data, length, batch_send_to, s, &packed);
+    if (st != MR_OK) return st;
+    if (packed) return MR_SUBSTRATE_SENT;
     /* The receiver is a whole window behind: wait for a marker to complete. */
     if (!data_can_send(s, dest)) return MR_AGAIN;
     if (imm > s->data_imm_max) {

@@ -98,7 +98,7 @@ static void rx_spill(mr_substrate_t *s, ucx_rx_t *e, const void *data)
 }
 
 /*
- * A batch of small messages (mr_batch.h): each frame is copied into a
+ * A batch of handler or item messages (mr_batch.h): each frame is copied into a
  * receive slot of its own, or, behind earlier arrivals or with no slot free,
  * into the spill area to wait in the arrival queue like any message.
  */
@@ -149,7 +149,13 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
                     source, s->base.datagram_size);
         return UCS_OK;
     }
-    if (kind == UCX_WIRE_DATA_BATCH) return batch_recv(s, source, data, length, param);
+    if (kind == UCX_WIRE_DATA_BATCH) {
+        /* A batch holds one kind (mr_batch.h): data goes to the core whole, the rest frame by frame. */
+        if (length < MR_FRAME_HDR || (((const uint8_t *)data)[3] & 0xc0) != 0) {
+            return batch_recv(s, source, data, length, param);
+        }
+        kind = MR_KIND_BATCH;
+    }
     /* A slot may be taken now only when no earlier arrival still waits for one. */
     may_claim = s->upcalls_ok && s->rxq_claimed == s->rxq_count;
 
@@ -162,7 +168,7 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
                 s->cb_events++;
                 return UCS_OK;
             }
-            if (holdable && zcopy_ok(s, length)) {
+            if (holdable && kind != MR_KIND_BATCH && zcopy_ok(s, length)) {
                 mr_status_t st = s->base.up.deliver(s->base.core, source, kind, imm, data,
                                                     length, data);
                 if (st == MR_OK) {

@@ -77,7 +77,8 @@ static int peer_retire_sends(mr_substrate_t *s, int rank)
             if (r->ctrl) {
                 nctrl++;
             } else if (r->batch != NULL) {
-                batch_done_push(s, r->batch); /* Its messages complete just below. */
+                ndata++;
+                batch_done_push(s, r->batch); /* Freed just below. */
                 r->batch = NULL;
             } else {
                 ndata++;
@@ -85,7 +86,7 @@ static int peer_retire_sends(mr_substrate_t *s, int rank)
             }
         }
     }
-    ndata += (size_t)ucx__batches_complete(s);
+    ucx__batches_complete(s);
     if (ndata + nctrl == 0) return 0;
     MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %zu sends and %zu credit returns to rank %d given up.",
             ndata, nctrl, rank);

@@ -246,7 +246,7 @@ int ucx__rx_drain(mr_substrate_t *s)
             continue;
         }
         /* The head waits for a slot. */
-        if (e->state == RX_HELD && zcopy_ok(s, e->length)) {
+        if (e->state == RX_HELD && e->kind != MR_KIND_BATCH && zcopy_ok(s, e->length)) {
             mr_status_t st = s->base.up.deliver(s->base.core, e->source, e->kind, e->imm, e->data,
                                                 e->length, e->data);
             if (st == MR_AGAIN) break;

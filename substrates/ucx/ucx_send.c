@@ -41,8 +41,7 @@ static mr_status_t send_error(mr_substrate_t *s, int dest, ucs_status_t us)
 
 /*
  * Sends the batch being filled for `dest` as one eager message (mr_batch.h).
- * MR_AGAIN when no send state is free: it stays open. Its messages complete
- * at a later progress call, even when UCX is done at once.
+ * MR_AGAIN when no send state is free: it stays open.
  */
 static mr_status_t batch_send(mr_substrate_t *s, ucx_peer_t *p)
 {
@@ -69,8 +68,9 @@ static mr_status_t batch_send(mr_substrate_t *s, ucx_peer_t *p)
     }
     mr__batcher_detach(&s->batcher, p->rank);
     if (sp == NULL) {
+        /* UCX copied it out: the batch takes the next messages at once. */
         mr__sreq_push(&s->free_sreqs, &r->link);
-        batch_done_push(s, b);
+        mr__batcher_release(&s->batcher, b);
     } else {
         r->batch = b;
         r->inflight = true;
@@ -108,21 +108,26 @@ mr_status_t ucx__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
                       const void *data, size_t length, void *cookie)
 {
     ucx_peer_t *p = NULL;
-    mr_status_t st = peer_for_send(s, dest, &p);
+    mr_status_t st;
     ucp_request_param_t param;
     ucs_status_ptr_t sp;
     ucx_sreq_t *r;
     bool packed;
 
+    /* The stream's common case first: the open batch of `dest` takes it, copied. */
+    if (imm == 0 && mr__batcher_append(&s->batcher, dest, kind, data, length)) {
+        return MR_SUBSTRATE_SENT;
+    }
+    st = peer_for_send(s, dest, &p);
     if (st != MR_OK) return st;
     if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
     if (kind < MR_KIND_DATA || kind > MR_KIND_HANDLER || (data == NULL && length > 0)) {
         return MR_ERR_INVALID_PARAM;
     }
     /* A small message after another to the same rank joins a batch (mr_batch.h). */
-    st = mr__batcher_route(&s->batcher, dest, kind, imm, data, length, cookie, batch_send_to, s,
-                           &packed);
-    if (st != MR_OK || packed) return st;
+    st = mr__batcher_route(&s->batcher, dest, kind, imm, data, length, batch_send_to, s, &packed);
+    if (st != MR_OK) return st;
+    if (packed) return MR_SUBSTRATE_SENT;
     r = sreq_pop(&s->free_sreqs);
     if (r == NULL) return MR_AGAIN;
     r->link.next = NULL;

@@ -47,7 +47,7 @@ mr_status_t ucx__sreq_block_add(mr_substrate_t *s, size_t ndata, size_t nctrl)
     return MR_OK;
 }
 
-/* Completes every message of the batches sent (or given up); returns how many. */
+/* Frees the batches sent (or given up); returns how many. */
 int ucx__batches_complete(mr_substrate_t *s)
 {
     int n = 0;
@@ -55,7 +55,8 @@ int ucx__batches_complete(mr_substrate_t *s)
     while (s->batches_done != NULL) {
         mr__batch_t *b = s->batches_done;
         s->batches_done = b->next_free;
-        n += mr__batcher_complete(&s->batcher, b, &s->base.up, s->base.core);
+        mr__batcher_release(&s->batcher, b);
+        n++;
     }
     return n;
 }

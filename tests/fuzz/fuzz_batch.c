@@ -27,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(batch, data, size);
     /* One batch big enough for anything read back; the first message to rank 0 leaves alone. */
     if (mr__batcher_init(&b, 1, 1, size + MR__BATCH_FRAME_HDR + 1, size + 1) != MR_OK) abort();
-    if (mr__batcher_add(&b, 0, MR_KIND_DATA, NULL, 0, NULL) != MR__BATCH_ALONE) abort();
+    if (mr__batcher_add(&b, 0, MR_KIND_DATA, NULL, 0) != MR__BATCH_ALONE) abort();
     for (;;) {
         const uint8_t *payload = (const uint8_t *)1;
         size_t len = 12345, before = off;
@@ -45,8 +45,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             (kind != MR_KIND_DATA && kind != MR_KIND_ITEMS && kind != MR_KIND_HANDLER)) {
             abort();
         }
-        mr__batch_add_t how = mr__batcher_add(&b, 0, kind, payload, len, NULL);
-        if (how == MR__BATCH_FULL) break; /* More frames than a batch keeps: enough checked. */
+        mr__batch_add_t how = mr__batcher_add(&b, 0, kind, payload, len);
+        if (how == MR__BATCH_FULL) break; /* Too many frames, or another kind: enough checked. */
         if (how != MR__BATCH_ADDED) abort();
     }
     mr__batch_t *again = mr__batcher_detach(&b, 0);
