@@ -76,6 +76,12 @@ static inline uint32_t mr__pool_index(const mr_pool_t *pool, const void *ptr)
     return (uint32_t)(offset / pool->stride);
 }
 
+/* The slot an offset below mapped_bytes falls in: count or more in the mapping's tail. */
+static inline size_t mr__pool_slot_at(const mr_pool_t *pool, uintptr_t offset)
+{
+    return pool->stride_log2 != 0 ? offset >> pool->stride_log2 : offset / pool->stride;
+}
+
 static inline size_t mr__pool_in_use(const mr_pool_t *pool)
 {
     return pool->count - pool->free_top;

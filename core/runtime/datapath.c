@@ -127,33 +127,38 @@ uint32_t dp_batch_drop(uint32_t idx)
     return left;
 }
 
-/* mr_release() of a pointer inside a receive slot, past its start: a frame of a batch? */
-static mr_status_t dp_frame_release(void *buffer)
+/* Why mr_release() refuses a pointer `at` bytes into receive slot `idx` (dp_frame_release()). */
+static __attribute__((noinline)) mr_status_t dp_frame_refused(void *buffer, size_t idx, size_t at)
 {
-    uintptr_t off = (uintptr_t)buffer - (uintptr_t)dp.recv_pool.base;
-    size_t stride = dp.recv_pool.stride;
-    uint32_t idx = (uint32_t)(off / stride);
-    size_t at = off - (size_t)idx * stride;
-    uint8_t *hdr = (uint8_t *)buffer - MR_FRAME_HDR;
     uint32_t mark = (uint32_t)(at - MR_FRAME_HDR) & DP_FRAME_OFFSET;
 
-    if (idx < dp.recv_pool.count && at >= MR_FRAME_HDR) {
-        rt_recv_t *r = &dp.recvs[idx];
-        uint32_t tag = dp_le32(hdr);
-        if (r->state == RECV_BATCH && tag == (DP_FRAME_HELD | mark)) {
-            dp_set_le32(hdr, DP_FRAME_RELEASED | mark);
-            rt.flowctl->on_release(rt.fc, r->source);
-            if (--r->frames_held == 0 && r->frames_left == 0) rt_recv_free(idx);
-            return MR_OK;
-        }
-        if (tag == (DP_FRAME_RELEASED | mark)) {
-            mr_error("mr_release(): receive buffer %p is not held by the application "
-                     "(double release?).", buffer);
-            return MR_ERR_BUFFER_STATE;
-        }
+    if (idx < dp.recv_pool.count && at >= MR_FRAME_HDR &&
+        dp_le32((uint8_t *)buffer - MR_FRAME_HDR) == (DP_FRAME_RELEASED | mark)) {
+        mr_error("mr_release(): receive buffer %p is not held by the application "
+                 "(double release?).", buffer);
+        return MR_ERR_BUFFER_STATE;
     }
     mr_error("mr_release(): %p was not handed out by MailRail.", buffer);
     return MR_ERR_INVALID_BUFFER;
+}
+
+/* mr_release() of a pointer `at` bytes (> 0) into receive slot `idx`: a frame of a batch? */
+static inline mr_status_t dp_frame_release(void *buffer, size_t idx, size_t at)
+{
+    uint8_t *hdr = (uint8_t *)buffer - MR_FRAME_HDR;
+    uint32_t mark = (uint32_t)(at - MR_FRAME_HDR) & DP_FRAME_OFFSET;
+    rt_recv_t *r = &dp.recvs[idx];
+
+    if (idx >= dp.recv_pool.count || at < MR_FRAME_HDR || r->state != RECV_BATCH ||
+        dp_le32(hdr) != (DP_FRAME_HELD | mark)) {
+        return dp_frame_refused(buffer, idx, at);
+    }
+    dp_set_le32(hdr, DP_FRAME_RELEASED | mark);
+    int source = r->source;
+    if (--r->frames_held == 0 && r->frames_left == 0) rt_recv_free((uint32_t)idx);
+    /* Last, with nothing kept across the call: the slot is free before its credit goes. */
+    rt.flowctl->on_release(rt.fc, source);
+    return MR_OK;
 }
 
 /* ---- Upcalls from the substrate ------------------------------------------------------- */
@@ -266,8 +271,7 @@ uint32_t rt_send_slot(const uint8_t *buffer)
 
 uint32_t rt_send_take(void)
 {
-    bool full = rt.cfg.send_bytes != 0 && dp.pending_bytes >= rt.cfg.send_bytes;
-    uint32_t idx = full ? MR_NIL : mr__pool_get(&dp.send_pool);
+    uint32_t idx = dp.pending_bytes >= dp.send_bytes ? MR_NIL : mr__pool_get(&dp.send_pool);
 
     dp.reserve_blocked = idx == MR_NIL;
     if (idx == MR_NIL) rt.stats.reserve_failures++;
@@ -371,10 +375,33 @@ static mr_status_t rt_deliver_self(uint32_t idx)
 }
 
 /*
- * Hands a message to the substrate, or to oneself, if flow control grants a
- * credit. Messages to oneself take a credit too, since they take a receive
- * slot that flow control may have promised to a peer. Inlined: it is most
- * of every send.
+ * The rest of rt_transmit(), out of line: a message in flight (the substrate
+ * completes it later), or one not taken, whose credit goes back.
+ */
+static __attribute__((noinline)) mr_status_t rt_transmit_rest(uint32_t idx, uint32_t imm,
+                                                              mr_status_t status)
+{
+    rt_send_t *s = &dp.sends[idx];
+
+    if (status == MR_OK) {
+        /* Accepted, in flight until send_complete(). */
+        if (s->state != SEND_DEFERRED) dp.pending_bytes += s->length;
+        s->state = SEND_INFLIGHT;
+        dp.inflight++;
+        return MR_OK;
+    }
+    rt.flowctl->unacquire(rt.fc, s->dest, imm);
+    if (status == MR_AGAIN && s->dest != rt.rank) dp.refused_epoch[s->dest] = dp.progress_epoch;
+    return status;
+}
+
+/*
+ * Hands the message in send slot `idx` to the substrate, or to oneself, if
+ * flow control grants a credit. Messages to oneself take a credit too, since
+ * they take a receive slot that flow control may have promised to a peer.
+ * Inlined: it is most of every send. The common case, a message the
+ * substrate is done with at once (copied into a batch, say), frees its slot
+ * here; the slot's dest, kind and length must be set before.
  */
 __attribute__((always_inline)) static inline mr_status_t rt_transmit(uint32_t idx)
 {
@@ -385,27 +412,22 @@ __attribute__((always_inline)) static inline mr_status_t rt_transmit(uint32_t id
 
     /* The substrate refused this rank since the last progress call: it would again. */
     if (dp.refused_epoch[dest] == dp.progress_epoch) return MR_AGAIN;
-    if (!rt.flowctl->acquire(rt.fc, dest, &imm)) return MR_AGAIN;
-    if (dest == rt.rank) {
+    if (!dp.acquire(dp.fc, dest, &imm)) return MR_AGAIN;
+    if (__builtin_expect(dest == rt.rank, 0)) {
         status = rt_deliver_self(idx);
+        if (status == MR_OK) return MR_OK;
     } else {
-        status = rt.substrate->send(rt.sub, dest, s->kind, imm,
-                                    mr__pool_slot(&dp.send_pool, idx), s->length, s);
-        if (status == MR_OK) {
-            if (s->state != SEND_DEFERRED) dp.pending_bytes += s->length;
-            s->state = SEND_INFLIGHT;
-            dp.inflight++;
-        } else if (status == MR_SUBSTRATE_SENT) {
+        status = dp.send(dp.sub, dest, s->kind, imm, mr__pool_slot(&dp.send_pool, idx),
+                         s->length, s);
+        if (__builtin_expect(status == MR_SUBSTRATE_SENT, 1)) {
             /* Already copied out: the slot is free again, warm for the next reserve. */
-            rt_send_free(idx);
-            status = MR_OK;
+            if (s->state == SEND_DEFERRED) dp.pending_bytes -= s->length;
+            s->state = SEND_FREE;
+            mr__pool_put(&dp.send_pool, idx);
+            return MR_OK;
         }
     }
-    if (status != MR_OK) {
-        rt.flowctl->unacquire(rt.fc, dest, imm);
-        if (status == MR_AGAIN && dest != rt.rank) dp.refused_epoch[dest] = dp.progress_epoch;
-    }
-    return status;
+    return rt_transmit_rest(idx, imm, status);
 }
 
 /*
@@ -542,6 +564,34 @@ mr_status_t rt_send_kind(const char *fn, void *buffer, size_t length, int dest, 
     return rt_send_checked(fn, buffer, length, dest, kind, trailer);
 }
 
+/* rt_submit() when the message cannot leave at once: it waits behind others, or for credit. */
+static __attribute__((noinline)) mr_status_t rt_submit_slow(uint32_t idx, int dest,
+                                                            mr_status_t status)
+{
+    rt_send_t *s = &dp.sends[idx];
+
+    if (status == MR_AGAIN && dp.deferq.depth > 0) {
+        /* Older deferred messages go first; a new one never overtakes them. */
+        if (dp.drain_stuck_epoch != dp.progress_epoch) rt_drain(false);
+        if (mr__deferq_peek(&dp.deferq, dest) == MR_NIL) status = rt_transmit(idx);
+    }
+    if (status < 0) {
+        s->state = SEND_RESERVED;
+        return status;
+    }
+    if (status == MR_AGAIN) {
+        /* Deferred for want of credit: the next send must look at the queue again. */
+        if (dp.refused_epoch[dest] != dp.progress_epoch) dp.drain_stuck_epoch = 0;
+        s->state = SEND_DEFERRED;
+        dp.pending_bytes += s->length;
+        mr__deferq_push(&dp.deferq, dest, idx);
+        rt.stats.deferred_sends++;
+    }
+    rt.stats.messages_sent++;
+    rt.stats.bytes_sent += s->length;
+    return MR_OK;
+}
+
 mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
 {
     rt_send_t *s = &dp.sends[idx];
@@ -550,29 +600,17 @@ mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
     s->dest = dest;
     s->length = (uint32_t)length;
     s->kind = (uint8_t)kind;
-
-    /* Older deferred messages go first; a new one never overtakes them. */
-    if (dp.deferq.depth > 0 && dp.drain_stuck_epoch != dp.progress_epoch) rt_drain(false);
-    if (mr__deferq_peek(&dp.deferq, dest) == MR_NIL) {
+    if (__builtin_expect(dp.deferq.depth == 0, 1)) {
         status = rt_transmit(idx);
-        if (status < 0) {
-            s->state = SEND_RESERVED;
-            return status;
+        if (__builtin_expect(status == MR_OK, 1)) {
+            rt.stats.messages_sent++;
+            rt.stats.bytes_sent += length;
+            return MR_OK;
         }
     } else {
-        status = MR_AGAIN;
+        status = MR_AGAIN; /* rt_submit_slow() looks at the queue. */
     }
-    if (status == MR_AGAIN) {
-        /* Deferred for want of credit: the next send must look at the queue again. */
-        if (dp.refused_epoch[dest] != dp.progress_epoch) dp.drain_stuck_epoch = 0;
-        s->state = SEND_DEFERRED;
-        dp.pending_bytes += length;
-        mr__deferq_push(&dp.deferq, dest, idx);
-        rt.stats.deferred_sends++;
-    }
-    rt.stats.messages_sent++;
-    rt.stats.bytes_sent += length;
-    return MR_OK;
+    return rt_submit_slow(idx, dest, status);
 }
 
 /* ---- Receiving ----------------------------------------------------------------------- */
@@ -604,30 +642,13 @@ bool rt_report_failure(void)
     return false;
 }
 
-mr_status_t mr_receive(mr_message_t *message)
+/* Hands out the message at the head of the arrival queue, which is not empty. */
+static inline void dp_take(mr_message_t *message)
 {
-    uint32_t idx;
-    rt_recv_t *r;
-    int events;
+    uint32_t idx = dp.arrivals.head;
+    rt_recv_t *r = &dp.recvs[idx];
 
-    RT_CHECK_READY("mr_receive()");
-    if (message == NULL) {
-        mr_error("mr_receive(): the message pointer is NULL.");
-        return MR_ERR_INVALID_PARAM;
-    }
-    /* Progress on every call while idle, and regularly while messages are queued. */
-    if (dp.arrivals.head == MR_NIL || (++dp.receive_calls & 15) == 0) {
-        events = rt_progress(0);
-        if (events < 0) return (mr_status_t)events;
-    }
-    if (rt_report_failure()) return MR_ERR_PEER_FAILED;
-    idx = dp.arrivals.head;
-    if (idx == MR_NIL) {
-        rt_idle();
-        return MR_AGAIN;
-    }
     dp.idle_polls = 0;
-    r = &dp.recvs[idx];
     if (r->state == RECV_BATCH) {
         /* The next frame of a batch: its header is marked as handed out (dp_frame_release()). */
         uint8_t *frame = (uint8_t *)r->data + r->cursor;
@@ -647,6 +668,38 @@ mr_status_t mr_receive(mr_message_t *message)
     message->source = r->source;
     rt.stats.messages_received++;
     rt.stats.bytes_received += message->length;
+}
+
+/* mr_receive() when it makes progress first: idle, every 64th call, or a failure to report. */
+static __attribute__((noinline)) mr_status_t rt_receive_slow(mr_message_t *message)
+{
+    int events;
+
+    if (message == NULL) {
+        mr_error("mr_receive(): the message pointer is NULL.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    events = rt_progress(0);
+    if (events < 0) return (mr_status_t)events;
+    if (rt_report_failure()) return MR_ERR_PEER_FAILED;
+    if (dp.arrivals.head == MR_NIL) {
+        rt_idle();
+        return MR_AGAIN;
+    }
+    dp_take(message);
+    return MR_OK;
+}
+
+mr_status_t mr_receive(mr_message_t *message)
+{
+    RT_CHECK_READY("mr_receive()");
+    /* Progress on every call while idle, and regularly while messages are queued. */
+    if (__builtin_expect(dp.arrivals.head == MR_NIL || (++dp.receive_calls & 63) == 0 ||
+                             rt.failures_unreported != 0 || message == NULL,
+                         0)) {
+        return rt_receive_slow(message);
+    }
+    dp_take(message);
     return MR_OK;
 }
 
@@ -715,21 +768,24 @@ mr_status_t mr_release(void *buffer)
     uint32_t idx;
 
     RT_CHECK_SEND("mr_release()");
-    idx = mr__pool_index(&dp.recv_pool, buffer);
-    if (idx != MR_NIL) {
-        if (dp.recvs[idx].state == RECV_BATCH) {
+    uintptr_t off = (uintptr_t)buffer - (uintptr_t)dp.recv_pool.base;
+    if (off < dp.recv_pool.mapped_bytes) {
+        /* A receive slot, or a frame of a batch inside one. */
+        size_t slot = mr__pool_slot_at(&dp.recv_pool, off);
+        size_t at = off - slot * dp.recv_pool.stride;
+        if (at != 0) return dp_frame_release(buffer, slot, at);
+        if (slot >= dp.recv_pool.count || dp.recvs[slot].state == RECV_BATCH) {
             mr_error("mr_release(): %p was not handed out by MailRail.", buffer);
             return MR_ERR_INVALID_BUFFER;
         }
-        if (dp.recvs[idx].state != RECV_HELD) {
+        if (dp.recvs[slot].state != RECV_HELD) {
             mr_error("mr_release(): receive buffer %p is not held by the application "
                      "(double release?).", buffer);
             return MR_ERR_BUFFER_STATE;
         }
-        dp_recv_release(idx);
+        dp_recv_release((uint32_t)slot);
         return MR_OK;
     }
-    if (mr__pool_contains(&dp.recv_pool, buffer)) return dp_frame_release(buffer);
     if (mr__pool_contains(&dp.send_pool, buffer)) {
         mr_status_t status = rt_reserved_slot("mr_release()", buffer, &idx);
         if (status != MR_OK) return status;

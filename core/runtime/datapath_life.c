@@ -57,6 +57,11 @@ void rt_datapath_attach(uint64_t recv_bound, uint64_t (*held)(mr_substrate_t *s)
 {
     dp.recv_bound = recv_bound;
     dp.sub_held = held;
+    dp.acquire = rt.flowctl->acquire;
+    dp.fc = rt.fc;
+    dp.send = rt.substrate->send;
+    dp.sub = rt.sub;
+    dp.send_bytes = rt.cfg.send_bytes != 0 ? rt.cfg.send_bytes : UINT64_MAX;
 }
 
 bool rt_datapath_sends_pending(void)

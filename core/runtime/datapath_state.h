@@ -77,6 +77,13 @@ typedef struct rt_datapath {
     uint32_t *refused_epoch;
     /* The progress count when a pass over the deferred queue found only such refusals. */
     uint32_t drain_stuck_epoch;
+    /* The hot path's callees, copied from rt at attach: one load each on every send. */
+    bool (*acquire)(mr_flowctl_t *fc, int dest, uint32_t *imm);
+    mr_flowctl_t *fc;
+    mr_status_t (*send)(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
+                        const void *data, size_t length, void *cookie);
+    mr_substrate_t *sub;
+    uint64_t send_bytes;     /* MAILRAIL_SEND_BYTES, or no bound: UINT64_MAX. */
     size_t inflight;         /* Sends accepted by the substrate and not completed. */
     uint64_t pending_bytes;  /* Of messages deferred or in flight (MAILRAIL_SEND_BYTES). */
     unsigned receive_calls;

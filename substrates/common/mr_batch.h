@@ -91,7 +91,8 @@ static inline void mr__batch_frame_hdr(uint8_t *p, unsigned kind, size_t length)
 
 /*
  * Packs a message without credits into the open batch of `dest` when there
- * is one of its kind with room: the common case of a stream, inline.
+ * is one of its kind with room: the common case of a stream, inline. `data`
+ * is never NULL.
  */
 static inline bool mr__batcher_append(mr__batcher_t *b, int dest, unsigned kind, const void *data,
                                       size_t length)
@@ -105,11 +106,11 @@ static inline bool mr__batcher_append(mr__batcher_t *b, int dest, unsigned kind,
         return false;
     }
     uint8_t *p = batch->data + batch->used;
-    mr__batch_frame_hdr(p, kind, length);
-    if (length > 0) memcpy(p + MR__BATCH_FRAME_HDR, data, length);
     batch->used += MR__BATCH_FRAME_HDR + length;
     batch->nframes++;
     b->added++;
+    mr__batch_frame_hdr(p, kind, length);
+    memcpy(p + MR__BATCH_FRAME_HDR, data, length); /* Last: nothing is kept across the call. */
     return true;
 }
 

@@ -104,8 +104,10 @@ void ucx__flush_batches(mr_substrate_t *s)
     }
 }
 
-mr_status_t ucx__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
-                      const void *data, size_t length, void *cookie)
+/* send() of a message that no open batch takes at once (ucx__send()). */
+static __attribute__((noinline)) mr_status_t send_slow(mr_substrate_t *s, int dest, unsigned kind,
+                                                       uint32_t imm, const void *data,
+                                                       size_t length, void *cookie)
 {
     ucx_peer_t *p = NULL;
     mr_status_t st;
@@ -114,10 +116,6 @@ mr_status_t ucx__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
     ucx_sreq_t *r;
     bool packed;
 
-    /* The stream's common case first: the open batch of `dest` takes it, copied. */
-    if (imm == 0 && mr__batcher_append(&s->batcher, dest, kind, data, length)) {
-        return MR_SUBSTRATE_SENT;
-    }
     st = peer_for_send(s, dest, &p);
     if (st != MR_OK) return st;
     if (length > s->base.datagram_size) return MR_ERR_MESSAGE_TOO_LONG;
@@ -157,6 +155,16 @@ mr_status_t ucx__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
     }
     r->inflight = true;
     return MR_OK;
+}
+
+mr_status_t ucx__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
+                      const void *data, size_t length, void *cookie)
+{
+    /* The stream's common case: the open batch of `dest` takes it, copied. */
+    if (imm == 0 && data != NULL && mr__batcher_append(&s->batcher, dest, kind, data, length)) {
+        return MR_SUBSTRATE_SENT;
+    }
+    return send_slow(s, dest, kind, imm, data, length, cookie);
 }
 
 mr_status_t ucx__send_control(mr_substrate_t *s, int dest, uint32_t imm)
