@@ -471,6 +471,8 @@ START_TEST(bad_input_loses_nothing)
         ck_assert_int_eq(got[i].source, left);
         ck_assert_uint_eq(got[i].length, 40 + i);
         ck_assert_uint_eq(check_message(&got[i]), 1 + i);
+        /* Coalesced or not, a payload starts 8-byte aligned, as a slot does. */
+        ck_assert_uint_eq((uintptr_t)got[i].data % 8, 0);
     }
     ck_assert_int_eq(mr_release(got[BURST - 1].data), MR_OK);
     ck_assert_int_eq(mr_release(got[0].data), MR_OK);

@@ -55,17 +55,27 @@ enum {
 };
 
 /*
- * Frames: messages packed back to back, each a 4-byte little-endian header
- * (bits 0-29 the payload length, bit 31 set for MR_KIND_ITEMS, bit 30 for
- * MR_KIND_HANDLER) and the payload. A substrate that coalesces (mr_batch.h)
- * delivers a batch whose frames are all data as one message of kind
- * MR_KIND_BATCH, into a receive slot (never with a handle): the core hands
- * its frames to mr_receive() one by one and counts a credit per frame.
+ * Frames: messages packed back to back, each an 8-byte header and the
+ * payload, padded with zeros to a multiple of 8 bytes, so that every payload
+ * starts 8-byte aligned when the batch does. Header bytes 0-3: little-endian,
+ * bits 0-29 the payload length, bit 31 set for MR_KIND_ITEMS, bit 30 for
+ * MR_KIND_HANDLER; bytes 4-7: zero on the wire (the receiving core marks
+ * frames there). A substrate that coalesces (mr_batch.h) delivers a batch
+ * whose frames are all data as one message of kind MR_KIND_BATCH, into a
+ * receive slot (never with a handle): the core hands its frames to
+ * mr_receive() one by one and counts a credit per frame.
  */
-#define MR_FRAME_HDR 4u
+#define MR_FRAME_HDR 8u
+#define MR_FRAME_ALIGN 8u
 #define MR_FRAME_ITEMS_BIT UINT32_C(0x80000000)
 #define MR_FRAME_HANDLER_BIT UINT32_C(0x40000000)
 #define MR_FRAME_KIND_BITS (MR_FRAME_ITEMS_BIT | MR_FRAME_HANDLER_BIT)
+
+/* The bytes a frame of a `length`-byte payload takes, header and padding included. */
+static inline size_t mr_frame_size(size_t length)
+{
+    return MR_FRAME_HDR + ((length + MR_FRAME_ALIGN - 1) & ~(size_t)(MR_FRAME_ALIGN - 1));
+}
 
 typedef struct mr_substrate mr_substrate_t; /* A plugin's own state. */
 

@@ -15,10 +15,10 @@
 rt_datapath_t dp;
 
 /*
- * A batch's frame header once mr_receive() handed the frame out, and once it
- * was released: both kind bits set, which no frame header has, and the
- * frame's offset in its slot, so that mr_release() knows a frame it handed
- * out from any other pointer into the slot.
+ * The second word of a batch's frame header (zero on the wire) once
+ * mr_receive() handed the frame out, and once it was released: high bits
+ * that no offset has, and the frame's offset in its slot, so that
+ * mr_release() knows a frame it handed out from any other pointer.
  */
 #define DP_FRAME_HELD UINT32_C(0xE0000000)
 #define DP_FRAME_RELEASED UINT32_C(0xD0000000)
@@ -98,8 +98,12 @@ static void dp_batch_arrived(uint32_t idx, int source)
 
     while (r->handle == NULL && length - off >= MR_FRAME_HDR && n < UINT16_MAX) {
         uint32_t hdr = dp_le32(p + off);
-        if ((hdr & MR_FRAME_KIND_BITS) != 0 || hdr > length - off - MR_FRAME_HDR) break;
-        off += MR_FRAME_HDR + hdr;
+        /* Data frames only, no mark in the second word, and the padding in the batch. */
+        if ((hdr & MR_FRAME_KIND_BITS) != 0 || dp_le32(p + off + 4) != 0 ||
+            mr_frame_size(hdr) > length - off) {
+            break;
+        }
+        off += mr_frame_size(hdr);
         n++;
     }
     if (off != length || n == 0) {
@@ -132,8 +136,8 @@ static __attribute__((noinline)) mr_status_t dp_frame_refused(void *buffer, size
 {
     uint32_t mark = (uint32_t)(at - MR_FRAME_HDR) & DP_FRAME_OFFSET;
 
-    if (idx < dp.recv_pool.count && at >= MR_FRAME_HDR &&
-        dp_le32((uint8_t *)buffer - MR_FRAME_HDR) == (DP_FRAME_RELEASED | mark)) {
+    if (idx < dp.recv_pool.count && at >= MR_FRAME_HDR && at % MR_FRAME_ALIGN == 0 &&
+        dp_le32((uint8_t *)buffer - 4) == (DP_FRAME_RELEASED | mark)) {
         mr_error("mr_release(): receive buffer %p is not held by the application "
                  "(double release?).", buffer);
         return MR_ERR_BUFFER_STATE;
@@ -145,12 +149,12 @@ static __attribute__((noinline)) mr_status_t dp_frame_refused(void *buffer, size
 /* mr_release() of a pointer `at` bytes (> 0) into receive slot `idx`: a frame of a batch? */
 static inline mr_status_t dp_frame_release(void *buffer, size_t idx, size_t at)
 {
-    uint8_t *hdr = (uint8_t *)buffer - MR_FRAME_HDR;
+    uint8_t *hdr = (uint8_t *)buffer - 4; /* The frame header's second word. */
     uint32_t mark = (uint32_t)(at - MR_FRAME_HDR) & DP_FRAME_OFFSET;
     rt_recv_t *r = &dp.recvs[idx];
 
-    if (idx >= dp.recv_pool.count || at < MR_FRAME_HDR || r->state != RECV_BATCH ||
-        dp_le32(hdr) != (DP_FRAME_HELD | mark)) {
+    if (idx >= dp.recv_pool.count || at < MR_FRAME_HDR || at % MR_FRAME_ALIGN != 0 ||
+        r->state != RECV_BATCH || dp_le32(hdr) != (DP_FRAME_HELD | mark)) {
         return dp_frame_refused(buffer, idx, at);
     }
     dp_set_le32(hdr, DP_FRAME_RELEASED | mark);
@@ -653,8 +657,8 @@ static inline void dp_take(mr_message_t *message)
         /* The next frame of a batch: its header is marked as handed out (dp_frame_release()). */
         uint8_t *frame = (uint8_t *)r->data + r->cursor;
         uint32_t length = dp_le32(frame);
-        dp_set_le32(frame, DP_FRAME_HELD | (r->cursor & DP_FRAME_OFFSET));
-        r->cursor += MR_FRAME_HDR + length;
+        dp_set_le32(frame + 4, DP_FRAME_HELD | (r->cursor & DP_FRAME_OFFSET));
+        r->cursor += (uint32_t)mr_frame_size(length);
         r->frames_held++;
         if (--r->frames_left == 0) dp_recvq_pop(&dp.arrivals);
         message->data = frame + MR_FRAME_HDR;

@@ -10,11 +10,14 @@ mr_status_t mr__batcher_init(mr__batcher_t *b, int nranks, unsigned nbatches, si
                              size_t max_bytes)
 {
     memset(b, 0, sizeof(*b));
-    if (max_bytes == 0 || nbatches == 0 || cap <= MR__BATCH_FRAME_HDR || nranks <= 0) {
+    if (max_bytes == 0 || nbatches == 0 || cap < MR__BATCH_FRAME_HDR + MR_FRAME_ALIGN ||
+        nranks <= 0) {
         return MR_OK; /* Off. */
     }
     b->cap = cap;
-    b->max_frame = max_bytes < cap - MR__BATCH_FRAME_HDR ? max_bytes : cap - MR__BATCH_FRAME_HDR;
+    /* The largest payload whose frame, padding included, fits a batch. */
+    size_t fits = (cap - MR__BATCH_FRAME_HDR) & ~(size_t)(MR_FRAME_ALIGN - 1);
+    b->max_frame = max_bytes < fits ? max_bytes : fits;
     b->nbatches = nbatches;
     b->batches = calloc(nbatches, sizeof(*b->batches));
     b->memory = malloc((size_t)nbatches * cap);
@@ -56,7 +59,7 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
     batch = b->open[dest];
     if (batch != NULL) {
         if (batch->kind != kind || batch->nframes == MR__BATCH_MAX_FRAMES ||
-            b->cap - batch->used < MR__BATCH_FRAME_HDR + length) {
+            b->cap - batch->used < mr_frame_size(length)) {
             return MR__BATCH_FULL;
         }
     } else {
@@ -78,9 +81,8 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
         b->open_ranks[b->nopen++] = dest;
     }
     uint8_t *p = batch->data + batch->used;
-    mr__batch_frame_hdr(p, kind, length);
+    batch->used += mr__batch_frame_start(p, kind, length);
     if (length > 0) memcpy(p + MR__BATCH_FRAME_HDR, data, length);
-    batch->used += MR__BATCH_FRAME_HDR + length;
     batch->nframes++;
     b->added++;
     return MR__BATCH_ADDED;
@@ -136,15 +138,16 @@ int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, un
                          const uint8_t **payload, size_t *payload_len)
 {
     size_t off = *offset;
-    uint32_t hdr;
+    uint32_t hdr, zero;
     size_t n;
 
     if (off == length) return 0;
     if (length - off < MR__BATCH_FRAME_HDR) return MR_ERR_PROTOCOL;
     hdr = (uint32_t)batch[off] | (uint32_t)batch[off + 1] << 8 | (uint32_t)batch[off + 2] << 16 |
           (uint32_t)batch[off + 3] << 24;
+    memcpy(&zero, batch + off + 4, sizeof(zero));
     n = hdr & ~MR__BATCH_KIND_BITS;
-    if (n > length - off - MR__BATCH_FRAME_HDR) return MR_ERR_PROTOCOL;
+    if (zero != 0 || mr_frame_size(n) > length - off) return MR_ERR_PROTOCOL;
     switch (hdr & MR__BATCH_KIND_BITS) {
     case 0: *kind = MR_KIND_DATA; break;
     case MR__BATCH_ITEMS_BIT: *kind = MR_KIND_ITEMS; break;
@@ -153,6 +156,6 @@ int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, un
     }
     *payload = batch + off + MR__BATCH_FRAME_HDR;
     *payload_len = n;
-    *offset = off + MR__BATCH_FRAME_HDR + n;
+    *offset = off + mr_frame_size(n);
     return 1;
 }

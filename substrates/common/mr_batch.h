@@ -77,16 +77,26 @@ typedef enum {
 mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const void *data,
                                 size_t length);
 
-/* A frame's 4-byte header, little-endian, written at `p`. */
-static inline void mr__batch_frame_hdr(uint8_t *p, unsigned kind, size_t length)
+/*
+ * Starts a frame of `length` payload bytes at `p`: its header, and zeros in
+ * its padding (mr_substrate.h). The caller copies the payload after the
+ * header. Returns the frame's size.
+ */
+static inline size_t mr__batch_frame_start(uint8_t *p, unsigned kind, size_t length)
 {
+    size_t size = mr_frame_size(length);
     uint32_t hdr = (uint32_t)length | (kind == MR_KIND_ITEMS     ? MR__BATCH_ITEMS_BIT
                                        : kind == MR_KIND_HANDLER ? MR__BATCH_HANDLER_BIT
                                                                  : 0);
+    uint64_t zero = 0;
+
+    memcpy(p + size - sizeof(zero), &zero, sizeof(zero)); /* The padding (or the header). */
     p[0] = (uint8_t)hdr;
     p[1] = (uint8_t)(hdr >> 8);
     p[2] = (uint8_t)(hdr >> 16);
     p[3] = (uint8_t)(hdr >> 24);
+    memcpy(p + 4, &zero, 4);
+    return size;
 }
 
 /*
@@ -101,15 +111,13 @@ static inline bool mr__batcher_append(mr__batcher_t *b, int dest, unsigned kind,
 
     if (b->max_frame == 0 || (batch = b->open[dest]) == NULL) return false;
     if (batch->kind != kind || length > b->max_frame ||
-        batch->nframes == MR__BATCH_MAX_FRAMES ||
-        b->cap - batch->used < MR__BATCH_FRAME_HDR + length) {
+        batch->nframes == MR__BATCH_MAX_FRAMES || b->cap - batch->used < mr_frame_size(length)) {
         return false;
     }
     uint8_t *p = batch->data + batch->used;
-    batch->used += MR__BATCH_FRAME_HDR + length;
+    batch->used += mr__batch_frame_start(p, kind, length);
     batch->nframes++;
     b->added++;
-    mr__batch_frame_hdr(p, kind, length);
     memcpy(p + MR__BATCH_FRAME_HDR, data, length); /* Last: nothing is kept across the call. */
     return true;
 }

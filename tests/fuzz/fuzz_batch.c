@@ -7,8 +7,9 @@
  * sees an exact copy, for ASan); every frame lies inside the batch, right
  * after its header, and frames follow each other without gaps; a refusal
  * is MR_ERR_PROTOCOL and leaves the offset and outputs untouched; the frames
- * read before the end or a refusal, packed again by the batcher, give the
- * same bytes.
+ * read before the end or a refusal, packed again by the batcher, read back
+ * the same (kinds, lengths, payloads; the padding may differ: the batcher
+ * writes zeros, the reader ignores it).
  */
 #include "mr_batch.h"
 
@@ -26,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     memcpy(batch, data, size);
     /* One batch big enough for anything read back; the first message to rank 0 leaves alone. */
-    if (mr__batcher_init(&b, 1, 1, size + MR__BATCH_FRAME_HDR + 1, size + 1) != MR_OK) abort();
+    if (mr__batcher_init(&b, 1, 1, size + 2 * MR__BATCH_FRAME_HDR, size + 8) != MR_OK) abort();
     if (mr__batcher_add(&b, 0, MR_KIND_DATA, NULL, 0) != MR__BATCH_ALONE) abort();
     for (;;) {
         const uint8_t *payload = (const uint8_t *)1;
@@ -41,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         }
         if (payload != batch + before + MR__BATCH_FRAME_HDR ||
-            off != before + MR__BATCH_FRAME_HDR + len || off > size ||
+            off != before + mr_frame_size(len) || off > size ||
             (kind != MR_KIND_DATA && kind != MR_KIND_ITEMS && kind != MR_KIND_HANDLER)) {
             abort();
         }
@@ -50,8 +51,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (how != MR__BATCH_ADDED) abort();
     }
     mr__batch_t *again = mr__batcher_detach(&b, 0);
-    if (again != NULL && (again->used > off || memcmp(again->data, batch, again->used) != 0)) {
-        abort();
+    if (again != NULL) {
+        size_t a = 0, o = 0;
+        if (again->used > off) abort();
+        for (;;) {
+            const uint8_t *p1, *p2;
+            size_t l1, l2;
+            unsigned k1, k2;
+            int r2 = mr__batch_frame_next(again->data, again->used, &a, &k2, &p2, &l2);
+            if (r2 == 0) break;
+            if (r2 != 1 || mr__batch_frame_next(batch, size, &o, &k1, &p1, &l1) != 1) abort();
+            if (k1 != k2 || l1 != l2 || memcmp(p1, p2, l1) != 0) abort();
+        }
     }
     mr__batcher_fini(&b);
     free(batch);
