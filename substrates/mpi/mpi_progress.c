@@ -183,9 +183,11 @@ static int progress_ctrl_recvs(mr_substrate_t *s)
 }
 
 /*
- * Delivers the frames of a received batch from e->offset on, each copied
- * into a receive slot, until one finds no slot free. Returns the deliveries,
- * or MR_ERR_PROTOCOL when the frames do not add up.
+ * Delivers a received batch: one of data messages whole, into one receive
+ * slot (MR_KIND_BATCH: the core checks its frames); the frames of another
+ * from e->offset on, each copied into a receive slot, until one finds no
+ * slot free. Returns the deliveries, or MR_ERR_PROTOCOL when the frames do
+ * not add up.
  */
 static int deliver_batch(mr_substrate_t *s, mpi_recv_t *e, int src, const uint8_t *buf,
                          size_t length)
@@ -195,6 +197,14 @@ static int deliver_batch(mr_substrate_t *s, mpi_recv_t *e, int src, const uint8_
     unsigned kind;
     int n = 0, r;
 
+    /* A batch holds one kind (mr_batch.h): the first frame's kind bits say which. */
+    if (off == 0 && length >= MR_FRAME_HDR && (buf[3] & 0xc0) == 0) {
+        if (s->base.up.deliver_copy(s->base.core, src, MR_KIND_BATCH, 0, buf, length) != MR_OK) {
+            return 0;
+        }
+        e->offset = length;
+        return 1;
+    }
     while ((r = mr__batch_frame_next(buf, length, &off, &kind, &payload, &plen)) == 1) {
         if (s->base.up.deliver_copy(s->base.core, src, kind, 0, payload, plen) != MR_OK) break;
         e->offset = off;
