@@ -73,12 +73,20 @@ mr_status_t mr__credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit,
         o->key[k].held = o->key[k].adaptive ? initial : limit;
         o->key[k].owed = limit - o->key[k].held;
         o->key[k].epoch = UINT32_MAX;
+        o->key[k].sender[0] = -1; /* None yet (mr_credit_key_t.sender). */
     }
     o->win.adaptive = adaptive;
     o->win.per_rank_q8 = 0; /* Every holder starts at the floor, MR_CREDIT_INITIAL. */
     o->win.active = 1;
     o->static_return_at = mr__credit_return_at(limit, o->threshold);
+    for (int k = 0; k < nkeys; k++) mr__credit_key_refresh(o, &o->key[k]);
     return MR_OK;
+}
+
+void mr__credit_key_refresh(const mr_credit_owed_t *o, mr_credit_key_t *k)
+{
+    k->return_at = mr__credit_owed_return_at(o, (int)(k - o->key));
+    k->return_at_q8 = o->win.per_rank_q8;
 }
 
 static uint32_t credit_active(const mr_credit_window_t *w)
@@ -115,14 +123,20 @@ static void credit_granted(mr_credit_owed_t *o, int key, uint32_t n)
 
 uint32_t mr__credit_owed_take(mr_credit_owed_t *o, int key)
 {
-    uint32_t n = mr__credit_owed_returnable(o, key);
+    mr_credit_key_t *k = &o->key[key];
+    uint32_t at, n;
 
     /*
-     * Only from half a return's worth on: most data messages then carry no
-     * credits, which lets a substrate send them without a header (UCX), and
-     * the credits still leave before a control message would take them.
+     * Only from half a return's worth on (rounded up, so at least 1): most
+     * data messages then carry no credits, which lets a substrate send them
+     * without a header (UCX), and the credits still leave before a control
+     * message would take them. What may be returned is at most what is owed.
      */
-    if (n == 0 || n < (mr__credit_owed_return_at(o, key) + 1) / 2) return 0;
+    if (k->owed == 0) return 0;
+    at = (mr__credit_key_return_at(o, k) + 1) / 2;
+    if (k->owed < at) return 0;
+    n = mr__credit_owed_returnable(o, key);
+    if (n < at) return 0;
     credit_granted(o, key, n);
     return n;
 }
@@ -173,6 +187,7 @@ static mr_status_t credit_send(mr_credit_owed_t *o, int key, uint32_t n)
         k->nsenders--;
         memmove(&k->sender[0], &k->sender[1], k->nsenders * sizeof(k->sender[0]));
     }
+    k->sender[0] = -1;
     k->owed = 0;
     return status;
 }
@@ -196,6 +211,7 @@ static void credit_window_update(mr_credit_window_t *w, uint32_t limit)
     uint64_t horizon = 2 * loop > CREDIT_HORIZON_NS ? 2 * loop : CREDIT_HORIZON_NS;
     double per = w->rate * (double)horizon / 1e9 / (double)credit_active(w);
 
+    /* A new per_rank_q8: each key works its return threshold out again when next asked. */
     w->per_rank_q8 = per >= (double)limit ? (uint64_t)limit << 8 : (uint64_t)(per * 256.0) + 1;
 }
 
@@ -272,28 +288,25 @@ void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
      * waits for more): progress sends them, outside this upcall.
      */
     credit_note_sender(k, rank);
-    if (!k->queued && mr__credit_owed_returnable(o, key) >= mr__credit_owed_return_at(o, key)) {
+    if (!k->queued && mr__credit_owed_returnable(o, key) >= mr__credit_key_return_at(o, k)) {
         credit_queue(o, key);
     }
 }
-
 
 void mr__credit_owed_consume(mr_credit_owed_t *o, int key, int rank)
 {
     mr_credit_key_t *k = &o->key[key];
 
     credit_note_sender(k, rank);
-    k->owed++;
-    if (!k->queued && mr__credit_owed_returnable(o, key) >= mr__credit_owed_return_at(o, key)) {
-        credit_owed_return(o, key);
-    }
+    /* What may be returned is at most what is owed: short of a return's worth, nothing is due. */
+    if (++k->owed < mr__credit_key_return_at(o, k) || k->queued) return;
+    if (mr__credit_owed_returnable(o, key) >= k->return_at) credit_owed_return(o, key);
 }
 
-int mr__credit_owed_progress(mr_credit_owed_t *o)
+int mr__credit_owed_retry(mr_credit_owed_t *o)
 {
     int sent = 0, kept = 0;
 
-    if (o->nretry == 0) return 0;
     for (int i = 0; i < o->nretry; i++) {
         int key = o->retry[i];
         mr_credit_key_t *k = &o->key[key];
@@ -301,7 +314,7 @@ int mr__credit_owed_progress(mr_credit_owed_t *o)
         mr_status_t status;
 
         /* Piggybacking may have paid the debt meanwhile. */
-        if (n < mr__credit_owed_return_at(o, key) || n == 0) {
+        if (n < mr__credit_key_return_at(o, k) || n == 0) {
             k->queued = 0;
             continue;
         }
@@ -338,11 +351,6 @@ void mr__credit_clock_fini(mr_credit_clock_t *c)
 {
     free(c->since);
     c->since = NULL;
-}
-
-void mr__credit_clock_blocked(mr_credit_clock_t *c, int dest)
-{
-    if (c->since[dest] == 0) c->since[dest] = mr__now_ns();
 }
 
 void mr__credit_clock_stop(mr_credit_clock_t *c, int dest)

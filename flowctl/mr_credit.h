@@ -12,6 +12,7 @@
 #define MR_CREDIT_H
 
 #include "mr_flowctl.h"
+#include "mr_time.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -52,18 +53,30 @@ typedef struct mr_credit_window {
                                     this one. */
 } mr_credit_window_t;
 
-/* One key's grant, as its receiver sees it. */
+/*
+ * One key's grant, as its receiver sees it (64 bytes). The fields that a
+ * release, an arrival and a piggyback check read come first, together.
+ */
 typedef struct mr_credit_key {
     uint32_t owed;            /* Freed slots not yet granted back. */
     uint32_t held;            /* Granted credits whose messages have not arrived. */
+    /*
+     * mr__credit_owed_return_at() as of the window `return_at_q8` (the
+     * mr_credit_window_t.per_rank_q8 it was worked out for): the window only
+     * changes with per_rank_q8, at most once per interval of arrivals, so the
+     * per-message paths compare one word instead of working the window and a
+     * division out again (mr__credit_key_return_at()).
+     */
+    uint32_t return_at;
+    uint32_t weight;          /* Adaptive: the sending ranks it stands for. */
+    uint64_t return_at_q8;
+    uint8_t nsenders;         /* Its last distinct senders, the latest first: */
+    uint8_t queued;           /* On the retry list. */
+    bool adaptive;            /* Granted up to the window (else the whole share). */
+    int32_t sender[MR_CREDIT_SENDERS]; /* returns go to the first (-1 while there is none). */
     uint32_t epoch;           /* The last epoch it sent in, and how much: */
     uint32_t epoch_arrivals;
     uint64_t probe_t0;        /* When credits went to it with none held, or 0. */
-    int32_t sender[MR_CREDIT_SENDERS]; /* Its last distinct senders, the latest first: */
-    uint8_t nsenders;         /* returns go to the first. */
-    uint8_t queued;           /* On the retry list. */
-    bool adaptive;            /* Granted up to the window (else the whole share). */
-    uint32_t weight;          /* Adaptive: the sending ranks it stands for. */
 } mr_credit_key_t;
 
 typedef struct mr_credit_owed {
@@ -115,12 +128,6 @@ mr_status_t mr__credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit,
                                 const uint32_t *weight, const mr_flowctl_params_t *params);
 void mr__credit_owed_fini(mr_credit_owed_t *o);
 
-/* A data message of `key`, sent by `rank`, arrived on one of the key's credits. */
-void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank);
-
-/* One slot of `key` was freed by a message from `rank`; returns credits when due. */
-void mr__credit_owed_consume(mr_credit_owed_t *o, int key, int rank);
-
 /* How many credits `key` may have outstanding now. */
 static inline uint32_t mr__credit_owed_window(const mr_credit_owed_t *o, int key)
 {
@@ -155,11 +162,71 @@ static inline uint32_t mr__credit_owed_return_at(const mr_credit_owed_t *o, int 
                                 : o->static_return_at;
 }
 
+/* Works mr_credit_key_t.return_at out again for the window of now (credit.c). */
+void mr__credit_key_refresh(const mr_credit_owed_t *o, mr_credit_key_t *k);
+
+/* mr__credit_owed_return_at() of `k`, worked out again only when the window changed. */
+static inline uint32_t mr__credit_key_return_at(const mr_credit_owed_t *o, mr_credit_key_t *k)
+{
+    if (__builtin_expect(k->return_at_q8 != o->win.per_rank_q8, 0)) mr__credit_key_refresh(o, k);
+    return k->return_at;
+}
+
+/* A data message of `key`, sent by `rank`, arrived on one of the key's credits. */
+void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank);
+
+/* One slot of `key` was freed by a message from `rank`; returns credits when due. */
+void mr__credit_owed_consume(mr_credit_owed_t *o, int key, int rank);
+
 /*
  * Takes what may be granted back to `key`, to piggyback it on a data message;
  * 0 while that is less than half a return's worth.
  */
 uint32_t mr__credit_owed_take(mr_credit_owed_t *o, int key);
+
+/*
+ * The common cases of the three above, for the policies' per-message hooks:
+ * each does what its operation would, and returns true, when that is a count
+ * and no more (false: it did nothing, call the operation). They call nothing,
+ * so that a hook can handle most messages without a stack frame and leave the
+ * rest to an out-of-line half that calls the operation.
+ */
+
+/* mr__credit_owed_arrived() of a static key that holds credits: one fewer held. */
+static inline bool mr__credit_owed_arrived_fast(mr_credit_owed_t *o, int key)
+{
+    mr_credit_key_t *k = &o->key[key];
+
+    if (k->held == 0 || k->adaptive) return false;
+    k->held--;
+    return true;
+}
+
+/*
+ * mr__credit_owed_consume() from the key's latest sender, when the slot leaves
+ * it short of a return's worth owed (returnable credits are at most those owed):
+ * one more owed.
+ */
+static inline bool mr__credit_owed_consume_fast(mr_credit_owed_t *o, int key, int rank)
+{
+    mr_credit_key_t *k = &o->key[key];
+
+    if (k->sender[0] != rank || k->return_at_q8 != o->win.per_rank_q8 ||
+        k->owed + 1 >= k->return_at) {
+        return false;
+    }
+    k->owed++;
+    return true;
+}
+
+/* True when mr__credit_owed_take() would take nothing: less than half a return's worth owed. */
+static inline bool mr__credit_owed_take_none(const mr_credit_owed_t *o, int key)
+{
+    const mr_credit_key_t *k = &o->key[key];
+
+    return k->owed == 0 ||
+           (k->return_at_q8 == o->win.per_rank_q8 && k->owed < (k->return_at + 1) / 2);
+}
 
 /* Puts back credits taken with mr__credit_owed_take() that did not travel. */
 static inline void mr__credit_owed_put_back(mr_credit_owed_t *o, int key, uint32_t n)
@@ -171,8 +238,14 @@ static inline void mr__credit_owed_put_back(mr_credit_owed_t *o, int key, uint32
 /* Copies up to `count` keys' outstanding credits into `out`; returns the number of keys. */
 int mr__credit_owed_outstanding(const mr_credit_owed_t *o, uint32_t *out, int count);
 
+/* The retry list's half of mr__credit_owed_progress() (credit.c). */
+int mr__credit_owed_retry(mr_credit_owed_t *o);
+
 /* Sends returns that were refused or came due outside a release. Returns how many. */
-int mr__credit_owed_progress(mr_credit_owed_t *o);
+static inline int mr__credit_owed_progress(mr_credit_owed_t *o)
+{
+    return o->nretry == 0 ? 0 : mr__credit_owed_retry(o);
+}
 
 typedef struct mr_credit_clock {
     uint64_t *since;      /* Per destination: when it ran out of credit, or 0. */
@@ -183,7 +256,10 @@ mr_status_t mr__credit_clock_init(mr_credit_clock_t *c, int ndest);
 void mr__credit_clock_fini(mr_credit_clock_t *c);
 
 /* A send to `dest` found no credit. */
-void mr__credit_clock_blocked(mr_credit_clock_t *c, int dest);
+static inline void mr__credit_clock_blocked(mr_credit_clock_t *c, int dest)
+{
+    if (c->since[dest] == 0) c->since[dest] = mr__now_ns();
+}
 
 /* Ends the wait of `dest`, adding it to the total. */
 void mr__credit_clock_stop(mr_credit_clock_t *c, int dest);

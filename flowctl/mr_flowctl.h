@@ -119,6 +119,14 @@ typedef struct mr_flowctl_ops {
      * (mr_stats_t.breach_beyond_grant). NULL: the policy bounds nothing.
      */
     uint64_t (*recv_bound)(mr_flowctl_t *fc);
+    /*
+     * Called after acquire() found no credit for `dest`: true when no credit
+     * for `dest` can come before the next progress() (they only come with
+     * arrivals and control messages, which substrates upcall from progress
+     * only), so that the core need not ask again until then. NULL: credit may
+     * come at any time (from other processes, say).
+     */
+    bool (*waits_for_progress)(mr_flowctl_t *fc, int dest);
 } mr_flowctl_ops_t;
 
 /* Names accepted by MAILRAIL_FLOWCTL, NULL-terminated, in table order. */

@@ -465,6 +465,52 @@ START_TEST(credit_piggyback_from_half_a_return)
 }
 END_TEST
 
+/*
+ * The return and piggyback thresholds of an adaptive key follow its window
+ * from one message to the next (credit.c keeps them per key and works them
+ * out again when the window changes): a window that grows less than a return's
+ * worth of room returns nothing, and the old, smaller threshold must not.
+ */
+START_TEST(credit_thresholds_follow_the_window)
+{
+    credit_calls_t calls = {.failed_rank = -1};
+    mr_flowctl_params_t params = {.return_threshold = 2, .core = &calls,
+                                  .send_control = credit_record};
+    const uint32_t weight[1] = {1};
+    mr_credit_owed_t o;
+
+    ck_assert_int_eq(mr__credit_owed_init(&o, 1, 64, true, weight, &params), MR_OK);
+    ck_assert_uint_eq(mr__credit_owed_return_at(&o, 0), 1);
+    /* A window of 16: the first arrival makes 15 due, at progress. */
+    o.win.per_rank_q8 = 16 << 8;
+    mr__credit_owed_arrived(&o, 0, 5);
+    ck_assert_int_eq(mr__credit_owed_progress(&o), 1);
+    ck_assert_uint_eq(calls.credits[0], 15);
+    ck_assert_uint_eq(o.key[0].held, 16);
+    /* 4 arrive: 4 of room, short of a return's worth (8). */
+    for (int i = 0; i < 4; i++) mr__credit_owed_arrived(&o, 0, 5);
+    ck_assert_int_eq(mr__credit_owed_progress(&o), 0);
+    /* A window of 8 (returns from 4 on) has no room for the 12 held. */
+    o.win.per_rank_q8 = 8 << 8;
+    mr__credit_owed_consume(&o, 0, 5);
+    ck_assert_int_eq(calls.n, 1);
+    /* A window of 20 has 8 of room: short of its return (10), above its piggyback (5). */
+    o.win.per_rank_q8 = 20 << 8;
+    mr__credit_owed_consume(&o, 0, 5);
+    ck_assert_int_eq(calls.n, 1);
+    ck_assert_uint_eq(mr__credit_owed_take(&o, 0), 8);
+    ck_assert_uint_eq(o.key[0].held, 20);
+    /* A window of 26 has 6 of room: short of its piggyback (7), above the last one. */
+    o.win.per_rank_q8 = 26 << 8;
+    ck_assert_uint_eq(mr__credit_owed_take(&o, 0), 0);
+    mr__credit_owed_consume(&o, 0, 5);
+    ck_assert_int_eq(calls.n, 1);
+    ck_assert_uint_eq(o.key[0].held, 20);
+    ck_assert_uint_eq(o.key[0].owed, 42);
+    mr__credit_owed_fini(&o);
+}
+END_TEST
+
 /* ---- Node credit stash ------------------------------------------------------------------- */
 
 /* One rank of a two-rank node, initialised on a thread of its own (init has barriers). */
@@ -766,6 +812,7 @@ static Suite *unit_suite(void)
     tc = tcase_create("credit");
     tcase_add_test(tc, credit_returns_go_whole_to_a_nodes_latest_sender);
     tcase_add_test(tc, credit_piggyback_from_half_a_return);
+    tcase_add_test(tc, credit_thresholds_follow_the_window);
     tcase_add_test(tc, node_stash_goes_back_at_progress);
     suite_add_tcase(s, tc);
     tc = tcase_create("items_wire");

@@ -379,6 +379,18 @@ static mr_status_t rt_deliver_self(uint32_t idx)
 }
 
 /*
+ * No credit for `dest`: when flow control says none can come before the next
+ * progress call, the core asks no more until then, as after a refusal.
+ */
+static __attribute__((noinline)) mr_status_t rt_no_credit(int dest)
+{
+    if (rt.flowctl->waits_for_progress != NULL && rt.flowctl->waits_for_progress(rt.fc, dest)) {
+        dp.refused_epoch[dest] = dp.progress_epoch;
+    }
+    return MR_AGAIN;
+}
+
+/*
  * The rest of rt_transmit(), out of line: a message in flight (the substrate
  * completes it later), or one not taken, whose credit goes back.
  */
@@ -416,7 +428,7 @@ __attribute__((always_inline)) static inline mr_status_t rt_transmit(uint32_t id
 
     /* The substrate refused this rank since the last progress call: it would again. */
     if (dp.refused_epoch[dest] == dp.progress_epoch) return MR_AGAIN;
-    if (!dp.acquire(dp.fc, dest, &imm)) return MR_AGAIN;
+    if (!dp.acquire(dp.fc, dest, &imm)) return rt_no_credit(dest);
     if (__builtin_expect(dest == rt.rank, 0)) {
         status = rt_deliver_self(idx);
         if (status == MR_OK) return MR_OK;
@@ -437,8 +449,9 @@ __attribute__((always_inline)) static inline mr_status_t rt_transmit(uint32_t id
 /*
  * Visits every destination with deferred messages once, sending the oldest
  * message of each that can take one, as the paper's deferred queue does on
- * every send. With `until_stuck`, repeats while that moved something.
- * Returns the number of messages that left the queue.
+ * every send. With `until_stuck`, sends each destination's messages while it
+ * takes them, and repeats while that moved something. Returns the number of
+ * messages that left the queue.
  */
 static int rt_drain(bool until_stuck)
 {
@@ -452,18 +465,24 @@ static int rt_drain(bool until_stuck)
         pass = 0;
         for (int i = 0; i < count && dest >= 0; i++) {
             int next = mr__deferq_next(&dp.deferq, dest);
-            uint32_t idx = mr__deferq_peek(&dp.deferq, dest);
-            mr_status_t status = rt_transmit(idx);
+            uint32_t idx;
 
-            if (status == MR_OK) {
-                mr__deferq_pop(&dp.deferq, dest);
-                pass++;
-            } else if (status < 0) {
-                /* The substrate refused for good (peer failure): drop the message. */
-                mr__deferq_pop(&dp.deferq, dest);
-                rt_send_free(idx);
-            } else if (dp.refused_epoch[dest] != dp.progress_epoch) {
-                all_refused = false; /* Waiting for credit, which may come any time. */
+            while ((idx = mr__deferq_peek(&dp.deferq, dest)) != MR_NIL) {
+                mr_status_t status = rt_transmit(idx);
+
+                if (status == MR_OK) {
+                    mr__deferq_pop(&dp.deferq, dest);
+                    pass++;
+                    if (!until_stuck) break;
+                } else if (status < 0) {
+                    /* The substrate refused for good (peer failure): drop the message. */
+                    mr__deferq_pop(&dp.deferq, dest);
+                    rt_send_free(idx);
+                } else {
+                    /* Waiting for credit, which may come any time, or refused until progress. */
+                    if (dp.refused_epoch[dest] != dp.progress_epoch) all_refused = false;
+                    break;
+                }
             }
             dest = next;
         }
@@ -575,8 +594,12 @@ static __attribute__((noinline)) mr_status_t rt_submit_slow(uint32_t idx, int de
     rt_send_t *s = &dp.sends[idx];
 
     if (status == MR_AGAIN && dp.deferq.depth > 0) {
-        /* Older deferred messages go first; a new one never overtakes them. */
-        if (dp.drain_stuck_epoch != dp.progress_epoch) rt_drain(false);
+        /*
+         * Older deferred messages go first; a new one never overtakes them.
+         * All that can go now go, so that a queue does not outlive the
+         * shortage that made it (a message behind it would queue too).
+         */
+        if (dp.drain_stuck_epoch != dp.progress_epoch) rt_drain(true);
         if (mr__deferq_peek(&dp.deferq, dest) == MR_NIL) status = rt_transmit(idx);
     }
     if (status < 0) {

@@ -70,8 +70,9 @@ typedef struct rt_datapath {
     uint32_t *parked_next;
     /*
      * Progress calls so far, and per rank the count when the substrate last
-     * refused a message to it (MR_AGAIN): until the next progress call it
-     * would refuse again, so messages to that rank are deferred at once.
+     * refused a message to it (MR_AGAIN), or flow control said no credit for
+     * it can come before the next progress call: until then messages to that
+     * rank are deferred at once.
      */
     uint32_t progress_epoch;
     uint32_t *refused_epoch;

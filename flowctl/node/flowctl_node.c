@@ -274,7 +274,14 @@ static void node_stash_return(mr_flowctl_t *fc)
     fc->nstashed = 0;
 }
 
-static bool node_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
+/*
+ * The per-message hooks handle the common case inline, without a call (and so
+ * without a stack frame), and leave the rest to an out-of-line half that does
+ * all of it: `_slow` is the whole hook.
+ */
+
+__attribute__((noinline)) static bool node_acquire_slow(mr_flowctl_t *fc, int dest,
+                                                        uint32_t *imm)
 {
     int dest_node = fc->node_of[dest];
 
@@ -293,6 +300,32 @@ static bool node_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
     *imm = fc->piggyback && dest_node != fc->node ? mr__credit_owed_take(&fc->owed, dest_node) : 0;
     fc->piggybacked += *imm;
     return true;
+}
+
+/* True when nothing owed to the node of `dest` may ride on a message to it. */
+static inline bool node_take_none(const mr_flowctl_t *fc, int dest)
+{
+    int dest_node = fc->node_of[dest];
+
+    return dest_node == fc->node || mr__credit_owed_take_none(&fc->owed, dest_node);
+}
+
+static bool node_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
+{
+    uint32_t stash = fc->stash[dest];
+
+    if (fc->clock.since[dest] == 0) {
+        /* A credit in the stash, no wait to end, nothing to piggyback. */
+        if (stash != 0 && (!fc->piggyback || node_take_none(fc, dest))) {
+            fc->stash[dest] = stash - 1;
+            *imm = 0;
+            return true;
+        }
+    } else if (stash == 0 &&
+               atomic_load_explicit(&fc->seg->credits[dest].n, memory_order_relaxed) == 0) {
+        return false; /* Still none, in the stash or the pool, and the wait is timed already. */
+    }
+    return node_acquire_slow(fc, dest, imm);
 }
 
 /* Puts credits for receiver `dest` into this node's shared pool. */
@@ -320,7 +353,8 @@ static void node_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
     fc->piggybacked -= imm;
 }
 
-static void node_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
+__attribute__((noinline)) static void node_on_arrival_slow(mr_flowctl_t *fc, int source,
+                                                           uint32_t imm)
 {
     int source_node = fc->node_of[source];
 
@@ -328,7 +362,19 @@ static void node_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
     if (imm != 0) node_deposit(fc, source, imm);
 }
 
-static void node_on_release(mr_flowctl_t *fc, int source)
+static void node_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
+{
+    int source_node = fc->node_of[source];
+
+    /* No credits came with it, and it spent one of this node's or of a static grant. */
+    if (imm == 0 &&
+        (source_node == fc->node || mr__credit_owed_arrived_fast(&fc->owed, source_node))) {
+        return;
+    }
+    node_on_arrival_slow(fc, source, imm);
+}
+
+__attribute__((noinline)) static void node_on_release_slow(mr_flowctl_t *fc, int source)
 {
     int source_node = fc->node_of[source];
 
@@ -349,16 +395,39 @@ static void node_on_release(mr_flowctl_t *fc, int source)
     }
 }
 
+static void node_on_release(mr_flowctl_t *fc, int source)
+{
+    int source_node = fc->node_of[source];
+
+    /* Short of a deposit (this node's senders) or of a return (another node's). */
+    if (source_node == fc->node) {
+        if (fc->local_owed + 1 < fc->local_return_at) {
+            fc->local_owed++;
+            return;
+        }
+    } else if (mr__credit_owed_consume_fast(&fc->owed, source_node, source)) {
+        return;
+    }
+    node_on_release_slow(fc, source);
+}
+
 static void node_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 {
     node_deposit(fc, source, imm);
 }
 
-static int node_progress(mr_flowctl_t *fc)
+__attribute__((noinline)) static int node_progress_slow(mr_flowctl_t *fc)
 {
     if (fc->nstashed > 0) node_stash_return(fc);
     mr__node_wake_progress(&fc->wake);
     return mr__credit_owed_progress(&fc->owed);
+}
+
+static int node_progress(mr_flowctl_t *fc)
+{
+    /* No stash to put back, no wake-up to read. */
+    if (fc->nstashed == 0 && !fc->wake.expect) return mr__credit_owed_progress(&fc->owed);
+    return node_progress_slow(fc);
 }
 
 static void node_stats(mr_flowctl_t *fc, mr_stats_t *stats)

@@ -116,7 +116,14 @@ static mr_status_t rank_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     return MR_OK;
 }
 
-static bool rank_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
+/*
+ * The per-message hooks handle the common case inline, without a call (and so
+ * without a stack frame), and leave the rest to an out-of-line half that does
+ * all of it: `_slow` is the whole hook.
+ */
+
+__attribute__((noinline)) static bool rank_acquire_slow(mr_flowctl_t *fc, int dest,
+                                                        uint32_t *imm)
 {
     if (fc->credits[dest] == 0) {
         mr__credit_clock_blocked(&fc->clock, dest);
@@ -127,6 +134,24 @@ static bool rank_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
     *imm = fc->piggyback && dest != fc->rank ? mr__credit_owed_take(&fc->owed, dest) : 0;
     fc->piggybacked += *imm;
     return true;
+}
+
+static bool rank_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
+{
+    uint32_t credits = fc->credits[dest];
+
+    if (fc->clock.since[dest] == 0) {
+        /* A credit, no wait to end, nothing to piggyback. */
+        if (credits != 0 &&
+            (!fc->piggyback || dest == fc->rank || mr__credit_owed_take_none(&fc->owed, dest))) {
+            fc->credits[dest] = credits - 1;
+            *imm = 0;
+            return true;
+        }
+    } else if (credits == 0) {
+        return false; /* Still none, and the wait is timed already. */
+    }
+    return rank_acquire_slow(fc, dest, imm);
 }
 
 static void rank_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
@@ -151,16 +176,26 @@ static void rank_refill(mr_flowctl_t *fc, int source, uint32_t n)
     fc->credits[source] += n;
 }
 
-static void rank_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
+__attribute__((noinline)) static void rank_on_arrival_slow(mr_flowctl_t *fc, int source,
+                                                           uint32_t imm)
 {
     if (source != fc->rank) mr__credit_owed_arrived(&fc->owed, source, source);
     if (imm != 0) rank_refill(fc, source, imm);
 }
 
+static void rank_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
+{
+    /* No credits came with it, and it spent one of a static grant (or oneself's). */
+    if (imm == 0 && (source == fc->rank || mr__credit_owed_arrived_fast(&fc->owed, source))) return;
+    rank_on_arrival_slow(fc, source, imm);
+}
+
 static void rank_on_release(mr_flowctl_t *fc, int source)
 {
     if (source == fc->rank) fc->credits[source]++;
-    else mr__credit_owed_consume(&fc->owed, source, source);
+    else if (!mr__credit_owed_consume_fast(&fc->owed, source, source)) {
+        mr__credit_owed_consume(&fc->owed, source, source);
+    }
 }
 
 static void rank_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
@@ -171,6 +206,12 @@ static void rank_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 static int rank_progress(mr_flowctl_t *fc)
 {
     return mr__credit_owed_progress(&fc->owed);
+}
+
+/* Credits for another rank come only in arrivals and control messages; oneself's on release. */
+static bool rank_waits_for_progress(mr_flowctl_t *fc, int dest)
+{
+    return dest != fc->rank;
 }
 
 static void rank_stats(mr_flowctl_t *fc, mr_stats_t *stats)
@@ -211,4 +252,5 @@ const mr_flowctl_ops_t mr__flowctl_rank_ops = {
     .recv_slots_needed = rank_recv_slots_needed,
     .grants = rank_grants,
     .recv_bound = rank_recv_bound,
+    .waits_for_progress = rank_waits_for_progress,
 };
