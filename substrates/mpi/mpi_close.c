@@ -90,14 +90,7 @@ void mpi__close(mr_substrate_t *s)
             e->posted = false;
         }
     }
-    if (s->ctrl_posted) {
-        for (unsigned i = 0; i < MRMPI_CTRL_RECVS; i++) {
-            if (s->ctrl_recv[i] == MPI_REQUEST_NULL) continue;
-            MPI_Cancel(&s->ctrl_recv[i]);
-            if (!wait_bounded(&s->ctrl_recv[i], deadline)) stuck++;
-        }
-        s->ctrl_posted = false;
-    }
+    s->ctrl_probing = false;
     /* Sends still in flight: control sends have no buffer; data sends only after a failure. */
     for (size_t i = 0; i < s->nctrl; i++) {
         if (!wait_bounded(&s->ctrl_req[i], deadline)) stuck++;
@@ -108,7 +101,7 @@ void mpi__close(mr_substrate_t *s)
         stuck++;
         if (s->send_batch[i] != NULL) leak_batches = true; /* MPI may still read it. */
     }
-    s->nsend = 0;
+    s->nsend = s->send_first = s->send_live = 0;
     /*
      * Messages nobody will receive: drop them now, so that a communicator
      * created later with the same context id cannot match them.

@@ -160,7 +160,6 @@ static mr_status_t mpi_alloc_buffers(mr_substrate_t *s)
     size_t max_sends = s->base.max_sends, scratch = max_sends;
 
     if (s->max_ctrl > scratch) scratch = s->max_ctrl;
-    if (scratch < MRMPI_CTRL_RECVS) scratch = MRMPI_CTRL_RECVS;
     if (scratch < s->nrecv) scratch = s->nrecv;
     if (max_sends > INT32_MAX || (size_t)s->nrecv > SIZE_MAX / 2 / s->base.datagram_size) {
         MR__LOG(s, MR_LOG_ERROR, "MPI substrate: %zu send slots or %u staging buffers of %zu "
@@ -204,7 +203,6 @@ static mr_status_t mpi_alloc_buffers(mr_substrate_t *s)
     for (unsigned i = 0; i < s->nrecv; i++) s->recv_req[i] = MPI_REQUEST_NULL;
     for (unsigned b = 0; b < s->nstage; b++) s->stage_free[b] = s->nstage - 1 - b;
     s->nstage_free = s->nstage;
-    for (unsigned i = 0; i < MRMPI_CTRL_RECVS; i++) s->ctrl_recv[i] = MPI_REQUEST_NULL;
     size_t cap = s->base.datagram_size < MRMPI_BATCH_BYTES ? s->base.datagram_size
                                                             : MRMPI_BATCH_BYTES;
     if (mr__batcher_init(&s->batcher, s->base.size, MRMPI_BATCHES, cap, s->coalesce_bytes) !=
@@ -324,10 +322,7 @@ mr_status_t mpi__connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
         s->lead_done = 0;
         if (mpi__data_post_all(s) != MR_OK) return MR_ERR_TRANSPORT;
         s->data_posted = true;
-        for (unsigned i = 0; i < MRMPI_CTRL_RECVS; i++) {
-            if (mpi__ctrl_post(s, i) != MR_OK) return MR_ERR_TRANSPORT;
-        }
-        s->ctrl_posted = true;
+        s->ctrl_probing = true;
     }
     s->connected = true;
     return MR_OK;

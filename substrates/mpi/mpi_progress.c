@@ -8,6 +8,7 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <stdlib.h>
 
 /* A failure found by mpi__peer_mark_failed() is reported: nothing else to undo. */
 static mr__fail_verdict_t peer_fail_begin(mr_substrate_t *s, int rank, mr_status_t why)
@@ -32,31 +33,9 @@ static inline int testsome_err(int rc, const MPI_Status *st)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Progress: sends.                                                          */
+/* Progress: the control send pool.                                          */
 
-/*
- * Moves the requests still active to the front of [0, *n), keeping their
- * side tables in step. Completed requests are MPI_REQUEST_NULL after
- * MPI_Testsome.
- */
-static void compact_sends(mr_substrate_t *s)
-{
-    size_t j = 0;
-
-    for (size_t i = 0; i < s->nsend; i++) {
-        if (s->send_req[i] == MPI_REQUEST_NULL) continue;
-        if (i != j) {
-            s->send_req[j] = s->send_req[i];
-            s->send_cookie[j] = s->send_cookie[i];
-            s->send_dest[j] = s->send_dest[i];
-            s->send_mark[j] = s->send_mark[i];
-            s->send_batch[j] = s->send_batch[i];
-        }
-        j++;
-    }
-    s->nsend = j;
-}
-
+/* Moves the control sends still active to the front of [0, nctrl), in order. */
 static void compact_ctrl(mr_substrate_t *s)
 {
     size_t j = 0;
@@ -72,37 +51,244 @@ static void compact_ctrl(mr_substrate_t *s)
     s->nctrl = j;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Progress: testing requests.                                               */
+
+/*
+ * Every MPI_Testsome costs a pass of MPICH's progress engine, and a handle
+ * lookup and checks per request: about 1,000 instructions over 7 requests,
+ * whatever completed (and a pass more per 8 requests, see MRMPI_TEST_BATCH).
+ * Testing control sends, data sends and the receive ring apart cost up to
+ * three of them per progress call where the plain asynchronous MPI loop
+ * makes one, most of them finding nothing (a sender's ring, a receiver's
+ * sends). So a progress call starts with one MPI_Testsome over the requests
+ * most likely to have completed, at most MRMPI_TEST_BATCH of them: the
+ * oldest control sends (at most MRMPI_JOINT_CTRL while there are data sends
+ * too), the oldest data sends, and the receive of the ring that MPI matches
+ * next (the oldest not known to have completed; more of them when there is
+ * room). Each group is tested further, on its own, only when all of it
+ * completed. The request handles are copied into one array for the call;
+ * those of completed requests are set to MPI_REQUEST_NULL in place.
+ */
+typedef struct test_plan {
+    size_t nctrl;              /* Control sends [0, nctrl), */
+    size_t sfirst, nsend;      /* data sends [sfirst, sfirst + nsend), */
+    unsigned rfirst, nring;    /* Ring entries [rfirst, rfirst + nring), */
+    unsigned ractive;          /* that many of them not known to have completed. */
+    size_t ctrl_done, send_done;
+    unsigned ring_done;        /* Completions found in each group. */
+} test_plan_t;
+
+/* A data send completed: its side tables into the done arrays, and the window's marker. */
+static void send_done(mr_substrate_t *s, size_t i, int err, size_t *ndone)
+{
+    size_t k = (*ndone)++;
+
+    s->done_cookie[k] = s->send_cookie[i];
+    s->done_batch[k] = s->send_batch[i];
+    s->done_dest[k] = s->send_dest[i];
+    s->done_err[k] = err;
+    /* A completed marker: the receiver matched every message up to it. */
+    if (s->send_mark[i] > s->peer_matched[s->send_dest[i]]) {
+        s->peer_matched[s->send_dest[i]] = s->send_mark[i];
+    }
+    /* An erroneous request is freed by MPI too, but make sure it is not tested again. */
+    s->send_req[i] = MPI_REQUEST_NULL;
+    s->send_live--;
+}
+
+/* A control send completed; control sends have no completion upcall. */
+static void ctrl_send_done(mr_substrate_t *s, size_t i, int err)
+{
+    if (err != MPI_SUCCESS) mpi__peer_mpi_error(s, s->ctrl_dest[i], err, "a control send to");
+    s->ctrl_req[i] = MPI_REQUEST_NULL;
+}
+
+/* Ring entry i completed: its status is kept until progress_data_recvs() delivers it. */
+static void ring_done(mr_substrate_t *s, unsigned i, const MPI_Status *st, int err)
+{
+    mpi_recv_t *e = &s->recvs[i];
+
+    e->status = *st;
+    e->rc = err;
+    e->posted = false;
+    e->done = true;
+    s->nheld++;
+    s->recv_req[i] = MPI_REQUEST_NULL;
+}
+
+/*
+ * The next run of posted ring entries to test, at most `max`, from the
+ * oldest not known to have completed (MPI matches them in ring order); it
+ * never wraps, since MPI_Testsome takes a contiguous array. False when every
+ * posted entry is known to have completed.
+ */
+static bool ring_batch(mr_substrate_t *s, unsigned max, unsigned *first, unsigned *len,
+                       unsigned *active)
+{
+    unsigned skip = s->lead_done, n, act, f;
+
+    /* nheld counts every completed entry: beyond lead_done only when some completed early. */
+    if (s->nheld > skip) {
+        while (skip < s->nposted && s->recvs[ring_at(s, s->head, skip)].done) skip++;
+        s->lead_done = skip;
+    }
+    if (skip == s->nposted) return false;
+    f = ring_at(s, s->head, skip);
+    n = s->nposted - skip;
+    if (n > s->nrecv - f) n = s->nrecv - f;
+    if (n > max) n = max;
+    act = n;
+    if (s->nheld > skip) {
+        for (unsigned i = 0; i < n; i++) act -= s->recvs[f + i].done;
+    }
+    *first = f;
+    *len = n;
+    *active = act;
+    return true;
+}
+
+/* MPI_Testsome over `len` requests from `req`; the completions, or a negative status. */
+static int testsome(mr_substrate_t *s, MPI_Request *req, size_t len, int *rc, const char *what)
+{
+    int outcount = 0;
+
+    *rc = MPI_Testsome((int)len, req, &outcount, s->indices, s->statuses);
+    if (*rc != MPI_SUCCESS && *rc != MPI_ERR_IN_STATUS) return mpi__fatal(s, *rc, what);
+    return outcount == MPI_UNDEFINED || outcount < 0 ? 0 : outcount;
+}
+
+/* Chooses the requests of the first MPI_Testsome of a progress call (see test_plan_t). */
+static void plan_first(mr_substrate_t *s, test_plan_t *p)
+{
+    unsigned first = 0, len = 0, active = 0;
+    bool ring = s->data_posted && ring_batch(s, MRMPI_TEST_BATCH, &first, &len, &active);
+    size_t room = MRMPI_TEST_BATCH - (ring ? 1u : 0u), more;
+
+    p->ctrl_done = p->send_done = 0;
+    p->ring_done = 0;
+    p->nctrl = s->nctrl < MRMPI_JOINT_CTRL ? s->nctrl : MRMPI_JOINT_CTRL;
+    if (p->nctrl > room) p->nctrl = room;
+    room -= p->nctrl;
+    p->sfirst = s->send_first;
+    p->nsend = s->nsend - s->send_first < room ? s->nsend - s->send_first : room;
+    room -= p->nsend;
+    more = s->nctrl - p->nctrl < room ? s->nctrl - p->nctrl : room;
+    p->nctrl += more;
+    room -= more;
+    p->rfirst = first;
+    p->nring = ring ? (len < 1 + room ? len : 1 + (unsigned)room) : 0;
+    p->ractive = p->nring == len ? active : 0;
+    if (p->nring < len) {
+        for (unsigned i = 0; i < p->nring; i++) p->ractive += !s->recvs[first + i].done;
+    }
+}
+
+/* The first MPI_Testsome of a progress call; the completions, or a negative status. */
+static int test_first(mr_substrate_t *s, test_plan_t *p, size_t *ndone)
+{
+    MPI_Request joint[MRMPI_TEST_BATCH], *req = joint;
+    size_t n = p->nctrl + p->nsend + p->nring;
+    int rc, got;
+
+    if (n == 0) return 0;
+    /* One group alone is tested in place; several are copied into one array. */
+    if (n == p->nctrl) {
+        req = s->ctrl_req;
+    } else if (n == p->nsend) {
+        req = s->send_req + p->sfirst;
+    } else if (n == p->nring) {
+        req = s->recv_req + p->rfirst;
+    } else {
+        n = 0;
+        for (size_t i = 0; i < p->nctrl; i++) joint[n++] = s->ctrl_req[i];
+        for (size_t i = 0; i < p->nsend; i++) joint[n++] = s->send_req[p->sfirst + i];
+        for (unsigned i = 0; i < p->nring; i++) joint[n++] = s->recv_req[p->rfirst + i];
+    }
+    got = testsome(s, req, n, &rc, "testing sends and receives (MPI_Testsome)");
+    for (int k = 0; k < got; k++) {
+        size_t j = (size_t)s->indices[k];
+        int err = testsome_err(rc, &s->statuses[k]);
+        if (j < p->nctrl) {
+            ctrl_send_done(s, j, err);
+            p->ctrl_done++;
+        } else if ((j -= p->nctrl) < p->nsend) {
+            send_done(s, p->sfirst + j, err, ndone);
+            p->send_done++;
+        } else {
+            ring_done(s, p->rfirst + (unsigned)(j - p->nsend), &s->statuses[k], err);
+            p->ring_done++;
+        }
+    }
+    return got;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Progress: sends.                                                          */
+
+/*
+ * MPI_Testsome over the `len` data sends from `first` on, recording their
+ * completions; the completions, or a negative status.
+ */
+static int test_sends(mr_substrate_t *s, size_t first, size_t len, size_t *ndone)
+{
+    int rc, got = testsome(s, s->send_req + first, len, &rc, "testing data sends (MPI_Testsome)");
+
+    for (int k = 0; k < got; k++) {
+        send_done(s, first + (size_t)s->indices[k], testsome_err(rc, &s->statuses[k]), ndone);
+    }
+    return got;
+}
+
 /*
  * Completes data sends: every completion runs send_complete(), after
  * peer_failed() when the send failed. Returns the number of events or a
- * negative status.
+ * negative status. test_first() tested the oldest p->nsend of them already,
+ * and found `ndone` completed.
+ *
+ * The pool is in send order, and sends complete about in that order, so
+ * only the oldest are tested, MRMPI_TEST_BATCH at a time, going on to the
+ * next batch only while a whole batch completed: one MPI_Testsome over the
+ * whole pool cost a progress pass per 8 sends in flight (17 with a window
+ * of 128), most of the sender's MPI work. So that an old send that does not
+ * complete (a marker the receiver has not matched yet, a large message
+ * waiting for its receive) cannot hide later completions for long, every
+ * MRMPI_SEND_SWEEP-th call also tests one batch beyond, at a cursor that
+ * goes round the pool.
  */
-static int progress_sends(mr_substrate_t *s)
+static int progress_sends(mr_substrate_t *s, const test_plan_t *p, size_t ndone)
 {
-    int outcount = 0, rc, events = 0;
-    size_t ndone = 0;
+    int events = 0, n;
+    size_t first = p->sfirst + p->nsend, len;
 
-    if (s->nsend == 0) return 0;
-    rc = MPI_Testsome((int)s->nsend, s->send_req, &outcount, s->indices, s->statuses);
-    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
-        return mpi__fatal(s, rc, "testing data sends (MPI_Testsome)");
-    }
-    if (outcount == MPI_UNDEFINED || outcount <= 0) return 0;
-    for (int k = 0; k < outcount; k++) {
-        int i = s->indices[k];
-        s->done_cookie[ndone] = s->send_cookie[i];
-        s->done_batch[ndone] = s->send_batch[i];
-        s->done_dest[ndone] = s->send_dest[i];
-        s->done_err[ndone] = testsome_err(rc, &s->statuses[k]);
-        /* A completed marker: the receiver matched every message up to it. */
-        if (s->send_mark[i] > s->peer_matched[s->send_dest[i]]) {
-            s->peer_matched[s->send_dest[i]] = s->send_mark[i];
+    if (s->send_live == 0 && ndone == 0) return 0;
+    if (p->send_done == p->nsend) {
+        while (first < s->nsend) {
+            len = s->nsend - first < MRMPI_TEST_BATCH ? s->nsend - first : MRMPI_TEST_BATCH;
+            n = test_sends(s, first, len, &ndone);
+            if (n < 0) return n;
+            first += len;
+            if ((size_t)n < len) break;
         }
-        /* An erroneous request is freed by MPI too, but make sure it is not tested again. */
-        s->send_req[i] = MPI_REQUEST_NULL;
-        ndone++;
     }
-    compact_sends(s);
+    if (first < s->nsend && (++s->send_polls % MRMPI_SEND_SWEEP) == 0) {
+        if (s->send_sweep < first || s->send_sweep >= s->nsend) s->send_sweep = first;
+        len = s->nsend - s->send_sweep < MRMPI_TEST_BATCH ? s->nsend - s->send_sweep
+                                                           : MRMPI_TEST_BATCH;
+        n = test_sends(s, s->send_sweep, len, &ndone);
+        if (n < 0) return n;
+        s->send_sweep += len;
+    }
+    if (ndone == 0) return 0;
+    /*
+     * Completed sends leave holes: the oldest live one becomes the first,
+     * and an empty pool starts again at 0. Holes further on stay (MPI skips
+     * them) until appending finds the end of the pool (mpi__sends_compact).
+     */
+    while (s->send_first < s->nsend && s->send_req[s->send_first] == MPI_REQUEST_NULL) {
+        s->send_first++;
+    }
+    if (s->send_first == s->nsend) s->send_first = s->nsend = 0;
     /* Upcalls last: the core may send again from them, which appends to the pool. */
     for (size_t k = 0; k < ndone; k++) {
         if (s->done_err[k] != MPI_SUCCESS) {
@@ -119,68 +305,36 @@ static int progress_sends(mr_substrate_t *s)
     return events;
 }
 
-/* Completes control sends; they have no completion upcall. */
-static int progress_ctrl_sends(mr_substrate_t *s)
+/*
+ * Completes control sends beyond those test_first() tested, while whole
+ * batches complete (they complete about in order, as data sends do).
+ */
+static int progress_ctrl_sends(mr_substrate_t *s, const test_plan_t *p)
 {
-    int outcount = 0, rc;
+    size_t first = p->nctrl, len;
+    int rc, got;
 
     if (s->nctrl == 0) return 0;
-    rc = MPI_Testsome((int)s->nctrl, s->ctrl_req, &outcount, s->indices, s->statuses);
-    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
-        return mpi__fatal(s, rc, "testing control sends (MPI_Testsome)");
+    if (p->ctrl_done == p->nctrl) {
+        while (first < s->nctrl) {
+            len = s->nctrl - first < MRMPI_TEST_BATCH ? s->nctrl - first : MRMPI_TEST_BATCH;
+            got = testsome(s, s->ctrl_req + first, len, &rc,
+                           "testing control sends (MPI_Testsome)");
+            if (got < 0) return got;
+            for (int k = 0; k < got; k++) {
+                ctrl_send_done(s, first + (size_t)s->indices[k],
+                               testsome_err(rc, &s->statuses[k]));
+            }
+            first += len;
+            if ((size_t)got < len) break;
+        }
     }
-    if (outcount == MPI_UNDEFINED || outcount <= 0) return 0;
-    for (int k = 0; k < outcount; k++) {
-        int i = s->indices[k];
-        int err = testsome_err(rc, &s->statuses[k]);
-        if (err != MPI_SUCCESS) mpi__peer_mpi_error(s, s->ctrl_dest[i], err, "a control send to");
-        s->ctrl_req[i] = MPI_REQUEST_NULL;
-    }
-    compact_ctrl(s);
+    if (p->ctrl_done > 0 || first > p->nctrl) compact_ctrl(s);
     return 0; /* Failures found here count when drain_failures() reports them. */
 }
 
 /* ------------------------------------------------------------------------ */
 /* Progress: receives.                                                       */
-
-/* Handles completed control receives and posts them again. */
-static int progress_ctrl_recvs(mr_substrate_t *s)
-{
-    int outcount = 0, rc, events = 0;
-    int src[MRMPI_CTRL_RECVS], tag[MRMPI_CTRL_RECVS];
-    int n = 0;
-
-    if (!s->ctrl_posted) return 0;
-    rc = MPI_Testsome(MRMPI_CTRL_RECVS, s->ctrl_recv, &outcount, s->indices, s->statuses);
-    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
-        return mpi__fatal(s, rc, "testing control receives (MPI_Testsome)");
-    }
-    if (outcount == MPI_UNDEFINED || outcount <= 0) return 0;
-    for (int k = 0; k < outcount; k++) {
-        const MPI_Status *st = &s->statuses[k];
-        int err = testsome_err(rc, st);
-        if (err != MPI_SUCCESS) {
-            if (mpi__recv_error(s, st, err, true) != MR_OK) return MR_ERR_TRANSPORT;
-        } else if (st->MPI_SOURCE >= 0 && st->MPI_SOURCE < s->base.size) {
-            src[n] = st->MPI_SOURCE;
-            tag[n] = st->MPI_TAG;
-            n++;
-        }
-    }
-    /* Posted again before the upcalls, which may send. */
-    for (int k = 0; k < outcount; k++) {
-        if (mpi__ctrl_post(s, (unsigned)s->indices[k]) != MR_OK) return MR_ERR_TRANSPORT;
-    }
-    for (int k = 0; k < n; k++) {
-        if (!peer_usable(s, src[k])) {
-            s->discarded++;
-            continue;
-        }
-        s->base.up.control(s->base.core, src[k], (uint32_t)tag[k]);
-        events++;
-    }
-    return events;
-}
 
 /*
  * Delivers a received batch: one of data messages whole, into one receive
@@ -218,7 +372,7 @@ static int deliver_batch(mr_substrate_t *s, mpi_recv_t *e, int src, const uint8_
  * first one that has not completed or when no receive slot is free. Returns
  * the number of messages delivered or discarded, or a negative status.
  */
-static int progress_data_recvs(mr_substrate_t *s)
+static int progress_data_recvs(mr_substrate_t *s, bool test)
 {
     int events = 0;
 
@@ -229,37 +383,23 @@ static int progress_data_recvs(mr_substrate_t *s)
      * MPI_Testsome (one progress pass) each, and go on to the next batch
      * only when the whole batch completed. An MPI_Test per message made the
      * receiver three times slower, and one MPI_Testsome over the whole ring
-     * costs a progress pass per 8 receives (see MRMPI_TEST_BATCH).
+     * costs a progress pass per 8 receives (see MRMPI_TEST_BATCH). `test`
+     * is false when test_first() found its part of the ring not all
+     * completed: nothing after it is tested then.
      */
-    for (;;) {
-        unsigned skip = s->lead_done, first, len = 0, active = 0;
-        int outcount = 0, rc;
+    while (test) {
+        unsigned first, len, active;
+        int got, rc;
 
-        while (skip < s->nposted && s->recvs[(s->head + skip) % s->nrecv].done) skip++;
-        s->lead_done = skip;
-        if (skip == s->nposted) break;
-        first = (s->head + skip) % s->nrecv;
-        /* A batch never wraps: MPI_Testsome takes a contiguous array. */
-        while (len < MRMPI_TEST_BATCH && skip + len < s->nposted && first + len < s->nrecv) {
-            if (!s->recvs[first + len].done) active++;
-            len++;
+        if (!ring_batch(s, MRMPI_TEST_BATCH, &first, &len, &active)) break;
+        got = testsome(s, s->recv_req + first, len, &rc,
+                       "testing data receives (MPI_Testsome)");
+        if (got < 0) return got;
+        for (int k = 0; k < got; k++) {
+            ring_done(s, first + (unsigned)s->indices[k], &s->statuses[k],
+                      testsome_err(rc, &s->statuses[k]));
         }
-        rc = MPI_Testsome((int)len, s->recv_req + first, &outcount, s->indices, s->statuses);
-        if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
-            return mpi__fatal(s, rc, "testing data receives (MPI_Testsome)");
-        }
-        if (outcount == MPI_UNDEFINED) outcount = 0;
-        for (int k = 0; k < outcount; k++) {
-            unsigned i = first + (unsigned)s->indices[k];
-            mpi_recv_t *e = &s->recvs[i];
-            e->status = s->statuses[k];
-            e->rc = testsome_err(rc, &s->statuses[k]);
-            e->posted = false;
-            e->done = true;
-            s->nheld++;
-            s->recv_req[i] = MPI_REQUEST_NULL;
-        }
-        if ((unsigned)outcount < active) break;
+        if ((unsigned)got < active) break;
     }
     while (s->nposted > 0) {
         unsigned i = s->head;
@@ -303,7 +443,7 @@ static int progress_data_recvs(mr_substrate_t *s)
                 if (st != MR_OK) return MR_ERR_TRANSPORT;
                 e->done = false;
                 s->nheld--;
-                s->head = (i + 1) % s->nrecv;
+                s->head = ring_at(s, i, 1);
                 s->nposted--;
                 if (s->lead_done > 0) s->lead_done--;
                 events++;
@@ -326,7 +466,7 @@ static int progress_data_recvs(mr_substrate_t *s)
         s->stage_free[s->nstage_free++] = e->buf;
         e->done = false;
         s->nheld--;
-        s->head = (i + 1) % s->nrecv;
+        s->head = ring_at(s, i, 1);
         s->nposted--;
         if (s->lead_done > 0) s->lead_done--;
     }
@@ -337,26 +477,35 @@ static int progress_data_recvs(mr_substrate_t *s)
 /* One pass over everything; returns the events handled or a negative status. */
 static int progress_once(mr_substrate_t *s)
 {
+    test_plan_t p = {0};
+    size_t ndone = 0;
     int events = 0, n;
 
     events += drain_failures(s);
-    n = progress_sends(s);
+    /* Nothing but receives to test: progress_data_recvs() does it alone. */
+    if (s->send_live > 0 || s->nctrl > 0) {
+        plan_first(s, &p);
+        n = test_first(s, &p, &ndone);
+        if (n < 0) return n;
+    }
+    n = progress_sends(s, &p, ndone);
     if (n < 0) return n;
     events += n;
-    n = progress_ctrl_sends(s);
+    n = progress_ctrl_sends(s, &p);
     if (n < 0) return n;
     /*
-     * Each MPI_Testsome is a pass of MPI's progress engine, the larger part
-     * of an empty poll. Credits can wait a few polls: control receives are
-     * tested on every 8th call, and on every call while they keep coming.
+     * Each probe that finds nothing is a pass of MPI's progress engine, the
+     * larger part of an empty poll. Credits can wait a few polls: control
+     * messages are probed for on every 8th call, and on every call while
+     * they keep coming.
      */
     if (s->ctrl_hot || (++s->ctrl_polls & 7) == 0) {
-        n = progress_ctrl_recvs(s);
+        n = mpi__progress_ctrl_recvs(s);
         if (n < 0) return n;
         s->ctrl_hot = n > 0;
         events += n;
     }
-    n = progress_data_recvs(s);
+    n = progress_data_recvs(s, p.nring == 0 || p.ring_done == p.ractive);
     if (n < 0) return n;
     events += n;
     events += drain_failures(s);

@@ -1,6 +1,7 @@
 /*
- * Posting receives: the data ring, each entry into a staging buffer, and the
- * control receives; and the staging buffers the application gives back.
+ * Posting receives: the data ring, each entry into a staging buffer; and the
+ * staging buffers the application gives back. (Control messages are not
+ * received into posted receives: mpi_ctrl.c probes for them.)
  * What completes is delivered by progress() (mpi_progress.c).
  */
 #include "mpi_substrate.h"
@@ -11,7 +12,7 @@
  */
 static mr_status_t data_post_next(mr_substrate_t *s)
 {
-    unsigned i = (s->head + s->nposted) % s->nrecv;
+    unsigned i = ring_at(s, s->head, s->nposted);
     mpi_recv_t *e = &s->recvs[i];
     int rc;
 
@@ -40,18 +41,6 @@ mr_status_t mpi__data_post_all(mr_substrate_t *s)
     while ((st = data_post_next(s)) == MR_OK) {
     }
     return st == MR_AGAIN ? MR_OK : st;
-}
-
-mr_status_t mpi__ctrl_post(mr_substrate_t *s, unsigned i)
-{
-    int rc = MPI_Irecv(&s->ctrl_dummy, 0, MPI_BYTE, MPI_ANY_SOURCE, MPI_ANY_TAG, s->ctrl_comm,
-                       &s->ctrl_recv[i]);
-
-    if (rc != MPI_SUCCESS) {
-        s->ctrl_recv[i] = MPI_REQUEST_NULL;
-        return mpi__fatal(s, rc, "posting a control receive (MPI_Irecv)");
-    }
-    return MR_OK;
 }
 
 /*

@@ -44,10 +44,35 @@ static mr_status_t ctrl_isend(mr_substrate_t *s, int dest, uint32_t imm)
     return MR_OK;
 }
 
+/*
+ * Moves the data sends still active to the front of the pool, in order,
+ * keeping their side tables in step (completed ones are MPI_REQUEST_NULL).
+ * Only when appending finds the end of the pool: progress() leaves holes.
+ */
+void mpi__sends_compact(mr_substrate_t *s)
+{
+    size_t j = 0;
+
+    for (size_t i = s->send_first; i < s->nsend; i++) {
+        if (s->send_req[i] == MPI_REQUEST_NULL) continue;
+        if (i != j) {
+            s->send_req[j] = s->send_req[i];
+            s->send_cookie[j] = s->send_cookie[i];
+            s->send_dest[j] = s->send_dest[i];
+            s->send_mark[j] = s->send_mark[i];
+            s->send_batch[j] = s->send_batch[i];
+            s->send_req[i] = MPI_REQUEST_NULL;
+        }
+        j++;
+    }
+    s->send_first = 0;
+    s->nsend = j;
+}
+
 /* Whether one more data message to `dest` fits the request pool and the send window. */
 static bool data_can_send(const mr_substrate_t *s, int dest)
 {
-    return s->nsend < s->base.max_sends &&
+    return s->send_live < s->base.max_sends &&
            (s->send_window == 0 ||
             s->peer_sent[dest] + 1 - s->peer_matched[dest] <= s->send_window);
 }
@@ -61,12 +86,17 @@ static mr_status_t data_isend(mr_substrate_t *s, int dest, uint32_t tag, const v
                               size_t length, void *cookie, mr__batch_t *batch)
 {
     uint64_t seq = s->peer_sent[dest] + 1;
-    size_t k = s->nsend;
+    size_t k;
     bool mark;
     int rc;
 
     if (!data_can_send(s, dest)) return MR_AGAIN;
-    mark = s->send_window > 0 && seq % s->mark_every == 0;
+    if (s->nsend == s->base.max_sends) mpi__sends_compact(s);
+    k = s->nsend;
+    /* mark_every is a power of two unless the window is set to an odd size: no division then. */
+    mark = s->send_window > 0 && ((s->mark_every & (s->mark_every - 1)) == 0
+                                      ? (seq & (s->mark_every - 1)) == 0
+                                      : seq % s->mark_every == 0);
     if (mark) {
         rc = MPI_Issend(data, (int)length, MPI_BYTE, dest, (int)tag, s->data_comm,
                         &s->send_req[k]);
@@ -85,6 +115,7 @@ static mr_status_t data_isend(mr_substrate_t *s, int dest, uint32_t tag, const v
     s->send_batch[k] = batch;
     s->peer_sent[dest] = seq;
     s->nsend++;
+    s->send_live++;
     return MR_OK;
 }
 

@@ -11,8 +11,9 @@
  *   mpi_errors.c     MPI error text, local failures, peers marked failed by send/receive errors
  *   mpi_open.c       open() and its steps, the address blob, connect()
  *   mpi_send.c       send() and send_control(): the send window, split immediates, batches
- *   mpi_recv.c       posting receives into staging buffers, release_recv()
- *   mpi_progress.c   progress(): completing sends, delivering receives, failure upcalls
+ *   mpi_recv.c       posting data receives into staging buffers, release_recv()
+ *   mpi_progress.c   progress(): testing sends and receives together, delivering, failure upcalls
+ *   mpi_ctrl.c       control receives: probed for (MPI_Improbe), never posted
  *   mpi_close.c      the bounded close()
  *   mpi_ops.c        the operations table, stats()
  * A function one file gives another is named mpi__*; the plugin is built
@@ -38,7 +39,7 @@
 #define MRMPI_ADDR_VERSION 1
 #define MRMPI_ADDR_HOST_LEN 64
 
-#define MRMPI_CTRL_RECVS 7           /* Control receives kept posted (see MRMPI_TEST_BATCH). */
+#define MRMPI_CTRL_BURST 64          /* Control messages received by one progress pass at most. */
 #define MRMPI_CTRL_SENDS 64          /* Control sends in flight, besides room for a split. */
 #define MRMPI_SPIN_YIELDS 16         /* sched_yield() rounds before progress() sleeps. */
 #define MRMPI_NAP_NS 50000L          /* Sleep between polls while waiting (50 us). */
@@ -55,6 +56,10 @@
  * passes, however few of them completed.
  */
 #define MRMPI_TEST_BATCH 7
+/* Control sends in the first MPI_Testsome of a progress call, while data sends wait too. */
+#define MRMPI_JOINT_CTRL 2u
+/* progress() tests one batch of sends beyond the oldest on every this many calls. */
+#define MRMPI_SEND_SWEEP 8u
 /* Coalescing (mr_batch.h): batches being filled or in flight, and their size at most. */
 #define MRMPI_BATCHES 32u
 #define MRMPI_BATCH_BYTES 8192u
@@ -115,8 +120,8 @@ struct mr_substrate {
     mr__batcher_t batcher;
     bool connected;
     bool broken;               /* A local MPI failure: progress() only returns an error. */
-    bool ctrl_hot;             /* Test control receives on the next pass (see progress_once). */
-    uint32_t ctrl_polls;       /* progress_once() calls, to test control receives on some. */
+    bool ctrl_hot;             /* Probe for control messages on the next pass (progress_once). */
+    uint32_t ctrl_polls;       /* progress_once() calls, to probe for control messages on some. */
 
     /*
      * Data receives: a ring in post order. The entries from `head` on,
@@ -140,18 +145,25 @@ struct mr_substrate {
     unsigned *stage_free;        /* Stack of free staging buffers. */
     unsigned nstage_free;
 
-    /* Control receives: zero bytes, any source, any tag. */
-    MPI_Request ctrl_recv[MRMPI_CTRL_RECVS];
-    bool ctrl_posted;
+    /* Control messages: zero bytes, any source, any tag, probed for (progress_ctrl_recvs). */
+    bool ctrl_probing;
     bool data_posted;          /* The ring is posted (not in a job of one rank). */
     char ctrl_dummy;
 
-    /* Data sends in flight, dense in [0, nsend): request, cookie, destination. */
+    /*
+     * Data sends in flight, in send order in [send_first, nsend), send_live
+     * of them active (completed ones are MPI_REQUEST_NULL holes until
+     * mpi__sends_compact()): request, cookie, destination.
+     */
+    size_t send_first;
     size_t nsend;
+    size_t send_live;
     MPI_Request *send_req;
     void **send_cookie;
     int *send_dest;
     uint64_t *send_mark;       /* For an MPI_Issend marker, peer_sent after it; else 0. */
+    size_t send_sweep;         /* Where progress_sends() tests beyond the oldest next. */
+    uint32_t send_polls;       /* progress_sends() calls, to test beyond the oldest on some. */
     mr__batch_t **send_batch;  /* The batch it carries (its cookie is unused), or NULL. */
 
     /*
@@ -202,6 +214,13 @@ static inline bool peer_usable(const mr_substrate_t *s, int rank)
     return s->peer[rank] == PEER_OK;
 }
 
+/* Ring entry `k` places after `from` (both below nrecv, k at most nrecv): no division. */
+static inline unsigned ring_at(const mr_substrate_t *s, unsigned from, unsigned k)
+{
+    unsigned i = from + k;
+    return i >= s->nrecv ? i - s->nrecv : i;
+}
+
 /* Control messages needed to carry `imm` in tags of at most tag_ub. */
 static inline size_t split_count(const mr_substrate_t *s, uint32_t imm)
 {
@@ -237,11 +256,14 @@ mr_status_t mpi__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
                       const void *data, size_t length, void *cookie);
 mr_status_t mpi__send_control(mr_substrate_t *s, int dest, uint32_t imm);
 int mpi__flush_batches(mr_substrate_t *s);
+void mpi__sends_compact(mr_substrate_t *s);
 
 /* mpi_recv.c */
 mr_status_t mpi__data_post_all(mr_substrate_t *s);
-mr_status_t mpi__ctrl_post(mr_substrate_t *s, unsigned i);
 void mpi__release_recv(mr_substrate_t *s, void *handle);
+
+/* mpi_ctrl.c: receives the control messages waiting in MPI; returns the upcalls run. */
+int mpi__progress_ctrl_recvs(mr_substrate_t *s);
 
 /* mpi_progress.c */
 int mpi__progress(mr_substrate_t *s, int timeout_ms);
