@@ -18,19 +18,26 @@
 
 static const char *const policies[] = {"rank", "node"};
 
-/* mr_init() over the double with `fault`, 4 static credits per pair (8 per node). */
-static void init_faulty(const char *policy, const char *fault, const char *copies)
+/* mr_init() over the double with `fault` on every `every`-th message, 4 static credits per
+   pair (8 per node). */
+static void init_faulty_every(const char *policy, const char *fault, const char *copies,
+                              const char *every)
 {
     setup_env("8", SLOTS, "256");
     setenv("MAILRAIL_FLOWCTL", policy, 1);
     setenv("MAILRAIL_RANK_CREDITS", "4", 1);
     setenv("MAILRAIL_NODE_CREDITS", "4", 1);
     setenv("MAILRAIL_FAULTY_FAULT", fault, 1);
-    setenv("MAILRAIL_FAULTY_EVERY", "1", 1);
+    setenv("MAILRAIL_FAULTY_EVERY", every, 1);
     setenv("MAILRAIL_FAULTY_COPIES", copies, 1);
     /* Two nodes of one rank: node credits cross nodes as rank credits do. */
     setenv("MAILRAIL_RANKS_PER_NODE", "1", 1);
     init_on_world();
+}
+
+static void init_faulty(const char *policy, const char *fault, const char *copies)
+{
+    init_faulty_every(policy, fault, copies, "1");
 }
 
 /* Rank 1 sends `n` checked messages to rank 0 and waits until they all left. */
@@ -189,6 +196,57 @@ START_TEST(unacquired_slots_are_counted)
 }
 END_TEST
 
+/*
+ * Every message arrives as a batch of one frame, held in part and released
+ * in any order: each once, as sent, and nothing broken under either policy.
+ */
+START_TEST(batches_break_nothing)
+{
+    char why[512];
+
+    for (size_t p = 0; p < sizeof(policies) / sizeof(policies[0]); p++) {
+        init_faulty(policies[p], "batch", "1");
+        if (world_rank == 1) send_to_zero(SENDS * 4);
+        mr_stats_t st = world_rank == 0 ? receive_on_zero(SENDS * 4, true) : (mr_stats_t){0};
+        if (world_rank == 0) {
+            ck_assert_uint_eq(st.messages_received, SENDS * 4);
+            ck_assert_msg(tool_invariant_breach(&st, policies[p], why, sizeof(why)) == NULL, "%s", why);
+        }
+        finish();
+    }
+}
+END_TEST
+
+/*
+ * Every second message arrives as a malformed batch: the receiver drops it
+ * (and logs it) and gets the others, each once; the dropped ones' credits
+ * come back, or the sender, with 4 credits for 32 messages, would stall.
+ */
+START_TEST(malformed_batches_are_dropped_and_their_credits_return)
+{
+    char why[512];
+
+    for (size_t p = 0; p < sizeof(policies) / sizeof(policies[0]); p++) {
+        init_faulty_every(policies[p], "bad_batch", "1", "2");
+        if (world_rank == 1) send_to_zero(SENDS * 4);
+        mr_stats_t st = world_rank == 0 ? receive_on_zero(SENDS * 2, false) : (mr_stats_t){0};
+        if (world_rank == 0) {
+            /* Nothing more comes: the malformed half is gone, not late. */
+            mr_message_t m;
+            double start = now_s();
+            while (now_s() - start < 0.2) {
+                ck_assert_int_eq(mr_receive(&m) == MR_OK, 0);
+                (void)mr_wait(1);
+            }
+            ck_assert_int_eq(mr_get_stats(&st), MR_OK);
+            ck_assert_uint_eq(st.messages_received, SENDS * 2);
+            ck_assert_msg(tool_invariant_breach(&st, policies[p], why, sizeof(why)) == NULL, "%s", why);
+        }
+        finish();
+    }
+}
+END_TEST
+
 static Suite *breaches_suite(void)
 {
     Suite *s = suite_create("breaches");
@@ -199,6 +257,8 @@ static Suite *breaches_suite(void)
     tcase_add_test(tc, duplicates_are_uncredited_and_beyond_the_grant);
     tcase_add_test(tc, over_returns_are_counted);
     tcase_add_test(tc, unacquired_slots_are_counted);
+    tcase_add_test(tc, batches_break_nothing);
+    tcase_add_test(tc, malformed_batches_are_dropped_and_their_credits_return);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -11,7 +11,13 @@
  *   over_return  every control message returns MAILRAIL_FAULTY_COPIES x 1000
  *                credits more than the receiver sent;
  *   unacquired   every MAILRAIL_FAULTY_EVERY-th data message is delivered
- *                again in the slot it already filled.
+ *                again in the slot it already filled;
+ *   batch        every MAILRAIL_FAULTY_EVERY-th data message arrives as a
+ *                batch of one frame (MR_KIND_BATCH), as a coalescing
+ *                substrate delivers it: no promise broken;
+ *   bad_batch    every MAILRAIL_FAULTY_EVERY-th data message arrives as a
+ *                batch whose frame claims 8 bytes more than follow: the core
+ *                must drop it, and still give its credit back.
  *
  * Messages that find no receive slot wait in a queue of copies, counted by
  * held(), as a real substrate's arrival queue would be.
@@ -27,8 +33,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-enum { FAULT_NONE, FAULT_DUPLICATE, FAULT_OVER_RETURN, FAULT_UNACQUIRED };
+enum { FAULT_NONE, FAULT_DUPLICATE, FAULT_OVER_RETURN, FAULT_UNACQUIRED, FAULT_BATCH,
+       FAULT_BAD_BATCH };
 static const char *const faulty_fault_names[] = {"none", "duplicate", "over_return", "unacquired",
+                                                 "batch", "bad_batch",
                                                  NULL};
 
 typedef struct faulty_config {
@@ -205,9 +213,34 @@ static void faulty_deliver_twice(mr_substrate_t *s, const faulty_hdr_t *h, const
     (void)s->base.up.deliver(s->base.core, h->source, h->kind, 0, slot, len, NULL);
 }
 
+/* Delivers a data message as a batch of one frame (mr_substrate.h), or a malformed one. */
+static void faulty_arrive_batch(mr_substrate_t *s, const faulty_hdr_t *h, const void *data,
+                                size_t len, bool malformed)
+{
+    size_t size = mr_frame_size(len);
+    uint8_t *batch = calloc(1, size);
+    uint32_t claim = (uint32_t)len + (malformed ? 8 : 0);
+    faulty_hdr_t bh = *h;
+
+    if (batch == NULL) {
+        MR__LOG(s, MR_LOG_ERROR, "faulty substrate: out of memory; a message is lost.");
+        return;
+    }
+    for (int i = 0; i < 4; i++) batch[i] = (uint8_t)(claim >> (8 * i));
+    memcpy(batch + MR_FRAME_HDR, data, len);
+    bh.kind = MR_KIND_BATCH;
+    faulty_arrive(s, &bh, batch, size);
+    free(batch);
+}
+
 static void faulty_data(mr_substrate_t *s, const faulty_hdr_t *h, const void *data, size_t len)
 {
     bool due = ++s->data_received % s->cfg.every == 0;
+
+    if (due && (s->cfg.fault == FAULT_BATCH || s->cfg.fault == FAULT_BAD_BATCH)) {
+        faulty_arrive_batch(s, h, data, len, s->cfg.fault == FAULT_BAD_BATCH);
+        return;
+    }
 
     if (due && s->cfg.fault == FAULT_UNACQUIRED) {
         faulty_deliver_twice(s, h, data, len);
