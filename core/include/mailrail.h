@@ -26,9 +26,11 @@
  * Buffers. A send buffer belongs to the application from mr_reserve() until
  * mr_send() returns MR_OK (then to MailRail: do not touch it) or until
  * mr_release(); on any error from mr_send() it is still the application's. A
- * received buffer is valid until mr_release(), and holds a receive slot (and
- * so a credit) until then. mr_finalize() takes back every buffer, reserved
- * or received, that the application still holds.
+ * received buffer is valid until mr_release(), and holds its credit and the
+ * receive slot it arrived in until then (small messages that travelled
+ * coalesced share one slot, which is free once all of them are released).
+ * mr_finalize() takes back every buffer, reserved or received, that the
+ * application still holds.
  *
  * Threads. MailRail is not thread-safe: call all its functions from one
  * thread per process, the same one from mr_init() to mr_finalize() (the UCX
