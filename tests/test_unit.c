@@ -333,9 +333,14 @@ START_TEST(ptrmap_matches_reference)
         if ((rng >> 20) % 3 != 0 && (live < 128 || ref[k] != MR_NIL)) {
             ref[k] = (uint32_t)op;
             mr__ptrmap_put(&map, key, (uint32_t)op);
+        } else if ((rng >> 40) % 4 == 0 && ref[k] != MR_NIL) {
+            /* A removal that names another value removes nothing. */
+            mr__ptrmap_del_if(&map, key, ref[k] + 1);
         } else {
+            uint32_t value = ref[k];
             ref[k] = MR_NIL;
-            mr__ptrmap_del(&map, key);
+            if ((rng >> 42) % 2 != 0) mr__ptrmap_del_if(&map, key, value);
+            else mr__ptrmap_del(&map, key);
         }
         if (op % 97 == 0) {
             for (int i = 0; i < KEYS; i++) {

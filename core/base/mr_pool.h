@@ -158,4 +158,7 @@ uint32_t mr__ptrmap_get(const mr_ptrmap_t *map, const void *key);
 /* Removes `key` if present. */
 void mr__ptrmap_del(mr_ptrmap_t *map, const void *key);
 
+/* Removes `key` if present with `value` (any value: MR_NIL), in one search. */
+void mr__ptrmap_del_if(mr_ptrmap_t *map, const void *key, uint32_t value);
+
 #endif /* MR_POOL_H */

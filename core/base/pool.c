@@ -214,10 +214,15 @@ uint32_t mr__ptrmap_get(const mr_ptrmap_t *map, const void *key)
 
 void mr__ptrmap_del(mr_ptrmap_t *map, const void *key)
 {
+    mr__ptrmap_del_if(map, key, MR_NIL);
+}
+
+void mr__ptrmap_del_if(mr_ptrmap_t *map, const void *key, uint32_t value)
+{
     size_t i = ptrmap_home(map, key), j;
 
     while (map->keys[i] != NULL && map->keys[i] != key) i = (i + 1) & map->mask;
-    if (map->keys[i] == NULL) return;
+    if (map->keys[i] == NULL || (value != MR_NIL && map->values[i] != value)) return;
     /* Backward shift: move up every later entry whose home is not between the hole and it. */
     for (j = (i + 1) & map->mask; map->keys[j] != NULL; j = (j + 1) & map->mask) {
         size_t home = ptrmap_home(map, map->keys[j]);

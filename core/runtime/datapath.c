@@ -53,9 +53,7 @@ static uint32_t rt_recv_take(void)
     if (in_use > rt.stats.peak_recv_slots_in_use) rt.stats.peak_recv_slots_in_use = in_use;
     if (dp.recvs[idx].foreign != NULL) {
         /* The slot stands for something else now: forget its old buffer. */
-        if (mr__ptrmap_get(&dp.foreign, dp.recvs[idx].foreign) == idx) {
-            mr__ptrmap_del(&dp.foreign, dp.recvs[idx].foreign);
-        }
+        mr__ptrmap_del_if(&dp.foreign, dp.recvs[idx].foreign, idx);
         dp.recvs[idx].foreign = NULL;
     }
     dp.recvs[idx].state = RECV_FILLING;
@@ -187,20 +185,16 @@ static void up_recv_slot_abandon(void *core, void *slot)
              rt.substrate->name);
 }
 
-/* A datagram in receive slot `idx` arrived: charge its credit, queue it or hand it over. */
-static mr_status_t rt_arrived(uint32_t idx, int source, unsigned kind, uint32_t imm,
-                              size_t length)
+/* rt_arrived() of anything but a single data message, out of line. */
+static __attribute__((noinline)) mr_status_t rt_arrived_other(uint32_t idx, int source,
+                                                              unsigned kind, uint32_t imm,
+                                                              size_t length)
 {
     rt_recv_t *r = &dp.recvs[idx];
 
     /* The credit was spent whatever the datagram holds. */
-    r->source = source;
-    r->length = (uint32_t)length;
     rt.flowctl->on_arrival(rt.fc, source, imm);
-    if (kind == MR_KIND_DATA) {
-        r->state = RECV_QUEUED;
-        dp_recvq_push(&dp.arrivals, idx);
-    } else if (kind == MR_KIND_BATCH) {
+    if (kind == MR_KIND_BATCH) {
         dp_batch_arrived(idx, source);
     } else if (kind < sizeof(dp.consumers) / sizeof(dp.consumers[0]) &&
                dp.consumers[kind] != NULL) {
@@ -210,6 +204,24 @@ static mr_status_t rt_arrived(uint32_t idx, int source, unsigned kind, uint32_t 
         mr_error("Rank %d sent a message of unknown kind %u; it is dropped.", source, kind);
         dp_recv_release(idx);
     }
+    return MR_OK;
+}
+
+/* A datagram in receive slot `idx` arrived: charge its credit, queue it or hand it over. */
+static inline mr_status_t rt_arrived(uint32_t idx, int source, unsigned kind, uint32_t imm,
+                                     size_t length)
+{
+    rt_recv_t *r = &dp.recvs[idx];
+
+    r->source = source;
+    r->length = (uint32_t)length;
+    if (__builtin_expect(kind != MR_KIND_DATA, 0)) {
+        return rt_arrived_other(idx, source, kind, imm, length);
+    }
+    r->state = RECV_QUEUED;
+    dp_recvq_push(&dp.arrivals, idx);
+    /* Last, with nothing kept across the call: its credit was spent. */
+    rt.flowctl->on_arrival(rt.fc, source, imm);
     return MR_OK;
 }
 
