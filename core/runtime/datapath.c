@@ -459,13 +459,12 @@ __attribute__((always_inline)) static inline mr_status_t rt_transmit(uint32_t id
 }
 
 /*
- * Visits every destination with deferred messages once, sending the oldest
- * message of each that can take one, as the paper's deferred queue does on
- * every send. With `until_stuck`, sends each destination's messages while it
- * takes them, and repeats while that moved something. Returns the number of
- * messages that left the queue.
+ * Visits every destination with deferred messages, sending its messages,
+ * oldest first, while it takes them, and repeats while that moved something
+ * (the paper's deferred queue tries on every send; this empties what can go).
+ * Returns the number of messages that left the queue.
  */
-static int rt_drain(bool until_stuck)
+static int rt_drain(void)
 {
     int moved = 0, pass;
 
@@ -485,7 +484,6 @@ static int rt_drain(bool until_stuck)
                 if (status == MR_OK) {
                     mr__deferq_pop(&dp.deferq, dest);
                     pass++;
-                    if (!until_stuck) break;
                 } else if (status < 0) {
                     /* The substrate refused for good (peer failure): drop the message. */
                     mr__deferq_pop(&dp.deferq, dest);
@@ -501,7 +499,7 @@ static int rt_drain(bool until_stuck)
         moved += pass;
         /* Only progress can change the substrate's mind: no use trying before it. */
         if (pass == 0 && all_refused) dp.drain_stuck_epoch = dp.progress_epoch;
-    } while (until_stuck && pass > 0 && dp.deferq.depth > 0);
+    } while (pass > 0 && dp.deferq.depth > 0);
     return moved;
 }
 
@@ -520,7 +518,7 @@ int rt_progress(int timeout_ms)
     if (events < 0) return events;
     events += rt.flowctl->progress(rt.fc);
     if (rt.notice_sent < rt.notice_count) events += rt_notices_forward();
-    if (dp.deferq.depth > 0) events += rt_drain(true);
+    if (dp.deferq.depth > 0) events += rt_drain();
     for (int k = 0; k < dp.nconsumer_progress; k++) events += dp.consumer_progress[k]();
     return events;
 }
@@ -611,7 +609,7 @@ static __attribute__((noinline)) mr_status_t rt_submit_slow(uint32_t idx, int de
          * All that can go now go, so that a queue does not outlive the
          * shortage that made it (a message behind it would queue too).
          */
-        if (dp.drain_stuck_epoch != dp.progress_epoch) rt_drain(true);
+        if (dp.drain_stuck_epoch != dp.progress_epoch) rt_drain();
         if (mr__deferq_peek(&dp.deferq, dest) == MR_NIL) status = rt_transmit(idx);
     }
     if (status < 0) {
@@ -786,7 +784,7 @@ mr_status_t mr_wait(int timeout_ms)
         return MR_OK;
     }
     /* Deferred sends that found credit count as news: do not sleep on them. */
-    int moved = dp.deferq.depth > 0 ? rt_drain(true) : 0;
+    int moved = dp.deferq.depth > 0 ? rt_drain() : 0;
     /*
      * Sends that wait for credits another process may put in shared memory:
      * ask flow control to be woken, then look once more (they may have come
@@ -794,7 +792,7 @@ mr_status_t mr_wait(int timeout_ms)
      */
     bool marked = moved == 0 && timeout_ms > 0 && dp.deferq.depth > 0 && rt.wake_registered &&
                   rt.flowctl->sleep(rt.fc, true);
-    if (marked) moved = rt_drain(true);
+    if (marked) moved = rt_drain();
     events = rt_progress(moved > 0 ? 0 : timeout_ms);
     if (marked) rt.flowctl->sleep(rt.fc, false);
     if (events < 0) return (mr_status_t)events;
