@@ -779,7 +779,7 @@ mr_status_t mr_wait(int timeout_ms)
     }
     /* A send buffer freed since mr_reserve() failed (by mr_receive()'s progress, say): once. */
     if (dp.reserve_blocked && mr__pool_in_use(&dp.send_pool) < rt.cfg.send_slots &&
-        (rt.cfg.send_bytes == 0 || dp.pending_bytes < rt.cfg.send_bytes)) {
+        dp.pending_bytes < dp.send_bytes) {
         dp.reserve_blocked = false;
         return MR_OK;
     }

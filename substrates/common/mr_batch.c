@@ -10,13 +10,13 @@ mr_status_t mr__batcher_init(mr__batcher_t *b, int nranks, unsigned nbatches, si
                              size_t max_bytes)
 {
     memset(b, 0, sizeof(*b));
-    if (max_bytes == 0 || nbatches == 0 || cap < MR__BATCH_FRAME_HDR + MR_FRAME_ALIGN ||
+    if (max_bytes == 0 || nbatches == 0 || cap < MR_FRAME_HDR + MR_FRAME_ALIGN ||
         nranks <= 0) {
         return MR_OK; /* Off. */
     }
     b->cap = cap;
     /* The largest payload whose frame, padding included, fits a batch. */
-    size_t fits = (cap - MR__BATCH_FRAME_HDR) & ~(size_t)(MR_FRAME_ALIGN - 1);
+    size_t fits = (cap - MR_FRAME_HDR) & ~(size_t)(MR_FRAME_ALIGN - 1);
     b->max_frame = max_bytes < fits ? max_bytes : fits;
     b->nbatches = nbatches;
     b->batches = calloc(nbatches, sizeof(*b->batches));
@@ -82,7 +82,7 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
     }
     uint8_t *p = batch->data + batch->used;
     batch->used += mr__batch_frame_start(p, kind, length);
-    if (length > 0) memcpy(p + MR__BATCH_FRAME_HDR, data, length);
+    if (length > 0) memcpy(p + MR_FRAME_HDR, data, length);
     batch->nframes++;
     b->added++;
     return MR__BATCH_ADDED;
@@ -142,19 +142,19 @@ int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, un
     size_t n;
 
     if (off == length) return 0;
-    if (length - off < MR__BATCH_FRAME_HDR) return MR_ERR_PROTOCOL;
+    if (length - off < MR_FRAME_HDR) return MR_ERR_PROTOCOL;
     hdr = (uint32_t)batch[off] | (uint32_t)batch[off + 1] << 8 | (uint32_t)batch[off + 2] << 16 |
           (uint32_t)batch[off + 3] << 24;
     memcpy(&zero, batch + off + 4, sizeof(zero));
-    n = hdr & ~MR__BATCH_KIND_BITS;
+    n = hdr & ~MR_FRAME_KIND_BITS;
     if (zero != 0 || mr_frame_size(n) > length - off) return MR_ERR_PROTOCOL;
-    switch (hdr & MR__BATCH_KIND_BITS) {
+    switch (hdr & MR_FRAME_KIND_BITS) {
     case 0: *kind = MR_KIND_DATA; break;
-    case MR__BATCH_ITEMS_BIT: *kind = MR_KIND_ITEMS; break;
-    case MR__BATCH_HANDLER_BIT: *kind = MR_KIND_HANDLER; break;
+    case MR_FRAME_ITEMS_BIT: *kind = MR_KIND_ITEMS; break;
+    case MR_FRAME_HANDLER_BIT: *kind = MR_KIND_HANDLER; break;
     default: return MR_ERR_PROTOCOL;
     }
-    *payload = batch + off + MR__BATCH_FRAME_HDR;
+    *payload = batch + off + MR_FRAME_HDR;
     *payload_len = n;
     *offset = off + mr_frame_size(n);
     return 1;

@@ -27,11 +27,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MR__BATCH_FRAME_HDR MR_FRAME_HDR
-#define MR__BATCH_ITEMS_BIT MR_FRAME_ITEMS_BIT
-#define MR__BATCH_HANDLER_BIT MR_FRAME_HANDLER_BIT
-#define MR__BATCH_KIND_BITS MR_FRAME_KIND_BITS
-/* Frames per batch at most, which bounds the memory kept for completions. */
+/* Frames per batch at most: the messages one receive slot can hold at once. */
 #define MR__BATCH_MAX_FRAMES 256u
 
 typedef struct mr__batch {
@@ -85,8 +81,8 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
 static inline size_t mr__batch_frame_start(uint8_t *p, unsigned kind, size_t length)
 {
     size_t size = mr_frame_size(length);
-    uint32_t hdr = (uint32_t)length | (kind == MR_KIND_ITEMS     ? MR__BATCH_ITEMS_BIT
-                                       : kind == MR_KIND_HANDLER ? MR__BATCH_HANDLER_BIT
+    uint32_t hdr = (uint32_t)length | (kind == MR_KIND_ITEMS     ? MR_FRAME_ITEMS_BIT
+                                       : kind == MR_KIND_HANDLER ? MR_FRAME_HANDLER_BIT
                                                                  : 0);
     uint64_t zero = 0;
 
@@ -118,7 +114,7 @@ static inline bool mr__batcher_append(mr__batcher_t *b, int dest, unsigned kind,
     batch->used += mr__batch_frame_start(p, kind, length);
     batch->nframes++;
     b->added++;
-    memcpy(p + MR__BATCH_FRAME_HDR, data, length); /* Last: nothing is kept across the call. */
+    memcpy(p + MR_FRAME_HDR, data, length); /* Last: nothing is kept across the call. */
     return true;
 }
 
@@ -182,6 +178,16 @@ static inline void mr__batcher_stats(const mr__batcher_t *b, mr_stats_t *stats)
 static inline void mr__batcher_next_epoch(mr__batcher_t *b)
 {
     b->epoch++;
+}
+
+/*
+ * Whether a received batch holds data messages (a batch holds one kind: its
+ * first frame's header says which): the substrate delivers it whole, as
+ * MR_KIND_BATCH; otherwise frame by frame (mr__batch_frame_next()).
+ */
+static inline bool mr__batch_is_data(const uint8_t *batch, size_t length)
+{
+    return length >= MR_FRAME_HDR && (batch[3] & (MR_FRAME_KIND_BITS >> 24)) == 0;
 }
 
 /*

@@ -351,8 +351,7 @@ static int deliver_batch(mr_substrate_t *s, mpi_recv_t *e, int src, const uint8_
     unsigned kind;
     int n = 0, r;
 
-    /* A batch holds one kind (mr_batch.h): the first frame's kind bits say which. */
-    if (off == 0 && length >= MR_FRAME_HDR && (buf[3] & 0xc0) == 0) {
+    if (off == 0 && mr__batch_is_data(buf, length)) {
         if (s->base.up.deliver_copy(s->base.core, src, MR_KIND_BATCH, 0, buf, length) != MR_OK) {
             return 0;
         }

@@ -151,7 +151,7 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
     }
     if (kind == UCX_WIRE_DATA_BATCH) {
         /* A batch holds one kind (mr_batch.h): data goes to the core whole, the rest frame by frame. */
-        if (length < MR_FRAME_HDR || (((const uint8_t *)data)[3] & 0xc0) != 0) {
+        if (!mr__batch_is_data(data, length)) {
             return batch_recv(s, source, data, length, param);
         }
         kind = MR_KIND_BATCH;

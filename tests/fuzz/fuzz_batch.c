@@ -27,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     memcpy(batch, data, size);
     /* One batch big enough for anything read back; the first message to rank 0 leaves alone. */
-    if (mr__batcher_init(&b, 1, 1, size + 2 * MR__BATCH_FRAME_HDR, size + 8) != MR_OK) abort();
+    if (mr__batcher_init(&b, 1, 1, size + 2 * MR_FRAME_HDR, size + 8) != MR_OK) abort();
     if (mr__batcher_add(&b, 0, MR_KIND_DATA, NULL, 0) != MR__BATCH_ALONE) abort();
     for (;;) {
         const uint8_t *payload = (const uint8_t *)1;
@@ -41,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (payload != (const uint8_t *)1 || len != 12345 || kind != 7) abort();
             break;
         }
-        if (payload != batch + before + MR__BATCH_FRAME_HDR ||
+        if (payload != batch + before + MR_FRAME_HDR ||
             off != before + mr_frame_size(len) || off > size ||
             (kind != MR_KIND_DATA && kind != MR_KIND_ITEMS && kind != MR_KIND_HANDLER)) {
             abort();
