@@ -127,6 +127,12 @@ typedef struct mr_flowctl_ops {
      * come at any time (from other processes, say).
      */
     bool (*waits_for_progress)(mr_flowctl_t *fc, int dest);
+    /*
+     * True when acquire() always grants a credit with imm 0 and on_arrival()
+     * and on_release() do nothing: the core then skips those calls on every
+     * message (`none`).
+     */
+    bool unconstrained;
 } mr_flowctl_ops_t;
 
 /* Names accepted by MAILRAIL_FLOWCTL, NULL-terminated, in table order. */

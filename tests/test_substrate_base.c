@@ -240,8 +240,18 @@ START_TEST(batcher_packs_after_the_first_message)
     ck_assert(!mr__batcher_append(&b, 2, MR_KIND_DATA, payload, 8));
     /* Rank 1's batch takes frames of 16 bytes (8 of header, 8 of payload) until its 64
        bytes are used: 4 in all. The inline append and the full add pack alike. */
+    size_t max_frame = 0;
+    mr_append_window_t *win = mr__batcher_windows(&b, &max_frame);
+    ck_assert_ptr_eq(win, b.win);
+    ck_assert_uint_eq(max_frame, 16);
+    ck_assert_uint_eq(win[0].kind, 0); /* No batch open for rank 0: the core sees no room. */
+    ck_assert(!mr_append_window_put(&win[0], MR_KIND_DATA, payload, 8));
+    ck_assert(!mr_append_window_put(&win[1], MR_KIND_ITEMS, payload, 8)); /* Not its kind. */
     for (int c = 8; c < 11; c++) {
-        if (c % 2 == 0) {
+        if (c == 10) {
+            /* As the core appends, through the window (ABI 6). */
+            ck_assert(mr_append_window_put(&win[1], MR_KIND_DATA, payload + c, 8));
+        } else if (c % 2 == 0) {
             ck_assert(mr__batcher_append(&b, 1, MR_KIND_DATA, payload + c, 8));
         } else {
             ck_assert_int_eq(mr__batcher_add(&b, 1, MR_KIND_DATA, payload + c, 8),
@@ -251,7 +261,10 @@ START_TEST(batcher_packs_after_the_first_message)
     ck_assert(!mr__batcher_append(&b, 1, MR_KIND_DATA, payload, 8));
     ck_assert_int_eq(mr__batcher_add(&b, 1, MR_KIND_DATA, payload, 8),
                      MR__BATCH_FULL);
-    ck_assert_uint_eq(b.added, 5);
+    /* Counted while the batches are still open (mr_stats_t.messages_coalesced). */
+    mr_stats_t stats = {.size = sizeof(stats)};
+    mr__batcher_stats(&b, &stats);
+    ck_assert_uint_eq(stats.messages_coalesced, 5);
 
     /* What the receiver reads back: the frames in order, kinds and bytes intact. */
     batch = mr__batcher_detach(&b, 1);
@@ -260,6 +273,9 @@ START_TEST(batcher_packs_after_the_first_message)
     ck_assert_uint_eq(b.nopen, 1);
     ck_assert_uint_eq(batch->nframes, 4);
     ck_assert_uint_eq(batch->used, 64);
+    ck_assert_uint_eq(b.added, 4);
+    ck_assert_uint_eq(b.win[1].kind, 0); /* Detached: its window is closed. */
+    ck_assert(!mr_append_window_put(&b.win[1], MR_KIND_DATA, payload, 8));
     size_t off = 0, len;
     const uint8_t *data;
     unsigned kind, n = 0;
@@ -300,6 +316,8 @@ START_TEST(batcher_packs_after_the_first_message)
     for (int i = 0; i < 3; i++) {
         ck_assert_int_eq(mr__batcher_add(&b, 1, MR_KIND_DATA, payload, 8), MR__BATCH_ALONE);
     }
+    ck_assert_ptr_null(mr__batcher_windows(&b, &max_frame)); /* The core appends nothing. */
+    ck_assert_uint_eq(max_frame, 0);
     mr__batcher_fini(&b);
 }
 END_TEST

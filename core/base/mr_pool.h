@@ -106,7 +106,22 @@ typedef struct mr_deferq {
 
 mr_status_t mr__deferq_init(mr_deferq_t *q, int ndest, size_t nslots);
 void mr__deferq_fini(mr_deferq_t *q);
-void mr__deferq_push(mr_deferq_t *q, int dest, uint32_t slot);
+/* mr__deferq_push() and mr__deferq_pop() when `dest` joins or leaves the ring. */
+void mr__deferq_push_first(mr_deferq_t *q, int dest, uint32_t slot);
+void mr__deferq_pop_last(mr_deferq_t *q, int dest);
+
+/* Queues `slot` last for `dest`. Inline: a stream waiting for credit queues every message. */
+static inline void mr__deferq_push(mr_deferq_t *q, int dest, uint32_t slot)
+{
+    q->link[slot] = MR_NIL;
+    if (++q->depth > q->peak_depth) q->peak_depth = q->depth;
+    if (__builtin_expect(q->head[dest] == MR_NIL, 0)) {
+        mr__deferq_push_first(q, dest, slot);
+    } else {
+        q->link[q->tail[dest]] = slot;
+        q->tail[dest] = slot;
+    }
+}
 
 /* The oldest slot queued for `dest`, or MR_NIL. */
 static inline uint32_t mr__deferq_peek(const mr_deferq_t *q, int dest)
@@ -115,7 +130,17 @@ static inline uint32_t mr__deferq_peek(const mr_deferq_t *q, int dest)
 }
 
 /* Removes and returns the oldest slot for `dest` (MR_NIL when empty). */
-uint32_t mr__deferq_pop(mr_deferq_t *q, int dest);
+static inline uint32_t mr__deferq_pop(mr_deferq_t *q, int dest)
+{
+    uint32_t slot = q->head[dest];
+
+    if (slot == MR_NIL) return MR_NIL;
+    q->head[dest] = q->link[slot];
+    q->link[slot] = MR_NIL;
+    q->depth--;
+    if (__builtin_expect(q->head[dest] == MR_NIL, 0)) mr__deferq_pop_last(q, dest);
+    return slot;
+}
 
 /* The first destination in the ring, or -1 when every queue is empty. */
 static inline int mr__deferq_first(const mr_deferq_t *q)

@@ -116,51 +116,36 @@ void mr__deferq_fini(mr_deferq_t *q)
     q->ring_head = -1;
 }
 
-void mr__deferq_push(mr_deferq_t *q, int dest, uint32_t slot)
+void mr__deferq_push_first(mr_deferq_t *q, int dest, uint32_t slot)
 {
-    q->link[slot] = MR_NIL;
-    if (q->head[dest] == MR_NIL) {
-        q->head[dest] = slot;
-        /* The destination joins the ring just before its head, i.e. last. */
-        if (q->ring_head < 0) {
-            q->ring_head = dest;
-            q->ring_next[dest] = q->ring_prev[dest] = dest;
-        } else {
-            int last = q->ring_prev[q->ring_head];
-            q->ring_next[last] = dest;
-            q->ring_prev[dest] = last;
-            q->ring_next[dest] = q->ring_head;
-            q->ring_prev[q->ring_head] = dest;
-        }
-        q->ring_count++;
-    } else {
-        q->link[q->tail[dest]] = slot;
-    }
+    q->head[dest] = slot;
     q->tail[dest] = slot;
-    if (++q->depth > q->peak_depth) q->peak_depth = q->depth;
+    /* The destination joins the ring just before its head, i.e. last. */
+    if (q->ring_head < 0) {
+        q->ring_head = dest;
+        q->ring_next[dest] = q->ring_prev[dest] = dest;
+    } else {
+        int last = q->ring_prev[q->ring_head];
+        q->ring_next[last] = dest;
+        q->ring_prev[dest] = last;
+        q->ring_next[dest] = q->ring_head;
+        q->ring_prev[q->ring_head] = dest;
+    }
+    q->ring_count++;
 }
 
-uint32_t mr__deferq_pop(mr_deferq_t *q, int dest)
+void mr__deferq_pop_last(mr_deferq_t *q, int dest)
 {
-    uint32_t slot = q->head[dest];
-
-    if (slot == MR_NIL) return MR_NIL;
-    q->head[dest] = q->link[slot];
-    q->link[slot] = MR_NIL;
-    q->depth--;
-    if (q->head[dest] == MR_NIL) {
-        q->tail[dest] = MR_NIL;
-        if (q->ring_next[dest] == dest) {
-            q->ring_head = -1;
-        } else {
-            q->ring_next[q->ring_prev[dest]] = q->ring_next[dest];
-            q->ring_prev[q->ring_next[dest]] = q->ring_prev[dest];
-            if (q->ring_head == dest) q->ring_head = q->ring_next[dest];
-        }
-        q->ring_next[dest] = q->ring_prev[dest] = -1;
-        q->ring_count--;
+    q->tail[dest] = MR_NIL;
+    if (q->ring_next[dest] == dest) {
+        q->ring_head = -1;
+    } else {
+        q->ring_next[q->ring_prev[dest]] = q->ring_next[dest];
+        q->ring_prev[q->ring_next[dest]] = q->ring_prev[dest];
+        if (q->ring_head == dest) q->ring_head = q->ring_next[dest];
     }
-    return slot;
+    q->ring_next[dest] = q->ring_prev[dest] = -1;
+    q->ring_count--;
 }
 
 mr_status_t mr__ptrmap_init(mr_ptrmap_t *map, size_t entries)

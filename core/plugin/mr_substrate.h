@@ -25,8 +25,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
-#define MR_SUBSTRATE_ABI_VERSION 5
+#define MR_SUBSTRATE_ABI_VERSION 6
 #define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
 #define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
 
@@ -54,6 +55,9 @@ enum {
                             frames (below); imm as for data. ABI 5. */
 };
 
+_Static_assert(MR_KIND_DATA == 1 && MR_KIND_ITEMS == 2 && MR_KIND_HANDLER == 3,
+               "mr_frame_start() maps the kinds of frames through a table");
+
 /*
  * Frames: messages packed back to back, each an 8-byte header and the
  * payload, padded with zeros to a multiple of 8 bytes, so that every payload
@@ -75,6 +79,73 @@ enum {
 static inline size_t mr_frame_size(size_t length)
 {
     return MR_FRAME_HDR + ((length + MR_FRAME_ALIGN - 1) & ~(size_t)(MR_FRAME_ALIGN - 1));
+}
+
+/*
+ * Writes the header and the padding of a frame of `length` payload bytes of
+ * `kind` at `p`; the payload goes at p + MR_FRAME_HDR. Returns the frame's size.
+ */
+static inline size_t mr_frame_start(uint8_t *p, unsigned kind, size_t length)
+{
+    /* By kind: MR_KIND_DATA, ITEMS and HANDLER are 1, 2 and 3; a batch is never a frame. */
+    static const uint32_t kind_bits[4] = {0, 0, MR_FRAME_ITEMS_BIT, MR_FRAME_HANDLER_BIT};
+    size_t size = mr_frame_size(length);
+    uint32_t hdr = (uint32_t)length | kind_bits[kind & 3];
+    uint64_t zero = 0;
+
+    memcpy(p + size - sizeof(zero), &zero, sizeof(zero)); /* The padding (or the header). */
+    p[0] = (uint8_t)hdr;
+    p[1] = (uint8_t)(hdr >> 8);
+    p[2] = (uint8_t)(hdr >> 16);
+    p[3] = (uint8_t)(hdr >> 24);
+    memcpy(p + 4, &zero, 4);
+    return size;
+}
+
+/*
+ * An append window (ABI 6): the batch a coalescing substrate is filling for
+ * one rank, open to the core, so that the common message of a stream is
+ * packed without a call into the plugin (mr_substrate_ops_t.append_windows).
+ * A message of `kind` without an immediate, of at most the max_frame bytes
+ * append_windows() gave, whose frame fits `room` bytes while `frames` > 0,
+ * may be written at `pos` (mr_append_window_put()) instead of going through
+ * send(): it is then packed, as send() would have packed it, and done. kind
+ * 0: no batch open. The substrate changes a window only inside its own calls.
+ */
+typedef struct mr_append_window {
+    uint8_t *pos;
+    uint32_t room;
+    uint16_t frames;
+    uint16_t kind;
+} mr_append_window_t;
+
+/*
+ * Takes a frame of `length` payload bytes of `kind` from window `w` if the
+ * window takes it (above): writes its header and padding and returns where
+ * the payload goes; NULL when not.
+ */
+static inline uint8_t *mr_append_window_take(mr_append_window_t *w, unsigned kind, size_t length)
+{
+    size_t size = mr_frame_size(length);
+    uint8_t *p = w->pos;
+
+    if (w->kind != kind || w->frames == 0 || w->room < size) return NULL;
+    mr_frame_start(p, kind, length);
+    w->pos = p + size;
+    w->room -= (uint32_t)size;
+    w->frames--;
+    return p + MR_FRAME_HDR;
+}
+
+/* Packs a message into window `w` if the window takes it (above); false when not. */
+static inline bool mr_append_window_put(mr_append_window_t *w, unsigned kind, const void *data,
+                                        size_t length)
+{
+    uint8_t *payload = mr_append_window_take(w, kind, length);
+
+    if (payload == NULL) return false;
+    if (length > 0) memcpy(payload, data, length);
+    return true;
 }
 
 typedef struct mr_substrate mr_substrate_t; /* A plugin's own state. */
@@ -272,6 +343,14 @@ typedef struct mr_substrate_ops {
      * than 0. May be NULL: the substrate takes a message only into a slot.
      */
     uint64_t (*held)(mr_substrate_t *s);
+
+    /*
+     * The substrate's append windows, one per rank (mr_append_window_t), which
+     * stay valid until close(), and in *max_frame the largest payload they
+     * take; NULL when it packs nothing. Called once, after open(). May be
+     * NULL. ABI 6.
+     */
+    mr_append_window_t *(*append_windows)(mr_substrate_t *s, size_t *max_frame);
 } mr_substrate_ops_t;
 
 /* The smallest ops table the core accepts: the first version's fields. */

@@ -38,6 +38,17 @@ static inline void dp_set_le32(uint8_t *p, uint32_t v)
     memcpy(p, &v, sizeof(v));
 }
 
+/* Flow control hears of an arrival, and of a slot the application gave back. */
+static inline void dp_fc_arrival(int source, uint32_t imm)
+{
+    if (dp.on_arrival != NULL) dp.on_arrival(dp.fc, source, imm);
+}
+
+static inline void dp_fc_release(int source)
+{
+    if (dp.on_release != NULL) dp.on_release(dp.fc, source);
+}
+
 /* ---- Receive slots and the arrival queue --------------------------------------------- */
 
 static uint32_t rt_recv_take(void)
@@ -77,7 +88,7 @@ void dp_recv_release(uint32_t idx)
         r->handle = NULL;
     }
     rt_recv_free(idx);
-    rt.flowctl->on_release(rt.fc, r->source);
+    dp_fc_release(r->source);
 }
 
 /* ---- Batches of data frames (MR_KIND_BATCH) ------------------------------------------ */
@@ -109,7 +120,9 @@ static void dp_batch_arrived(uint32_t idx, int source)
         dp_recv_release(idx);
         return;
     }
-    for (uint32_t i = 1; i < n; i++) rt.flowctl->on_arrival(rt.fc, source, 0);
+    if (dp.on_arrival != NULL) {
+        for (uint32_t i = 1; i < n; i++) dp.on_arrival(dp.fc, source, 0);
+    }
     r->state = RECV_BATCH;
     r->frames_left = (uint16_t)n;
     r->frames_held = 0;
@@ -122,7 +135,7 @@ uint32_t dp_batch_drop(uint32_t idx)
     rt_recv_t *r = &dp.recvs[idx];
     uint32_t left = r->frames_left;
 
-    for (uint32_t i = left + r->frames_held; i-- > 0;) rt.flowctl->on_release(rt.fc, r->source);
+    for (uint32_t i = left + r->frames_held; i-- > 0;) dp_fc_release(r->source);
     r->frames_left = 0;
     r->frames_held = 0;
     rt_recv_free(idx);
@@ -159,7 +172,7 @@ static inline mr_status_t dp_frame_release(void *buffer, size_t idx, size_t at)
     int source = r->source;
     if (--r->frames_held == 0 && r->frames_left == 0) rt_recv_free((uint32_t)idx);
     /* Last, with nothing kept across the call: the slot is free before its credit goes. */
-    rt.flowctl->on_release(rt.fc, source);
+    dp_fc_release(source);
     return MR_OK;
 }
 
@@ -193,7 +206,7 @@ static __attribute__((noinline)) mr_status_t rt_arrived_other(uint32_t idx, int 
     rt_recv_t *r = &dp.recvs[idx];
 
     /* The credit was spent whatever the datagram holds. */
-    rt.flowctl->on_arrival(rt.fc, source, imm);
+    dp_fc_arrival(source, imm);
     if (kind == MR_KIND_BATCH) {
         dp_batch_arrived(idx, source);
     } else if (kind < sizeof(dp.consumers) / sizeof(dp.consumers[0]) &&
@@ -221,7 +234,7 @@ static inline mr_status_t rt_arrived(uint32_t idx, int source, unsigned kind, ui
     r->state = RECV_QUEUED;
     dp_recvq_push(&dp.arrivals, idx);
     /* Last, with nothing kept across the call: its credit was spent. */
-    rt.flowctl->on_arrival(rt.fc, source, imm);
+    dp_fc_arrival(source, imm);
     return MR_OK;
 }
 
@@ -259,8 +272,8 @@ static mr_status_t up_deliver_now(void *core, int source, uint32_t imm, const vo
     (void)core;
     if (c == NULL || c->now == NULL || c->now(data, length, source) != MR_OK) return MR_AGAIN;
     /* Its credit was spent and comes back at once, as if a slot had been taken and freed. */
-    rt.flowctl->on_arrival(rt.fc, source, imm);
-    rt.flowctl->on_release(rt.fc, source);
+    dp_fc_arrival(source, imm);
+    dp_fc_release(source);
     return MR_OK;
 }
 
@@ -424,29 +437,48 @@ static __attribute__((noinline)) mr_status_t rt_transmit_rest(uint32_t idx, uint
 }
 
 /*
- * Hands the message in send slot `idx` to the substrate, or to oneself, if
- * flow control grants a credit. Messages to oneself take a credit too, since
- * they take a receive slot that flow control may have promised to a peer.
- * Inlined: it is most of every send. The common case, a message the
- * substrate is done with at once (copied into a batch, say), frees its slot
- * here; the slot's dest, kind and length must be set before.
+ * The message in send slot `idx` was packed into a batch: the slot is free
+ * again, and its `length` bytes at `data` are copied to `payload`, last, so
+ * that nothing is kept across the copy.
  */
-__attribute__((always_inline)) static inline mr_status_t rt_transmit(uint32_t idx)
+__attribute__((always_inline)) static inline void rt_packed(uint32_t idx, uint8_t *payload,
+                                                            const void *data, size_t length)
+{
+    rt_send_t *s = &dp.sends[idx];
+
+    if (s->state == SEND_DEFERRED) dp.pending_bytes -= length;
+    s->state = SEND_FREE;
+    mr__pool_put(&dp.send_pool, idx);
+    if (length > 0) memcpy(payload, data, length);
+}
+
+/*
+ * Hands the message in send slot `idx`, whose credit flow control granted
+ * (with `imm`), to the substrate, or to oneself. Inlined: it is most of every
+ * send. The common case, a message the substrate is done with at once
+ * (packed into a batch through its window, say), frees its slot here; the
+ * slot's dest, kind and length must be set before.
+ */
+__attribute__((always_inline)) static inline mr_status_t rt_transmit_credited(uint32_t idx,
+                                                                              uint32_t imm)
 {
     rt_send_t *s = &dp.sends[idx];
     int dest = s->dest;
-    uint32_t imm;
     mr_status_t status;
 
-    /* The substrate refused this rank since the last progress call: it would again. */
-    if (dp.refused_epoch[dest] == dp.progress_epoch) return MR_AGAIN;
-    if (!dp.acquire(dp.fc, dest, &imm)) return rt_no_credit(dest);
     if (__builtin_expect(dest == rt.rank, 0)) {
         status = rt_deliver_self(idx);
         if (status == MR_OK) return MR_OK;
     } else {
-        status = dp.send(dp.sub, dest, s->kind, imm, mr__pool_slot(&dp.send_pool, idx),
-                         s->length, s);
+        void *data = mr__pool_slot(&dp.send_pool, idx);
+        uint8_t *payload;
+        /* The batch the substrate fills for `dest` takes it without a call (ABI 6). */
+        if (__builtin_expect(imm == 0 && dp.win != NULL && s->length <= dp.win_max, 1) &&
+            (payload = mr_append_window_take(&dp.win[dest], s->kind, s->length)) != NULL) {
+            rt_packed(idx, payload, data, s->length);
+            return MR_OK;
+        }
+        status = dp.send(dp.sub, dest, s->kind, imm, data, s->length, s);
         if (__builtin_expect(status == MR_SUBSTRATE_SENT, 1)) {
             /* Already copied out: the slot is free again, warm for the next reserve. */
             if (s->state == SEND_DEFERRED) dp.pending_bytes -= s->length;
@@ -456,6 +488,22 @@ __attribute__((always_inline)) static inline mr_status_t rt_transmit(uint32_t id
         }
     }
     return rt_transmit_rest(idx, imm, status);
+}
+
+/*
+ * Hands the message in send slot `idx` on (rt_transmit_credited()) if flow
+ * control grants a credit. Messages to oneself take a credit too, since they
+ * take a receive slot that flow control may have promised to a peer.
+ */
+__attribute__((always_inline)) static inline mr_status_t rt_transmit(uint32_t idx)
+{
+    int dest = dp.sends[idx].dest;
+    uint32_t imm = 0;
+
+    /* The substrate refused this rank since the last progress call: it would again. */
+    if (dp.refused_epoch[dest] == dp.progress_epoch) return MR_AGAIN;
+    if (dp.acquire != NULL && !dp.acquire(dp.fc, dest, &imm)) return rt_no_credit(dest);
+    return rt_transmit_credited(idx, imm);
 }
 
 /*
@@ -538,6 +586,150 @@ mr_status_t mr_reserve(void **buffer)
     return MR_OK;
 }
 
+/*
+ * Queues the message in send slot `idx` (its dest, kind and length set)
+ * behind the others for `dest`, for want of credit or of the substrate's room.
+ */
+__attribute__((always_inline)) static inline mr_status_t rt_defer(uint32_t idx, int dest)
+{
+    rt_send_t *s = &dp.sends[idx];
+
+    /* Unless the substrate refused `dest`, the next send must look at the queue again. */
+    if (dp.refused_epoch[dest] != dp.progress_epoch) dp.drain_stuck_epoch = 0;
+    s->state = SEND_DEFERRED;
+    dp.pending_bytes += s->length;
+    rt.stats.deferred_sends++;
+    rt.stats.messages_sent++;
+    rt.stats.bytes_sent += s->length;
+    mr__deferq_push(&dp.deferq, dest, idx); /* Last: its rare call is the function's end. */
+    return MR_OK;
+}
+
+/*
+ * rt_submit() when the message cannot leave at once: it waits behind others,
+ * or for credit. Inline in its two callers, both out of line.
+ */
+__attribute__((always_inline)) static inline mr_status_t rt_submit_slow(uint32_t idx, int dest,
+                                                                        mr_status_t status)
+{
+    rt_send_t *s = &dp.sends[idx];
+
+    if (status == MR_AGAIN && dp.deferq.depth > 0) {
+        /*
+         * Older deferred messages go first; a new one never overtakes them.
+         * All that can go now go, so that a queue does not outlive the
+         * shortage that made it (a message behind it would queue too).
+         */
+        if (dp.drain_stuck_epoch != dp.progress_epoch) rt_drain();
+        if (mr__deferq_peek(&dp.deferq, dest) == MR_NIL) status = rt_transmit(idx);
+    }
+    if (status < 0) {
+        s->state = SEND_RESERVED;
+        return status;
+    }
+    if (status == MR_AGAIN) return rt_defer(idx, dest);
+    rt.stats.messages_sent++;
+    rt.stats.bytes_sent += s->length;
+    return MR_OK;
+}
+
+/*
+ * rt_submit_inline()'s rest, out of line: a message that has its credit,
+ * with `imm`, or has none (!credited: it waits behind others, or for credit).
+ */
+static __attribute__((noinline)) mr_status_t rt_submit_held(uint32_t idx, size_t length,
+                                                            int dest, unsigned kind,
+                                                            bool credited, uint32_t imm)
+{
+    rt_send_t *s = &dp.sends[idx];
+    mr_status_t status = MR_AGAIN;
+
+    s->dest = dest;
+    s->length = (uint32_t)length;
+    s->kind = (uint8_t)kind;
+    if (credited) status = rt_transmit_credited(idx, imm);
+    if (status == MR_OK) {
+        rt.stats.messages_sent++;
+        rt.stats.bytes_sent += length;
+        return MR_OK;
+    }
+    return rt_submit_slow(idx, dest, status);
+}
+
+/*
+ * Packs the message in send slot `idx` at `data`, which has its credit
+ * without one to piggyback, into the batch the substrate fills for `dest`
+ * when that takes it (ABI 6): the slot is free again at once. False when not.
+ */
+__attribute__((always_inline)) static inline bool rt_pack(uint32_t idx, const void *data,
+                                                          size_t length, int dest, unsigned kind)
+{
+    uint8_t *payload;
+
+    if (__builtin_expect(length > dp.win_max || dp.win == NULL, 0) ||
+        (payload = mr_append_window_take(&dp.win[dest], kind, length)) == NULL) {
+        return false;
+    }
+    rt.stats.messages_sent++;
+    rt.stats.bytes_sent += length;
+    rt_packed(idx, payload, data, length);
+    return true;
+}
+
+/* Whether a message to `dest` must wait its turn: others are deferred, or the substrate refused. */
+static inline bool rt_must_wait(int dest)
+{
+    return dp.deferq.depth != 0 || dp.refused_epoch[dest] == dp.progress_epoch;
+}
+
+/*
+ * rt_submit() of the message in send slot `idx` at `data` when flow control
+ * is unconstrained: no call on the common path but the copy (rt_pack()), so
+ * inline in mr_send().
+ */
+__attribute__((always_inline)) static inline mr_status_t rt_submit_free(uint32_t idx, void *data,
+                                                                        size_t length, int dest,
+                                                                        unsigned kind)
+{
+    if (__builtin_expect(rt_must_wait(dest), 0)) {
+        return rt_submit_held(idx, length, dest, kind, false, 0);
+    }
+    if (__builtin_expect(rt_pack(idx, data, length, dest, kind), 1)) return MR_OK;
+    return rt_submit_held(idx, length, dest, kind, true, 0);
+}
+
+/*
+ * rt_submit() of the message in send slot `idx` at `data`, with a credit to
+ * take. A stream that outruns its credits waits on most messages: when the
+ * last pass over the deferred queue found only refusals and `dest` has
+ * messages queued, nothing can move before the next progress call, and the
+ * message is queued at once.
+ */
+static __attribute__((noinline)) mr_status_t rt_submit_credit(uint32_t idx, void *data,
+                                                              size_t length, int dest,
+                                                              unsigned kind)
+{
+    uint32_t imm = 0;
+
+    if (__builtin_expect(rt_must_wait(dest), 0)) {
+        if (dp.drain_stuck_epoch == dp.progress_epoch &&
+            mr__deferq_peek(&dp.deferq, dest) != MR_NIL) {
+            rt_send_t *s = &dp.sends[idx];
+            s->dest = dest;
+            s->length = (uint32_t)length;
+            s->kind = (uint8_t)kind;
+            return rt_defer(idx, dest);
+        }
+        return rt_submit_held(idx, length, dest, kind, false, 0);
+    }
+    if (!dp.acquire(dp.fc, dest, &imm)) {
+        rt_no_credit(dest);
+        return rt_submit_held(idx, length, dest, kind, false, 0);
+    }
+    if (__builtin_expect(imm == 0, 1) && rt_pack(idx, data, length, dest, kind)) return MR_OK;
+    return rt_submit_held(idx, length, dest, kind, true, imm);
+}
+
 /* Finds the send slot of a buffer the application passes in, logging misuse. */
 static mr_status_t rt_reserved_slot(const char *fn, const void *buffer, uint32_t *out)
 {
@@ -582,7 +774,8 @@ rt_send_checked(const char *fn, void *buffer, size_t length, int dest, unsigned 
         return MR_ERR_PEER_FAILED;
     }
     if (trailer >= 0) ((uint8_t *)buffer)[length++] = (uint8_t)trailer;
-    return rt_submit(idx, length, dest, kind);
+    if (dp.acquire == NULL) return rt_submit_free(idx, buffer, length, dest, kind);
+    return rt_submit_credit(idx, buffer, length, dest, kind);
 }
 
 mr_status_t mr_send(void *buffer, size_t length, int dest)
@@ -595,38 +788,6 @@ mr_status_t rt_send_kind(const char *fn, void *buffer, size_t length, int dest, 
                          uint8_t trailer)
 {
     return rt_send_checked(fn, buffer, length, dest, kind, trailer);
-}
-
-/* rt_submit() when the message cannot leave at once: it waits behind others, or for credit. */
-static __attribute__((noinline)) mr_status_t rt_submit_slow(uint32_t idx, int dest,
-                                                            mr_status_t status)
-{
-    rt_send_t *s = &dp.sends[idx];
-
-    if (status == MR_AGAIN && dp.deferq.depth > 0) {
-        /*
-         * Older deferred messages go first; a new one never overtakes them.
-         * All that can go now go, so that a queue does not outlive the
-         * shortage that made it (a message behind it would queue too).
-         */
-        if (dp.drain_stuck_epoch != dp.progress_epoch) rt_drain();
-        if (mr__deferq_peek(&dp.deferq, dest) == MR_NIL) status = rt_transmit(idx);
-    }
-    if (status < 0) {
-        s->state = SEND_RESERVED;
-        return status;
-    }
-    if (status == MR_AGAIN) {
-        /* Deferred for want of credit: the next send must look at the queue again. */
-        if (dp.refused_epoch[dest] != dp.progress_epoch) dp.drain_stuck_epoch = 0;
-        s->state = SEND_DEFERRED;
-        dp.pending_bytes += s->length;
-        mr__deferq_push(&dp.deferq, dest, idx);
-        rt.stats.deferred_sends++;
-    }
-    rt.stats.messages_sent++;
-    rt.stats.bytes_sent += s->length;
-    return MR_OK;
 }
 
 mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
@@ -712,6 +873,7 @@ static __attribute__((noinline)) mr_status_t rt_receive_slow(mr_message_t *messa
 {
     int events;
 
+    dp.receive_budget = 64;
     if (message == NULL) {
         mr_error("mr_receive(): the message pointer is NULL.");
         return MR_ERR_INVALID_PARAM;
@@ -731,8 +893,8 @@ mr_status_t mr_receive(mr_message_t *message)
 {
     RT_CHECK_READY("mr_receive()");
     /* Progress on every call while idle, and regularly while messages are queued. */
-    if (__builtin_expect(dp.arrivals.head == MR_NIL || (++dp.receive_calls & 63) == 0 ||
-                             rt.failures_unreported != 0 || message == NULL,
+    if (__builtin_expect(dp.arrivals.head == MR_NIL || --dp.receive_budget == 0 ||
+                             message == NULL,
                          0)) {
         return rt_receive_slow(message);
     }

@@ -36,6 +36,9 @@ uint64_t rt_datapath_drop_arrivals(void);
 void rt_datapath_release_held(void);
 /* Gives back the send slots of every message deferred to a rank that failed. */
 void rt_datapath_drop_deferred(int rank);
+
+/* A failure waits to be reported: the next mr_receive() makes progress and reports it. */
+void rt_datapath_report_soon(void);
 /* Fills the datapath's fields of mr_get_stats()' snapshot. */
 void rt_datapath_stats(mr_stats_t *snapshot);
 

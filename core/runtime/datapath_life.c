@@ -50,6 +50,7 @@ mr_status_t rt_datapath_init(void)
     }
     dp.arrivals = RT_MSGQ_INIT;
     dp.progress_epoch = 1; /* refused_epoch starts at 0: nobody has refused yet. */
+    dp.receive_budget = 1;
     return MR_OK;
 }
 
@@ -57,10 +58,17 @@ void rt_datapath_attach(uint64_t recv_bound, uint64_t (*held)(mr_substrate_t *s)
 {
     dp.recv_bound = recv_bound;
     dp.sub_held = held;
-    dp.acquire = rt.flowctl->acquire;
+    if (!rt.flowctl->unconstrained) {
+        dp.acquire = rt.flowctl->acquire;
+        dp.on_arrival = rt.flowctl->on_arrival;
+        dp.on_release = rt.flowctl->on_release;
+    }
     dp.fc = rt.fc;
     dp.send = rt.substrate->send;
     dp.sub = rt.sub;
+    if (MR_SUBSTRATE_OPS_HAS(rt.substrate, append_windows) && rt.substrate->append_windows) {
+        dp.win = rt.substrate->append_windows(rt.sub, &dp.win_max);
+    }
     dp.send_bytes = rt.cfg.send_bytes != 0 ? rt.cfg.send_bytes : UINT64_MAX;
 }
 
@@ -72,6 +80,11 @@ bool rt_datapath_sends_pending(void)
 void rt_datapath_drop_deferred(int rank)
 {
     for (uint32_t idx; (idx = mr__deferq_pop(&dp.deferq, rank)) != MR_NIL;) rt_send_free(idx);
+}
+
+void rt_datapath_report_soon(void)
+{
+    dp.receive_budget = 1;
 }
 
 void rt_datapath_stats(mr_stats_t *snapshot)

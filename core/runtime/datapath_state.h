@@ -78,16 +78,24 @@ typedef struct rt_datapath {
     uint32_t *refused_epoch;
     /* The progress count when a pass over the deferred queue found only such refusals. */
     uint32_t drain_stuck_epoch;
-    /* The hot path's callees, copied from rt at attach: one load each on every send. */
+    /*
+     * The hot path's callees, copied from rt at attach: one load each on every
+     * message. Flow control's are NULL when the policy is unconstrained.
+     */
     bool (*acquire)(mr_flowctl_t *fc, int dest, uint32_t *imm);
+    void (*on_arrival)(mr_flowctl_t *fc, int source, uint32_t imm);
+    void (*on_release)(mr_flowctl_t *fc, int source);
     mr_flowctl_t *fc;
     mr_status_t (*send)(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
                         const void *data, size_t length, void *cookie);
     mr_substrate_t *sub;
+    /* The substrate's append windows and the largest payload they take (NULL: none). */
+    mr_append_window_t *win;
+    size_t win_max;
     uint64_t send_bytes;     /* MAILRAIL_SEND_BYTES, or no bound: UINT64_MAX. */
     size_t inflight;         /* Sends accepted by the substrate and not completed. */
     uint64_t pending_bytes;  /* Of messages deferred or in flight (MAILRAIL_SEND_BYTES). */
-    unsigned receive_calls;
+    unsigned receive_budget; /* mr_receive() calls until the next that makes progress. */
     unsigned idle_polls;
     bool reserve_blocked;    /* The last mr_reserve() found no send buffer. */
     /* The pool bound from the wire's side (docs/reliability.md). */

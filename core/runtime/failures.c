@@ -43,6 +43,7 @@ void rt_peer_down(int rank, mr_status_t why, int reporter)
     rt.peer[rank] = PEER_FAILED_UNREPORTED;
     rt.failures_unreported++;
     rt.any_failure = true;
+    rt_datapath_report_soon();
     if (reporter < 0) {
         mr_error("Rank %d failed (%s); messages to it are dropped.", rank, mr_status_string(why));
     } else {

@@ -83,4 +83,5 @@ const mr_flowctl_ops_t mr__flowctl_none_ops = {
     .progress = none_progress,
     .stats = none_stats,
     .finalize = none_finalize,
+    .unconstrained = true,
 };

@@ -22,9 +22,10 @@ mr_status_t mr__batcher_init(mr__batcher_t *b, int nranks, unsigned nbatches, si
     b->batches = calloc(nbatches, sizeof(*b->batches));
     b->memory = malloc((size_t)nbatches * cap);
     b->open = calloc((size_t)nranks, sizeof(*b->open));
+    b->win = calloc((size_t)nranks, sizeof(*b->win));
     b->open_ranks = malloc((size_t)nranks * sizeof(*b->open_ranks));
     b->last_epoch = calloc((size_t)nranks, sizeof(*b->last_epoch));
-    if (b->batches == NULL || b->memory == NULL || b->open == NULL || b->open_ranks == NULL ||
+    if (b->batches == NULL || b->memory == NULL || b->open == NULL || b->win == NULL || b->open_ranks == NULL ||
         b->last_epoch == NULL) {
         mr__batcher_fini(b);
         return MR_ERR_NO_MEMORY;
@@ -45,6 +46,7 @@ void mr__batcher_fini(mr__batcher_t *b)
     free(b->batches);
     free(b->memory);
     free(b->open);
+    free(b->win);
     free(b->open_ranks);
     free(b->last_epoch);
     memset(b, 0, sizeof(*b));
@@ -56,13 +58,7 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
     mr__batch_t *batch;
 
     if (length > b->max_frame) return MR__BATCH_ALONE; /* Also when coalescing is off. */
-    batch = b->open[dest];
-    if (batch != NULL) {
-        if (batch->kind != kind || batch->nframes == MR__BATCH_MAX_FRAMES ||
-            b->cap - batch->used < mr_frame_size(length)) {
-            return MR__BATCH_FULL;
-        }
-    } else {
+    if (b->open[dest] == NULL) {
         /*
          * The first message since the last progress call leaves at once, and
          * so does one when no batch is free (noted as the first as well).
@@ -74,18 +70,14 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
         batch = b->free_list;
         b->free_list = batch->next_free;
         batch->dest = dest;
-        batch->kind = kind;
-        batch->used = 0;
-        batch->nframes = 0;
         b->open[dest] = batch;
         b->open_ranks[b->nopen++] = dest;
+        b->win[dest] = (mr_append_window_t){.pos = batch->data, .room = (uint32_t)b->cap,
+                                            .frames = MR__BATCH_MAX_FRAMES,
+                                            .kind = (uint16_t)kind};
     }
-    uint8_t *p = batch->data + batch->used;
-    batch->used += mr__batch_frame_start(p, kind, length);
-    if (length > 0) memcpy(p + MR_FRAME_HDR, data, length);
-    batch->nframes++;
-    b->added++;
-    return MR__BATCH_ADDED;
+    return mr_append_window_put(&b->win[dest], kind, data, length) ? MR__BATCH_ADDED
+                                                                    : MR__BATCH_FULL;
 }
 
 mr_status_t mr__batcher_route_slow(mr__batcher_t *b, int dest, unsigned kind, uint32_t imm,
@@ -117,6 +109,10 @@ mr__batch_t *mr__batcher_detach(mr__batcher_t *b, int dest)
     mr__batch_t *batch = b->open[dest];
 
     if (batch == NULL) return NULL;
+    batch->used = mr__batcher_used(b, dest);
+    batch->nframes = MR__BATCH_MAX_FRAMES - b->win[dest].frames;
+    b->added += batch->nframes;
+    b->win[dest] = (mr_append_window_t){0};
     b->open[dest] = NULL;
     for (unsigned i = 0; i < b->nopen; i++) {
         if (b->open_ranks[i] == dest) {

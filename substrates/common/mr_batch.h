@@ -32,9 +32,8 @@
 
 typedef struct mr__batch {
     uint8_t *data;             /* cap bytes of frames. */
-    size_t used;
-    unsigned nframes;
-    unsigned kind;             /* The kind of every frame in it. */
+    size_t used;               /* Bytes of frames, and frames, set when it is detached; */
+    unsigned nframes;          /* while open, its rank's window says (mr__batcher_used()). */
     int dest;                  /* -1 while free. */
     struct mr__batch *next_free;
 } mr__batch_t;
@@ -47,11 +46,17 @@ typedef struct mr__batcher {
     uint8_t *memory;           /* The batches' data, in one allocation. */
     mr__batch_t *free_list;
     mr__batch_t **open;        /* Per rank: the batch being filled, or NULL. */
+    /*
+     * Per rank: where the open batch takes its next frame, what kind, and how
+     * many more (kind 0 when none is open). The core appends through these
+     * too (mr_append_window_t, the substrate's append_windows()).
+     */
+    mr_append_window_t *win;
     int *open_ranks;           /* The ranks with one, in no order. */
     unsigned nopen;
     uint32_t *last_epoch;      /* Per rank: the epoch of the last message that left alone. */
     uint32_t epoch;            /* Progress calls so far. */
-    uint64_t added;            /* Messages packed so far (mr_stats_t.messages_coalesced). */
+    uint64_t added;            /* Messages packed in batches detached so far. */
 } mr__batcher_t;
 
 /*
@@ -74,48 +79,20 @@ mr__batch_add_t mr__batcher_add(mr__batcher_t *b, int dest, unsigned kind, const
                                 size_t length);
 
 /*
- * Starts a frame of `length` payload bytes at `p`: its header, and zeros in
- * its padding (mr_substrate.h). The caller copies the payload after the
- * header. Returns the frame's size.
- */
-static inline size_t mr__batch_frame_start(uint8_t *p, unsigned kind, size_t length)
-{
-    size_t size = mr_frame_size(length);
-    uint32_t hdr = (uint32_t)length | (kind == MR_KIND_ITEMS     ? MR_FRAME_ITEMS_BIT
-                                       : kind == MR_KIND_HANDLER ? MR_FRAME_HANDLER_BIT
-                                                                 : 0);
-    uint64_t zero = 0;
-
-    memcpy(p + size - sizeof(zero), &zero, sizeof(zero)); /* The padding (or the header). */
-    p[0] = (uint8_t)hdr;
-    p[1] = (uint8_t)(hdr >> 8);
-    p[2] = (uint8_t)(hdr >> 16);
-    p[3] = (uint8_t)(hdr >> 24);
-    memcpy(p + 4, &zero, 4);
-    return size;
-}
-
-/*
  * Packs a message without credits into the open batch of `dest` when there
- * is one of its kind with room: the common case of a stream, inline. `data`
- * is never NULL.
+ * is one of its kind with room: the common case of a stream, inline.
  */
 static inline bool mr__batcher_append(mr__batcher_t *b, int dest, unsigned kind, const void *data,
                                       size_t length)
 {
-    mr__batch_t *batch;
+    return b->max_frame != 0 && length <= b->max_frame &&
+           mr_append_window_put(&b->win[dest], kind, data, length);
+}
 
-    if (b->max_frame == 0 || (batch = b->open[dest]) == NULL) return false;
-    if (batch->kind != kind || length > b->max_frame ||
-        batch->nframes == MR__BATCH_MAX_FRAMES || b->cap - batch->used < mr_frame_size(length)) {
-        return false;
-    }
-    uint8_t *p = batch->data + batch->used;
-    batch->used += mr__batch_frame_start(p, kind, length);
-    batch->nframes++;
-    b->added++;
-    memcpy(p + MR_FRAME_HDR, data, length); /* Last: nothing is kept across the call. */
-    return true;
+/* The bytes of frames in the open batch of `dest`. */
+static inline size_t mr__batcher_used(const mr__batcher_t *b, int dest)
+{
+    return (size_t)(b->win[dest].pos - b->open[dest]->data);
 }
 
 /*
@@ -159,7 +136,10 @@ static inline mr_status_t mr__batcher_route(mr__batcher_t *b, int dest, unsigned
     return mr__batcher_route_slow(b, dest, kind, imm, data, length, send_batch, ctx, packed);
 }
 
-/* Takes the open batch of `dest` (NULL if none) off the open list, to send it. */
+/*
+ * Takes the open batch of `dest` (NULL if none) off the open list, to send
+ * it, with its bytes and frames counted (used, nframes), and closes its window.
+ */
 mr__batch_t *mr__batcher_detach(mr__batcher_t *b, int dest);
 
 /* A batch that was sent (or given up) is free again. */
@@ -170,8 +150,19 @@ void mr__batcher_release(mr__batcher_t *b, mr__batch_t *batch);
 static inline void mr__batcher_stats(const mr__batcher_t *b, mr_stats_t *stats)
 {
     if (stats->size >= offsetof(mr_stats_t, messages_coalesced) + sizeof(uint64_t)) {
-        stats->messages_coalesced += b->added;
+        uint64_t added = b->added;
+        for (unsigned i = 0; i < b->nopen; i++) {
+            added += MR__BATCH_MAX_FRAMES - b->win[b->open_ranks[i]].frames;
+        }
+        stats->messages_coalesced += added;
     }
+}
+
+/* The substrate's append_windows(): the batcher's windows, or NULL when coalescing is off. */
+static inline mr_append_window_t *mr__batcher_windows(mr__batcher_t *b, size_t *max_frame)
+{
+    *max_frame = b->max_frame;
+    return b->max_frame != 0 ? b->win : NULL;
 }
 
 /* A progress call starts: the next message to every rank leaves alone again. */

@@ -16,6 +16,12 @@ static uint64_t mpi_held(mr_substrate_t *s)
     return s->nheld;
 }
 
+/* The batches being filled, open to the core (mr_append_window_t). */
+static mr_append_window_t *mpi_append_windows(mr_substrate_t *s, size_t *max_frame)
+{
+    return mr__batcher_windows(&s->batcher, max_frame);
+}
+
 static const mr_substrate_ops_t mpi_ops = {
     MR__SUBSTRATE_OPS_HEAD,
     .name = "mpi",
@@ -36,6 +42,7 @@ static const mr_substrate_ops_t mpi_ops = {
     .stats = mpi_stats,
     .close = mpi__close,
     .held = mpi_held,
+    .append_windows = mpi_append_windows,
 };
 
 MR__SUBSTRATE_ENTRY(mpi_ops)

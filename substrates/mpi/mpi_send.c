@@ -123,7 +123,8 @@ static mr_status_t data_isend(mr_substrate_t *s, int dest, uint32_t tag, const v
 static mr_status_t batch_send(mr_substrate_t *s, int dest)
 {
     mr__batch_t *b = s->batcher.open[dest];
-    mr_status_t st = data_isend(s, dest, s->batch_tag, b->data, b->used, NULL, b);
+    mr_status_t st = data_isend(s, dest, s->batch_tag, b->data, mr__batcher_used(&s->batcher, dest),
+                                 NULL, b);
 
     if (st == MR_OK) mr__batcher_detach(&s->batcher, dest);
     return st;

@@ -209,6 +209,12 @@ static uint64_t ucx_held(mr_substrate_t *s)
     return s->rxq_count - s->rxq_claimed;
 }
 
+/* The batches being filled, open to the core (mr_append_window_t). */
+static mr_append_window_t *ucx_append_windows(mr_substrate_t *s, size_t *max_frame)
+{
+    return mr__batcher_windows(&s->batcher, max_frame);
+}
+
 static const mr_substrate_ops_t ucx_ops = {
     MR__SUBSTRATE_OPS_HEAD,
     .name = "ucx",
@@ -232,6 +238,7 @@ static const mr_substrate_ops_t ucx_ops = {
     .watch = ucx__watch,
     .wake_fd = ucx_wake_fd,
     .held = ucx_held,
+    .append_windows = ucx_append_windows,
 };
 
 MR__SUBSTRATE_ENTRY(ucx_ops)

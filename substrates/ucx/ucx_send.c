@@ -61,7 +61,8 @@ static mr_status_t batch_send(mr_substrate_t *s, ucx_peer_t *p)
     param.cb.send = ucx__send_cb;
     param.flags = UCP_AM_SEND_FLAG_EAGER; /* The receiver copies frames out of UCX's buffer. */
     param.memory_type = UCS_MEMORY_TYPE_HOST;
-    sp = ucp_am_send_nbx(p->ep, UCX_AM_DATA, r->hdr, UCX_WIRE_HDR_LEN, b->data, b->used, &param);
+    sp = ucp_am_send_nbx(p->ep, UCX_AM_DATA, r->hdr, UCX_WIRE_HDR_LEN, b->data,
+                         mr__batcher_used(&s->batcher, p->rank), &param);
     if (UCS_PTR_IS_ERR(sp)) {
         mr__sreq_push(&s->free_sreqs, &r->link);
         return send_error(s, p->rank, UCS_PTR_STATUS(sp));
