@@ -494,6 +494,7 @@ START_TEST(bad_input_loses_nothing)
     ck_assert_int_eq(mr_release(m.data), MR_ERR_NOT_INITIALIZED);
     ck_assert_int_eq(mr_quiesce(), MR_ERR_NOT_INITIALIZED);
     ck_assert_int_eq(mr_wait(0), MR_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(mr_send_handler_copy("x", 1, 0, 0), MR_ERR_NOT_INITIALIZED);
     ck_assert_int_eq(mr_failed_ranks(NULL, 0, &nfailed), MR_ERR_NOT_INITIALIZED);
     ck_assert_int_eq(finalize_checked(), MR_ERR_NOT_INITIALIZED);
     mr_stats_t stats = {.size = sizeof(stats)};
@@ -749,6 +750,7 @@ enum { H_REQUEST = 7, H_REPLY = 200, H_LONELY = 255 };
 
 typedef struct handler_state {
     tally_t requests, replies;
+    uint8_t *copy;             /* A buffer of the test's for mr_send_handler_copy(). */
     uint64_t again;            /* Requests whose reply found no send buffer at first. */
     bool checked_calls;        /* The calls refused inside a handler were tried. */
 } handler_state_t;
@@ -778,6 +780,18 @@ static mr_status_t on_request(const mr_message_t *m, void *arg)
         ck_assert_int_eq(mr_quiesce(), MR_ERR_IN_HANDLER);
         ck_assert_int_eq(mr_handler_register(H_LONELY, NULL, NULL), MR_ERR_IN_HANDLER);
         ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    }
+    if (seq % 2 == 0) {
+        /* Half the replies are copies of the test's own bytes, sent without mr_reserve(). */
+        fill_message(hs->copy, m->length, mr_rank(), m->source, seq);
+        mr_status_t st = mr_send_handler_copy(hs->copy, m->length, m->source, H_REPLY);
+        if (st == MR_AGAIN) {
+            hs->again++;
+            return MR_AGAIN;
+        }
+        ck_assert_int_eq(st, MR_OK);
+        tally_mark(&hs->requests, m->source, seq);
+        return MR_OK;
     }
     if (mr_reserve(&buf) != MR_OK) {
         /* No send buffer now: called again later with the same message, nothing sent yet. */
@@ -827,7 +841,9 @@ static void progress_handlers(void *arg)
  * Handlers: every rank sends requests of every length to a handler on every
  * rank (itself included), whose handler answers each with a reply to another
  * handler, from inside the handler, through a send pool of 4 buffers so that
- * replies often find none and their handler is called again. Every request
+ * replies often find none and their handler is called again. Requests and
+ * replies of odd sequence numbers go from buffers of mr_reserve(), the others
+ * as copies (mr_send_handler_copy()). Every request
  * and every reply is checked (payload, source, destination) and counted
  * exactly once; quiescence waits for the replies; a message to a handler the
  * destination never registered is dropped there and counted.
@@ -847,6 +863,8 @@ START_TEST(handlers_exactly_once_with_replies)
     tally_init(&hs.requests, per_dest);
     tally_init(&hs.replies, per_dest);
     for (int r = 0; r < world_size; r++) all[r] = r;
+    hs.copy = malloc(mr_datagram_size()); /* Before any progress can run a handler. */
+    ck_assert_ptr_nonnull(hs.copy);
     ck_assert_int_eq(mr_handler_register(-1, on_request, &hs), MR_ERR_INVALID_PARAM);
     ck_assert_int_eq(mr_handler_register(MR_HANDLERS_MAX, on_request, &hs), MR_ERR_INVALID_PARAM);
     ck_assert_int_eq(mr_handler_register(H_REQUEST, on_request, &hs), MR_OK);
@@ -861,10 +879,32 @@ START_TEST(handlers_exactly_once_with_replies)
                      MR_ERR_MESSAGE_TOO_LONG);
     ck_assert_int_eq(mr_send_handler(buf, 64, world_size, H_REQUEST), MR_ERR_INVALID_RANK);
     ck_assert_int_eq(mr_release(buf), MR_OK);
+    fill_message(hs.copy, 64, world_rank, 0, 0);
+    ck_assert_int_eq(mr_send_handler_copy(hs.copy, 64, 0, 3), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_send_handler_copy(hs.copy, 64, 0, -1), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_send_handler_copy(NULL, 64, 0, H_REQUEST), MR_ERR_INVALID_PARAM);
+    ck_assert_int_eq(mr_send_handler_copy(hs.copy, mr_datagram_size(), 0, H_REQUEST),
+                     MR_ERR_MESSAGE_TOO_LONG);
+    ck_assert_int_eq(mr_send_handler_copy(hs.copy, 64, world_size, H_REQUEST),
+                     MR_ERR_INVALID_RANK);
+    ck_assert_int_eq(mr_send_handler_copy(hs.copy, 64, -1, H_REQUEST), MR_ERR_INVALID_RANK);
 
     for (uint32_t seq = 0; seq < per_dest; seq++) {
         for (int r = 0; r < world_size; r++) {
             size_t length = handler_length(seq, r);
+            if (seq % 2 == 0) {
+                uint8_t *copy = malloc(length);
+                ck_assert_ptr_nonnull(copy);
+                fill_message(copy, length, world_rank, r, seq);
+                mr_status_t st;
+                while ((st = mr_send_handler_copy(copy, length, r, H_REQUEST)) == MR_AGAIN) {
+                    progress_handlers(NULL);
+                }
+                ck_assert_int_eq(st, MR_OK);
+                memset(copy, 0xee, length); /* The bytes were copied: the call took nothing. */
+                free(copy);
+                continue;
+            }
             buf = reserve_or_progress(&unused);
             fill_message(buf, length, world_rank, r, seq);
             ck_assert_int_eq(mr_send_handler(buf, length, r, H_REQUEST), MR_OK);
@@ -898,6 +938,7 @@ START_TEST(handlers_exactly_once_with_replies)
     free(unused.seen);
     free(hs.requests.seen);
     free(hs.replies.seen);
+    free(hs.copy);
 }
 END_TEST
 

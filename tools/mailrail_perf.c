@@ -19,6 +19,8 @@
  *                 receiver's handler takes each message; in the ping-pong the
  *                 answer leaves from inside the handler (sizes up to
  *                 MAILRAIL_DATAGRAM_SIZE - 1)
+ *     -C          with -H: every message sent with mr_send_handler_copy() from a
+ *                 buffer of the tool's, without mr_reserve()
  *     -i          the item layer instead (mailrail_items.h): SIZES are item sizes
  *                 (default 8,16,64) and COUNT items (default 1000000) give the cost
  *                 per item of push and pull, to oneself and to a peer, in ns
@@ -65,6 +67,7 @@ typedef struct perf_options {
     bool raw_async; /* With raw_mpi: the continuous loop instead of windows. */
     bool items;
     bool handlers;  /* Through mr_send_handler() and mr_poll(). */
+    bool copy;      /* With handlers: mr_send_handler_copy() instead. */
     bool instructions; /* Phases dumped for callgrind (-I). */
     const char *csv;
 } perf_options_t;
@@ -77,7 +80,7 @@ typedef struct perf_result {
 static void perf_usage(void)
 {
     fprintf(stderr, "usage: mpiexec -n 2 mailrail_perf [-s sizes] [-n count] [-r reps] "
-                    "[-w window] [-l] [-m | -a | -H | -i] [-I] [-c file.csv]\n");
+                    "[-w window] [-l] [-m | -a | -H [-C] | -i] [-I] [-c file.csv]\n");
 }
 
 static int perf_parse(int argc, char **argv, perf_options_t *o)
@@ -89,7 +92,7 @@ static int perf_parse(int argc, char **argv, perf_options_t *o)
 
     o->reps = 3;
     o->window = 64;
-    while ((c = getopt(argc, argv, "s:n:r:w:lmaHiIc:h")) != -1) {
+    while ((c = getopt(argc, argv, "s:n:r:w:lmaHCiIc:h")) != -1) {
         switch (c) {
         case 's': sizes = optarg; break;
         case 'n': ok &= tool_parse_long(optarg, 1, LONG_MAX, &count); break;
@@ -100,6 +103,7 @@ static int perf_parse(int argc, char **argv, perf_options_t *o)
         case 'a': o->raw_mpi = o->raw_async = true; break;
         case 'i': o->items = true; break;
         case 'H': o->handlers = true; break;
+        case 'C': o->copy = true; break;
         case 'I': o->instructions = true; break;
         case 'c': o->csv = optarg; break;
         default: return -1;
@@ -109,6 +113,7 @@ static int perf_parse(int argc, char **argv, perf_options_t *o)
     o->count = count > 0 ? count : o->items ? 1000000 : 100000;
     if ((o->items || o->handlers) && o->raw_mpi) return -1;
     if (o->items && o->handlers) return -1;
+    if (o->copy && !o->handlers) return -1;
     for (const char *p = sizes; *p != '\0' && o->nsizes < PERF_MAX_SIZES;) {
         char *end;
         o->sizes[o->nsizes++] = strtoul(p, &end, 10);
@@ -195,6 +200,8 @@ __attribute__((noinline)) static double mr_pingpong(int rank, size_t size, long 
 
 enum { PERF_H_SINK = 1, PERF_H_ACK = 2, PERF_H_PING = 3, PERF_H_PONG = 4 };
 
+static bool perf_h_copy;     /* -C: mr_send_handler_copy() from perf_h_data. */
+static uint8_t *perf_h_data; /* The tool's own buffer for -C (a datagram's worth). */
 static long perf_h_got;     /* Messages the sink handler took. */
 static bool perf_h_answered; /* The ack or the pong arrived. */
 static size_t perf_h_size;   /* The ping-pong's message size. */
@@ -221,6 +228,11 @@ static mr_status_t perf_h_ping(const mr_message_t *m, void *arg)
     void *buf;
 
     (void)arg;
+    if (perf_h_copy) {
+        return mr_send_handler_copy(perf_h_data, perf_h_size, m->source, PERF_H_PONG) == MR_OK
+                   ? MR_OK
+                   : MR_AGAIN;
+    }
     if (mr_reserve(&buf) != MR_OK) return MR_AGAIN;
     memset(buf, 0x5a, perf_h_size < 64 ? perf_h_size : 64);
     return mr_send_handler(buf, perf_h_size, m->source, PERF_H_PONG) == MR_OK ? MR_OK : MR_AGAIN;
@@ -242,6 +254,10 @@ static void mr_h_send_one(int dest, size_t size, int id)
 {
     void *buf;
 
+    if (perf_h_copy) {
+        while (mr_send_handler_copy(perf_h_data, size, dest, id) == MR_AGAIN) mr_poll();
+        return;
+    }
     while (mr_reserve(&buf) != MR_OK) mr_poll();
     memset(buf, 0x5a, size < 64 ? size : 64);
     mr_send_handler(buf, size, dest, id);
@@ -258,7 +274,12 @@ __attribute__((noinline)) static double mr_h_stream(int rank, size_t size, long 
     double start = tool_now();
 
     if (rank == 0) {
-        for (long i = 0; i < count; i++) {
+        for (long i = 0; i < count && perf_h_copy; i++) {
+            while (mr_send_handler_copy(perf_h_data, size, 1, PERF_H_SINK) == MR_AGAIN) {
+                if (mr_poll() != MR_OK) perf_empty++;
+            }
+        }
+        for (long i = 0; i < count && !perf_h_copy; i++) {
             void *buf;
             while (mr_reserve(&buf) != MR_OK) {
                 if (mr_poll() != MR_OK) perf_empty++;
@@ -649,6 +670,12 @@ int main(int argc, char **argv)
         substrate = mr_substrate_name();
         flowctl = mr_flowctl_name();
         if (o.handlers) perf_h_register();
+        if (o.copy) {
+            perf_h_copy = true;
+            perf_h_data = malloc(mr_datagram_size());
+            if (perf_h_data == NULL) MPI_Abort(MPI_COMM_WORLD, 1);
+            memset(perf_h_data, 0x5a, mr_datagram_size());
+        }
         size_t largest = o.handlers ? mr_datagram_size() - 1 : mr_datagram_size();
         for (int i = 0; i < o.nsizes; i++) {
             if (o.items ? o.sizes[i] == 0 || o.sizes[i] > 64 : o.sizes[i] > largest) {
@@ -736,6 +763,7 @@ int main(int argc, char **argv)
                 (unsigned long long)st.messages_coalesced, (unsigned long long)st.reserve_failures);
     }
     if (!o.raw_mpi) mr_finalize();
+    free(perf_h_data);
     MPI_Finalize();
     return 0;
 }

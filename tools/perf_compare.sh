@@ -13,7 +13,8 @@
 #          runtime must drive it, requests kept in flight and tested, never a
 #          whole window waited for.
 # A policy with +h (none+h, rank+h, node+h) runs MailRail through active-message
-# handlers (`mailrail_perf -H`; its datagram has a byte more, for the id).
+# handlers (`mailrail_perf -H`; its datagram has a byte more, for the id); with
+# +hc (none+hc, ...) through handlers sent with mr_send_handler_copy() (-H -C).
 # Prints, per substrate, policy and size, the median, lowest and highest ratio
 # of the rounds; writes every run to OUT/perf.csv, the summary to
 # OUT/perf_summary.csv, one Markdown table per substrate with the date and the
@@ -74,8 +75,9 @@ measure() {
 mailrail_run() {
     local substrate=$1 policy=$2 size=$3; shift 3
     local dgram=$((size > 4096 ? size : 4096)) text
-    if [[ $policy == *+h ]]; then
-        policy=${policy%+h}
+    if [[ $policy == *+h || $policy == *+hc ]]; then
+        [[ $policy == *+hc ]] && set -- "$@" -C
+        policy=${policy%+h*}
         dgram=$((size >= 4096 ? size + 1 : 4096))
         set -- "$@" -H
     fi

@@ -18,7 +18,8 @@
 #   coal   = the share of the sender's messages that travelled coalesced (several
 #            in one transport message): it depends on timing, and a coalesced
 #            message costs less on both sides, so read the counts beside it
-# A policy with +h streams through active-message handlers (mailrail_perf -H).
+# A policy with +h streams through active-message handlers (mailrail_perf -H),
+# with +hc through handlers sent with mr_send_handler_copy() (-H -C).
 # The policy `raw` (MPI only) is the transport alone: MPI driven asynchronously
 # (mailrail_perf -a), all its instructions in the transport column, for the
 # raw transport's cost per message beside MailRail's. (UCX's own cost is the
@@ -72,15 +73,16 @@ echo "substrate,policy,bytes,side,messages,own_ir_per_msg,empty_polls_per_msg,ir
     >"$out/instructions.csv"
 for substrate in ${substrates//,/ }; do
     for policy in ${policies//,/ }; do
-        flowctl=${policy%+h} mode=() dgram=4096
+        flowctl=${policy%+h*} mode=() dgram=4096
         if [[ $policy == *+h ]]; then mode=(-H); fi
+        if [[ $policy == *+hc ]]; then mode=(-H -C); fi
         if [[ $policy == raw ]]; then
             [[ $substrate == mpi ]] || continue
             flowctl=none mode=(-a)
         fi
         for size in ${sizes//,/ }; do
-            [[ $policy == *+h && $size -ge 4096 ]] && dgram=$((size + 1))
-            [[ $policy != *+h && $size -gt 4096 ]] && dgram=$size
+            [[ $policy == *+h* && $size -ge 4096 ]] && dgram=$((size + 1))
+            [[ $policy != *+h* && $size -gt 4096 ]] && dgram=$size
             run="$out/$substrate-$policy-$size"
             rm -rf "$run" && mkdir -p "$run"
             if ! MAILRAIL_SUBSTRATE=$substrate MAILRAIL_FLOWCTL=$flowctl \

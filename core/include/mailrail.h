@@ -310,12 +310,12 @@ MR_API mr_status_t mr_release(void *buffer);
  *
  * What a handler may do: read `message` (data, length, source), valid only
  * until it returns; send, with mr_reserve(), mr_send(), mr_send_handler(),
- * mr_release() of a reserved buffer and the item pushes and flushes. Any
- * other MailRail call made inside a handler fails with MR_ERR_IN_HANDLER:
- * a handler never waits.
+ * mr_send_handler_copy(), mr_release() of a reserved buffer and the item
+ * pushes and flushes. Any other MailRail call made inside a handler fails
+ * with MR_ERR_IN_HANDLER: a handler never waits.
  *
  * Backpressure inside a handler: a handler that cannot send now (mr_reserve()
- * returns MR_AGAIN) returns MR_AGAIN, having sent nothing for that message
+ * or mr_send_handler_copy() returns MR_AGAIN) returns MR_AGAIN, having sent nothing for that message
  * yet (reserve first, or send one message per call); it is called again with
  * the same message by a later progress call, and the messages behind it wait
  * their turn. While they wait they are parked: copied out of their receive
@@ -359,6 +359,22 @@ MR_API mr_status_t mr_handler_register(int id, mr_handler_t handler, void *arg);
  * and the errors of mr_send().
  */
 MR_API mr_status_t mr_send_handler(void *buffer, size_t length, int dest, int id);
+
+/*
+ * Sends a copy of the `length` bytes at `data` to handler `id` at rank
+ * `dest`, without a buffer from mr_reserve(): `data` is the caller's again
+ * when the call returns, as with UCX's ucp_am_send_nbx() or YGM's async().
+ * A small message to a rank that was just sent to goes straight into the
+ * batch being filled for it; otherwise the bytes are copied into a send
+ * buffer, which then goes as with mr_send_handler(). `length` is at most
+ * mr_datagram_size() - 1.
+ *
+ * Returns MR_OK, MR_AGAIN (no send buffer is free: nothing was sent; make
+ * progress and call again, or return MR_AGAIN from a handler), and the
+ * errors of mr_send_handler() (MR_ERR_INVALID_PARAM also for a NULL `data`
+ * with a `length`).
+ */
+MR_API mr_status_t mr_send_handler_copy(const void *data, size_t length, int dest, int id);
 
 /*
  * Drives progress and runs the handlers of the messages that arrived, without

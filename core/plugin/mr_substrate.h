@@ -19,6 +19,7 @@
 #define MR_SUBSTRATE_H
 
 #include "mailrail.h"
+#include "mr_byteorder.h"
 #include "mr_config_entry.h"
 #include "mr_log_level.h"
 
@@ -99,6 +100,25 @@ static inline size_t mr_frame_start(uint8_t *p, unsigned kind, size_t length)
     p[2] = (uint8_t)(hdr >> 16);
     p[3] = (uint8_t)(hdr >> 24);
     memcpy(p + 4, &zero, 4);
+    return size;
+}
+
+/*
+ * Reads the header of the frame at `p`, `left` bytes before its batch ends,
+ * into *hdr (the length in its low bits, the kind in MR_FRAME_KIND_BITS).
+ * Returns the frame's size, or 0 when the frame is malformed: its header's
+ * second word is not zero, or it claims more bytes than are left.
+ */
+static inline size_t mr_frame_read(const uint8_t *p, size_t left, uint32_t *hdr)
+{
+    size_t size;
+    uint32_t h;
+
+    if (left < MR_FRAME_HDR) return 0;
+    h = mr__get_le32(p);
+    size = mr_frame_size(h & ~MR_FRAME_KIND_BITS);
+    if (mr__get_le32(p + 4) != 0 || size > left) return 0;
+    *hdr = h;
     return size;
 }
 
@@ -192,6 +212,14 @@ typedef struct mr_substrate_upcalls {
      */
     mr_status_t (*deliver_now)(void *core, int source, uint32_t imm, const void *data,
                                size_t length);
+    /*
+     * deliver_now() of a batch of frames, from its start: the core consumes
+     * frames of kind MR_KIND_HANDLER while it can, and returns how many, with
+     * the bytes they take in *consumed (whole frames). The substrate delivers
+     * the rest the usual way, from there. Only from progress(). ABI 6.
+     */
+    unsigned (*deliver_now_frames)(void *core, int source, const void *frames, size_t length,
+                                   size_t *consumed);
 } mr_substrate_upcalls_t;
 
 /* What the core tells a substrate when it opens it. */

@@ -105,14 +105,12 @@ static void dp_batch_arrived(uint32_t idx, int source)
     size_t off = 0, length = r->length;
     uint32_t n = 0;
 
-    while (r->handle == NULL && length - off >= MR_FRAME_HDR && n < UINT16_MAX) {
-        uint32_t hdr = dp_le32(p + off);
+    while (r->handle == NULL && off < length && n < UINT16_MAX) {
+        uint32_t hdr = 0;
+        size_t size = mr_frame_read(p + off, length - off, &hdr);
         /* Data frames only, no mark in the second word, and the padding in the batch. */
-        if ((hdr & MR_FRAME_KIND_BITS) != 0 || dp_le32(p + off + 4) != 0 ||
-            mr_frame_size(hdr) > length - off) {
-            break;
-        }
-        off += mr_frame_size(hdr);
+        if (size == 0 || (hdr & MR_FRAME_KIND_BITS) != 0) break;
+        off += size;
         n++;
     }
     if (off != length || n == 0) {
@@ -277,6 +275,25 @@ static mr_status_t up_deliver_now(void *core, int source, uint32_t imm, const vo
     return MR_OK;
 }
 
+/* deliver_now() of a batch's handler frames, as many as go (ABI 6). */
+static unsigned up_deliver_now_frames(void *core, int source, const void *frames, size_t length,
+                                      size_t *consumed)
+{
+    const rt_consumer_t *c = dp.consumers[MR_KIND_HANDLER];
+    unsigned n;
+
+    (void)core;
+    *consumed = 0;
+    if (c == NULL || c->now_frames == NULL) return 0;
+    n = c->now_frames(frames, length, source, consumed);
+    /* Each spent a credit, which comes back at once (up_deliver_now()). */
+    for (unsigned i = 0; dp.on_arrival != NULL && i < n; i++) {
+        dp.on_arrival(dp.fc, source, 0);
+        dp.on_release(dp.fc, source);
+    }
+    return n;
+}
+
 static mr_status_t up_deliver_copy(void *core, int source, unsigned kind, uint32_t imm,
                                    const void *data, size_t length)
 {
@@ -350,6 +367,7 @@ const mr_substrate_upcalls_t rt_upcalls = {
     .control = up_control,
     .peer_failed = up_peer_failed,
     .deliver_now = up_deliver_now,
+    .deliver_now_frames = up_deliver_now_frames,
 };
 
 mr_status_t rt_send_control(void *core, int dest, uint32_t imm)
@@ -809,6 +827,78 @@ mr_status_t rt_submit(uint32_t idx, size_t length, int dest, unsigned kind)
         status = MR_AGAIN; /* rt_submit_slow() looks at the queue. */
     }
     return rt_submit_slow(idx, dest, status);
+}
+
+/* rt_send_copy() into a send slot: the message goes as one sent from it would. */
+static __attribute__((noinline)) mr_status_t rt_send_copy_slot(const void *data, size_t length,
+                                                               int dest, unsigned kind,
+                                                               uint8_t trailer, bool credited,
+                                                               uint32_t imm)
+{
+    uint32_t idx = rt_send_take();
+
+    if (idx == MR_NIL) {
+        if (credited && dp.acquire != NULL) rt.flowctl->unacquire(rt.fc, dest, imm);
+        return MR_AGAIN;
+    }
+    uint8_t *buffer = mr__pool_slot(&dp.send_pool, idx);
+    if (length > 0) memcpy(buffer, data, length);
+    buffer[length] = trailer;
+    return rt_submit_held(idx, length + 1, dest, kind, credited, imm);
+}
+
+/*
+ * rt_send_copy()'s common case: the batch the substrate fills for `dest`
+ * takes the copy, `trailer` last (a credit with nothing to piggyback taken).
+ */
+__attribute__((always_inline)) static inline bool rt_pack_copy(const void *data, size_t length,
+                                                               int dest, unsigned kind,
+                                                               uint8_t trailer)
+{
+    uint8_t *payload;
+
+    if (__builtin_expect(length + 1 > dp.win_max || dp.win == NULL, 0) ||
+        (payload = mr_append_window_take(&dp.win[dest], kind, length + 1)) == NULL) {
+        return false;
+    }
+    rt.stats.messages_sent++;
+    rt.stats.bytes_sent += length + 1;
+    payload[length] = trailer;
+    if (length > 0) memcpy(payload, data, length); /* Last: nothing is kept across it. */
+    return true;
+}
+
+/* rt_send_copy() with a credit to take, out of line. */
+static __attribute__((noinline)) mr_status_t rt_send_copy_credit(const void *data, size_t length,
+                                                                 int dest, unsigned kind,
+                                                                 uint8_t trailer)
+{
+    uint32_t imm = 0;
+
+    if (__builtin_expect(rt_must_wait(dest), 0)) {
+        return rt_send_copy_slot(data, length, dest, kind, trailer, false, 0);
+    }
+    if (!dp.acquire(dp.fc, dest, &imm)) {
+        rt_no_credit(dest);
+        return rt_send_copy_slot(data, length, dest, kind, trailer, false, 0);
+    }
+    if (__builtin_expect(imm == 0, 1) && rt_pack_copy(data, length, dest, kind, trailer)) {
+        return MR_OK;
+    }
+    return rt_send_copy_slot(data, length, dest, kind, trailer, true, imm);
+}
+
+mr_status_t rt_send_copy(const void *data, size_t length, int dest, unsigned kind,
+                         uint8_t trailer)
+{
+    if (rt.peer[dest] != PEER_OK) return MR_ERR_PEER_FAILED; /* Logged when detected. */
+    if (dp.acquire != NULL) return rt_send_copy_credit(data, length, dest, kind, trailer);
+    /* Unconstrained: no call on the common path but the copy. */
+    if (__builtin_expect(!rt_must_wait(dest), 1) &&
+        rt_pack_copy(data, length, dest, kind, trailer)) {
+        return MR_OK;
+    }
+    return rt_send_copy_slot(data, length, dest, kind, trailer, !rt_must_wait(dest), 0);
 }
 
 /* ---- Receiving ----------------------------------------------------------------------- */

@@ -78,6 +78,14 @@ void rt_submit_local(uint32_t slot, size_t length, unsigned kind);
  */
 mr_status_t rt_send_kind(const char *fn, void *buffer, size_t length, int dest, unsigned kind,
                          uint8_t trailer);
+/*
+ * rt_send_kind() of a copy of `length` bytes at `data` (checked already, but
+ * for the peer), with no buffer from mr_reserve(): packed straight into the
+ * batch the substrate fills for `dest` when it takes them, else copied into
+ * a send slot. MR_AGAIN when no slot is free: nothing was sent.
+ */
+mr_status_t rt_send_copy(const void *data, size_t length, int dest, unsigned kind,
+                         uint8_t trailer);
 /* True, once, for each peer failure the application has not been told of. */
 bool rt_report_failure(void);
 /* A poll found nothing: lets other ranks have the core now and then. */
@@ -108,6 +116,11 @@ typedef struct rt_consumer {
      * counted as received; MR_AGAIN: it is to be delivered the usual way.
      */
     mr_status_t (*now)(const uint8_t *data, size_t length, int source);
+    /*
+     * Optional: now() of a batch's frames from its start, while they are of
+     * this kind and go; returns how many went, and their bytes in *consumed.
+     */
+    unsigned (*now_frames)(const uint8_t *frames, size_t length, int source, size_t *consumed);
     /* Optional: runs at the end of every progress call; returns the events it made. */
     int (*progress)(void);
 } rt_consumer_t;

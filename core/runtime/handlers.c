@@ -40,7 +40,8 @@ static void handlers_consume(void);
  * Runs the handler of a message of `length` bytes whose last byte is its id.
  * MR_AGAIN: the handler asked to be called again; anything else: done with it.
  */
-static mr_status_t handler_run(const uint8_t *data, size_t length, int source)
+__attribute__((always_inline)) static inline mr_status_t handler_run(const uint8_t *data,
+                                                                    size_t length, int source)
 {
     const rt_handler_t *h;
     mr_message_t m;
@@ -109,6 +110,28 @@ static mr_status_t handlers_now(const uint8_t *data, size_t length, int source)
     return MR_OK;
 }
 
+static unsigned handlers_now_frames(const uint8_t *frames, size_t length, int source,
+                                    size_t *consumed)
+{
+    size_t off = 0;
+    unsigned n = 0;
+
+    /* As handlers_now(), frame by frame: each in order, unless one waits before it. */
+    while (off < length && nwaiting == 0 && !stopped && rt_state == RT_READY) {
+        uint32_t hdr = 0;
+        size_t size = mr_frame_read(frames + off, length - off, &hdr);
+        if (size == 0 || (hdr & MR_FRAME_KIND_BITS) != MR_FRAME_HANDLER_BIT) break;
+        size_t plen = hdr & ~MR_FRAME_KIND_BITS;
+        if (handler_run(frames + off + MR_FRAME_HDR, plen, source) == MR_AGAIN) break;
+        handler_done(plen);
+        off += size;
+        n++;
+    }
+    rt.stats.handler_now += n;
+    *consumed = off;
+    return n;
+}
+
 /*
  * Runs the waiting messages' handlers in order, until one asks to be called
  * again; then parks it and those behind it, so that their credits go back.
@@ -144,12 +167,14 @@ static const rt_consumer_t rt_handlers_consumer = {
     .arrived = handlers_arrived,
     .waiting = handlers_waiting,
     .now = handlers_now,
+    .now_frames = handlers_now_frames,
     .progress = handlers_progress,
 };
 static const rt_consumer_t rt_handlers_consumer_idle = {
     .arrived = handlers_arrived,
     .waiting = handlers_waiting,
     .now = handlers_now,
+    .now_frames = handlers_now_frames,
 };
 /* Registers the consumer with its progress hook only while some handler is registered. */
 static void handlers_consume(void)
@@ -210,4 +235,29 @@ mr_status_t mr_send_handler(void *buffer, size_t length, int dest, int id)
     }
     return rt_send_kind("mr_send_handler()", buffer, length, dest, MR_KIND_HANDLER,
                         (uint8_t)id);
+}
+
+mr_status_t mr_send_handler_copy(const void *data, size_t length, int dest, int id)
+{
+    RT_CHECK_SEND("mr_send_handler_copy()");
+    if (id < 0 || id >= MR_HANDLERS_MAX || handlers[id].fn == NULL) {
+        mr_error("mr_send_handler_copy(): handler %d is not registered on this rank (register "
+                 "the same handlers on every rank).", id);
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (data == NULL && length > 0) {
+        mr_error("mr_send_handler_copy(): the data pointer is NULL.");
+        return MR_ERR_INVALID_PARAM;
+    }
+    if (dest < 0 || dest >= rt.size) {
+        mr_error("mr_send_handler_copy(): destination %d is not in [0, %d).", dest, rt.size);
+        return MR_ERR_INVALID_RANK;
+    }
+    if (length >= rt.cfg.datagram_size) {
+        mr_error("mr_send_handler_copy(): length %zu leaves no room for the handler id in a "
+                 "datagram of %zu bytes (MAILRAIL_DATAGRAM_SIZE).", length,
+                 (size_t)rt.cfg.datagram_size);
+        return MR_ERR_MESSAGE_TOO_LONG;
+    }
+    return rt_send_copy(data, length, dest, MR_KIND_HANDLER, (uint8_t)id);
 }

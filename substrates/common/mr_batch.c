@@ -133,17 +133,12 @@ void mr__batcher_release(mr__batcher_t *b, mr__batch_t *batch)
 int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, unsigned *kind,
                          const uint8_t **payload, size_t *payload_len)
 {
-    size_t off = *offset;
-    uint32_t hdr, zero;
-    size_t n;
+    size_t off = *offset, size;
+    uint32_t hdr = 0;
 
     if (off == length) return 0;
-    if (length - off < MR_FRAME_HDR) return MR_ERR_PROTOCOL;
-    hdr = (uint32_t)batch[off] | (uint32_t)batch[off + 1] << 8 | (uint32_t)batch[off + 2] << 16 |
-          (uint32_t)batch[off + 3] << 24;
-    memcpy(&zero, batch + off + 4, sizeof(zero));
-    n = hdr & ~MR_FRAME_KIND_BITS;
-    if (zero != 0 || mr_frame_size(n) > length - off) return MR_ERR_PROTOCOL;
+    size = mr_frame_read(batch + off, length - off, &hdr);
+    if (size == 0) return MR_ERR_PROTOCOL;
     switch (hdr & MR_FRAME_KIND_BITS) {
     case 0: *kind = MR_KIND_DATA; break;
     case MR_FRAME_ITEMS_BIT: *kind = MR_KIND_ITEMS; break;
@@ -151,7 +146,7 @@ int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, un
     default: return MR_ERR_PROTOCOL;
     }
     *payload = batch + off + MR_FRAME_HDR;
-    *payload_len = n;
-    *offset = off + mr_frame_size(n);
+    *payload_len = hdr & ~MR_FRAME_KIND_BITS;
+    *offset = off + size;
     return 1;
 }

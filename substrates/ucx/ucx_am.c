@@ -115,6 +115,10 @@ static ucs_status_t batch_recv(mr_substrate_t *s, int source, const uint8_t *dat
         proto_error(s, "a batch from rank %d sent by rendezvous", source);
         return UCS_OK;
     }
+    if (direct && s->base.up.deliver_now_frames != NULL) {
+        /* Handlers' messages run here, in UCX's callback, as far as they go. */
+        s->cb_events += s->base.up.deliver_now_frames(s->base.core, source, data, length, &off);
+    }
     while ((r = mr__batch_frame_next(data, length, &off, &kind, &payload, &plen)) == 1) {
         if (direct && kind == MR_KIND_HANDLER &&
             s->base.up.deliver_now(s->base.core, source, 0, payload, plen) == MR_OK) {
