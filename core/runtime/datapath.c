@@ -652,8 +652,9 @@ __attribute__((always_inline)) static inline mr_status_t rt_submit_slow(uint32_t
 }
 
 /*
- * rt_submit_inline()'s rest, out of line: a message that has its credit,
- * with `imm`, or has none (!credited: it waits behind others, or for credit).
+ * The rest of a send that did not go into a window at once, out of line: a
+ * message that has its credit, with `imm`, or has none (!credited: it waits
+ * behind others, or for credit).
  */
 static __attribute__((noinline)) mr_status_t rt_submit_held(uint32_t idx, size_t length,
                                                             int dest, unsigned kind,
