@@ -128,9 +128,10 @@ static inline size_t mr_frame_read(const uint8_t *p, size_t left, uint32_t *hdr)
  * packed without a call into the plugin (mr_substrate_ops_t.append_windows).
  * A message of `kind` without an immediate, of at most the max_frame bytes
  * append_windows() gave, whose frame fits `room` bytes while `frames` > 0,
- * may be written at `pos` (mr_append_window_put()) instead of going through
- * send(): it is then packed, as send() would have packed it, and done. kind
- * 0: no batch open. The substrate changes a window only inside its own calls.
+ * may be written at `pos` (mr_append_window_take() or _put()) instead of
+ * going through send(): it is then packed, as send() would have packed it,
+ * and done. kind 0: no batch open. The substrate changes a window only
+ * inside its own calls.
  */
 typedef struct mr_append_window {
     uint8_t *pos;
