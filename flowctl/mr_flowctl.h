@@ -133,6 +133,16 @@ typedef struct mr_flowctl_ops {
      * message (`none`).
      */
     bool unconstrained;
+    /*
+     * acquire() of up to `want` (> 0) credits for `dest` at once, for the
+     * core's drain of messages queued for it: returns how many it took, each
+     * as an acquire() call would have taken it (0 when acquire() would have
+     * found none; 1 when the first call differs from the next ones, as when
+     * it ends a wait); *imm rides on the first message, 0 on the others
+     * (each is given back with unacquire(), the first with *imm). NULL: the
+     * core calls acquire() per message.
+     */
+    uint32_t (*acquire_n)(mr_flowctl_t *fc, int dest, uint32_t want, uint32_t *imm);
 } mr_flowctl_ops_t;
 
 /* Names accepted by MAILRAIL_FLOWCTL, NULL-terminated, in table order. */

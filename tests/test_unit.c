@@ -257,6 +257,9 @@ START_TEST(deferq_fifo_per_destination)
     ck_assert_uint_eq(q.depth, 5);
     ck_assert_uint_eq(q.peak_depth, 5);
     ck_assert_int_eq(q.ring_count, 2);
+    ck_assert_uint_eq(q.queued[0], 2);
+    ck_assert_uint_eq(q.queued[1], 0);
+    ck_assert_uint_eq(q.queued[2], 3);
     ck_assert_uint_eq(mr__deferq_peek(&q, 1), MR_NIL);
     ck_assert_uint_eq(mr__deferq_pop(&q, 1), MR_NIL);
     ck_assert_uint_eq(mr__deferq_pop(&q, 2), 10);
@@ -266,6 +269,8 @@ START_TEST(deferq_fifo_per_destination)
     ck_assert_uint_eq(mr__deferq_pop(&q, 2), 4);
     ck_assert_uint_eq(mr__deferq_pop(&q, 2), 12);
     ck_assert_uint_eq(mr__deferq_pop(&q, 2), MR_NIL);
+    ck_assert_uint_eq(q.queued[2], 0);
+    ck_assert_uint_eq(q.queued[0], 1);
     ck_assert_int_eq(q.ring_count, 1);
     ck_assert_int_eq(mr__deferq_first(&q), 0);
     ck_assert_uint_eq(mr__deferq_pop(&q, 0), 7);
@@ -599,6 +604,85 @@ START_TEST(node_stash_goes_back_at_progress)
 }
 END_TEST
 
+/*
+ * acquire_n() takes what as many acquire() calls would have, for rank and
+ * node (with nothing to piggyback: node's owed credits would ride on every
+ * message, one at a time): rank 0 asked one credit at a time and rank 1 all
+ * at once get the same, and credits given back come out once.
+ */
+START_TEST(acquire_n_takes_what_acquire_would)
+{
+    const int node_of[3] = {0, 0, 1}, host_of[3] = {0, 0, 1};
+    const char *names[] = {"rank", "node"};
+    credit_calls_t calls = {.failed_rank = -1};
+
+    for (int p = 0; p < 2; p++) {
+        const mr_flowctl_ops_t *ops = mr__flowctl_find(names[p]);
+        stash_rank_t r[2];
+        pthread_t thread[2];
+        char job[64];
+        uint32_t imm = 0, one_by_one = 0, n;
+        void *config;
+
+        ck_assert_ptr_nonnull(ops);
+        ck_assert_ptr_nonnull(ops->acquire_n);
+        config = calloc(1, ops->config_size);
+        ck_assert_ptr_nonnull(config);
+        snprintf(job, sizeof(job), "unit-acqn-%s-%d", names[p], (int)getpid());
+        ck_assert_int_eq(pthread_barrier_init(&stash_barrier, NULL, 2), 0);
+        /* Ranks 0 and 1 of node 0; both send to rank 2, on node 1. */
+        for (int i = 0; i < 2; i++) {
+            r[i] = (stash_rank_t){
+                .ops = ops,
+                .params = {.rank = i, .size = 3, .node_count = 2, .node_of_rank = node_of,
+                           .host_of_rank = host_of, .recv_slots = 64, .return_threshold = 2,
+                           .piggyback = p == 0, .job_id = job, .config = config,
+                           .core = &calls, .send_control = credit_record,
+                           .barrier = stash_barrier_wait}};
+            ck_assert_int_eq(pthread_create(&thread[i], NULL, stash_init, &r[i]), 0);
+        }
+        for (int i = 0; i < 2; i++) {
+            pthread_join(thread[i], NULL);
+            ck_assert_int_eq(r[i].status, MR_OK);
+        }
+        /* Rank 0 one by one, until none is left (node: rank 0's stash, then the pool). */
+        while (ops->acquire(r[0].fc, 2, &imm)) {
+            ck_assert_uint_eq(imm, 0);
+            one_by_one++;
+        }
+        ck_assert_uint_gt(one_by_one, 1);
+        if (p == 0) {
+            /* rank: rank 1 has a grant of its own, as large; all of it at once. */
+            n = 0;
+            for (uint32_t got; (got = ops->acquire_n(r[1].fc, 2, 1000, &imm)) > 0;) {
+                ck_assert_uint_eq(imm, 0);
+                n += got;
+            }
+            ck_assert_uint_eq(n, one_by_one);
+            ck_assert_uint_eq(ops->acquire_n(r[1].fc, 2, 1, &imm), 0);
+            ops->unacquire(r[1].fc, 2, 0);
+            ops->unacquire(r[1].fc, 2, 0);
+            /* The first ends rank 1's wait, alone, as acquire() would; then the other. */
+            ck_assert_uint_eq(ops->acquire_n(r[1].fc, 2, 5, &imm), 1);
+            ck_assert_uint_eq(ops->acquire_n(r[1].fc, 2, 5, &imm), 1);
+            ck_assert_uint_eq(ops->acquire_n(r[1].fc, 2, 5, &imm), 0);
+        } else {
+            /* node: the pool is shared and empty now; credits given back go through the stash. */
+            ck_assert_uint_eq(ops->acquire_n(r[1].fc, 2, 1000, &imm), 0);
+            for (int i = 0; i < 3; i++) ops->unacquire(r[0].fc, 2, 0);
+            /* The first ends rank 0's wait, alone, as acquire() would; then the rest at once. */
+            ck_assert_uint_eq(ops->acquire_n(r[0].fc, 2, 5, &imm), 1);
+            ck_assert_uint_eq(ops->acquire_n(r[0].fc, 2, 5, &imm), 2);
+            ck_assert_uint_eq(ops->acquire_n(r[0].fc, 2, 5, &imm), 0);
+        }
+        ck_assert_int_eq(calls.n, 0);
+        for (int i = 0; i < 2; i++) ops->finalize(r[i].fc);
+        pthread_barrier_destroy(&stash_barrier);
+        free(config);
+    }
+}
+END_TEST
+
 /* ---- Node credit segment ------------------------------------------------------------- */
 
 /* Opens a segment by name and returns its fstat(), failing the test if it is not there. */
@@ -819,6 +903,7 @@ static Suite *unit_suite(void)
     tcase_add_test(tc, credit_piggyback_from_half_a_return);
     tcase_add_test(tc, credit_thresholds_follow_the_window);
     tcase_add_test(tc, node_stash_goes_back_at_progress);
+    tcase_add_test(tc, acquire_n_takes_what_acquire_would);
     suite_add_tcase(s, tc);
     tc = tcase_create("items_wire");
     tcase_add_test(tc, items_wire_known_answers);

@@ -96,6 +96,7 @@ typedef struct mr_deferq {
     uint32_t *head;       /* Per destination. */
     uint32_t *tail;
     uint32_t *link;       /* Per send slot: next in its destination's queue. */
+    uint32_t *queued;     /* Per destination: messages in its queue. */
     int *ring_next;       /* Per destination, -1 when not in the ring. */
     int *ring_prev;
     int ring_head;        /* A destination in the ring, or -1. */
@@ -114,6 +115,7 @@ void mr__deferq_pop_last(mr_deferq_t *q, int dest);
 static inline void mr__deferq_push(mr_deferq_t *q, int dest, uint32_t slot)
 {
     q->link[slot] = MR_NIL;
+    q->queued[dest]++;
     if (++q->depth > q->peak_depth) q->peak_depth = q->depth;
     if (__builtin_expect(q->head[dest] == MR_NIL, 0)) {
         mr__deferq_push_first(q, dest, slot);
@@ -137,6 +139,7 @@ static inline uint32_t mr__deferq_pop(mr_deferq_t *q, int dest)
     if (slot == MR_NIL) return MR_NIL;
     q->head[dest] = q->link[slot];
     q->link[slot] = MR_NIL;
+    q->queued[dest]--;
     q->depth--;
     if (__builtin_expect(q->head[dest] == MR_NIL, 0)) mr__deferq_pop_last(q, dest);
     return slot;

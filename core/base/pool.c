@@ -88,9 +88,10 @@ mr_status_t mr__deferq_init(mr_deferq_t *q, int ndest, size_t nslots)
     q->head = malloc((size_t)ndest * sizeof(*q->head));
     q->tail = malloc((size_t)ndest * sizeof(*q->tail));
     q->link = malloc(nslots * sizeof(*q->link));
+    q->queued = calloc((size_t)ndest, sizeof(*q->queued));
     q->ring_next = malloc((size_t)ndest * sizeof(*q->ring_next));
     q->ring_prev = malloc((size_t)ndest * sizeof(*q->ring_prev));
-    if (!q->head || !q->tail || !q->link || !q->ring_next || !q->ring_prev) {
+    if (!q->head || !q->tail || !q->link || !q->queued || !q->ring_next || !q->ring_prev) {
         mr_error("Cannot allocate the deferred send queue for %d destinations.", ndest);
         mr__deferq_fini(q);
         return MR_ERR_NO_MEMORY;
@@ -110,6 +111,7 @@ void mr__deferq_fini(mr_deferq_t *q)
     free(q->head);
     free(q->tail);
     free(q->link);
+    free(q->queued);
     free(q->ring_next);
     free(q->ring_prev);
     memset(q, 0, sizeof(*q));

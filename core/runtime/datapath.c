@@ -525,6 +525,54 @@ __attribute__((always_inline)) static inline mr_status_t rt_transmit(uint32_t id
 }
 
 /*
+ * Sends the messages deferred to `dest`, oldest first, while they go, their
+ * credits taken together when flow control can (acquire_n). Returns how many
+ * were sent; clears *all_refused when the first that stays waits for credit
+ * that may come any time, not for the next progress call.
+ */
+static int rt_drain_dest(int dest, bool *all_refused)
+{
+    int sent = 0;
+
+    while (mr__deferq_peek(&dp.deferq, dest) != MR_NIL) {
+        uint32_t imm = 0, n = 1;
+
+        /* The substrate refused this rank since the last progress call: it would again. */
+        if (dp.refused_epoch[dest] == dp.progress_epoch) return sent;
+        if (dp.acquire_n != NULL) {
+            n = dp.acquire_n(dp.fc, dest, dp.deferq.queued[dest], &imm);
+        } else if (dp.acquire != NULL) {
+            n = dp.acquire(dp.fc, dest, &imm) ? 1 : 0;
+        }
+        if (n == 0) {
+            rt_no_credit(dest);
+            if (dp.refused_epoch[dest] != dp.progress_epoch) *all_refused = false;
+            return sent;
+        }
+        /* Each message its credit, `imm` on the first: n <= the messages queued. */
+        for (; n > 0; n--, imm = 0) {
+            uint32_t idx = mr__deferq_peek(&dp.deferq, dest);
+            mr_status_t status = rt_transmit_credited(idx, imm);
+
+            if (status == MR_OK) {
+                mr__deferq_pop(&dp.deferq, dest);
+                sent++;
+            } else if (status < 0) {
+                /* The substrate refused for good (peer failure): drop the message. */
+                mr__deferq_pop(&dp.deferq, dest);
+                rt_send_free(idx);
+            } else {
+                /* Refused (its credit went back, and so do the others'): until progress. */
+                while (--n > 0) rt.flowctl->unacquire(rt.fc, dest, 0);
+                if (dp.refused_epoch[dest] != dp.progress_epoch) *all_refused = false;
+                return sent;
+            }
+        }
+    }
+    return sent;
+}
+
+/*
  * Visits every destination with deferred messages, sending its messages,
  * oldest first, while it takes them, and repeats while that moved something
  * (the paper's deferred queue tries on every send; this empties what can go).
@@ -542,24 +590,8 @@ static int rt_drain(void)
         pass = 0;
         for (int i = 0; i < count && dest >= 0; i++) {
             int next = mr__deferq_next(&dp.deferq, dest);
-            uint32_t idx;
 
-            while ((idx = mr__deferq_peek(&dp.deferq, dest)) != MR_NIL) {
-                mr_status_t status = rt_transmit(idx);
-
-                if (status == MR_OK) {
-                    mr__deferq_pop(&dp.deferq, dest);
-                    pass++;
-                } else if (status < 0) {
-                    /* The substrate refused for good (peer failure): drop the message. */
-                    mr__deferq_pop(&dp.deferq, dest);
-                    rt_send_free(idx);
-                } else {
-                    /* Waiting for credit, which may come any time, or refused until progress. */
-                    if (dp.refused_epoch[dest] != dp.progress_epoch) all_refused = false;
-                    break;
-                }
-            }
+            pass += rt_drain_dest(dest, &all_refused);
             dest = next;
         }
         moved += pass;
@@ -703,44 +735,45 @@ static inline bool rt_must_wait(int dest)
 
 /*
  * rt_submit() of the message in send slot `idx` at `data` when flow control
- * is unconstrained: no call on the common path but the copy (rt_pack()), so
- * inline in mr_send().
+ * is unconstrained and nothing waits before it: no call on the common path
+ * but the copy (rt_pack()), so inline in mr_send().
  */
 __attribute__((always_inline)) static inline mr_status_t rt_submit_free(uint32_t idx, void *data,
                                                                         size_t length, int dest,
                                                                         unsigned kind)
 {
-    if (__builtin_expect(rt_must_wait(dest), 0)) {
-        return rt_submit_held(idx, length, dest, kind, false, 0);
-    }
     if (__builtin_expect(rt_pack(idx, data, length, dest, kind), 1)) return MR_OK;
     return rt_submit_held(idx, length, dest, kind, true, 0);
 }
 
 /*
- * rt_submit() of the message in send slot `idx` at `data`, with a credit to
- * take. A stream that outruns its credits waits on most messages: when the
- * last pass over the deferred queue found only refusals and `dest` has
- * messages queued, nothing can move before the next progress call, and the
- * message is queued at once.
+ * rt_submit() of the message in send slot `idx` when it must wait its turn
+ * (rt_must_wait()). A stream that outruns its credits waits on most
+ * messages: when the last pass over the deferred queue found only refusals
+ * and `dest` has messages queued, nothing can move before the next progress
+ * call, and the message is queued at once, with no call.
  */
+static __attribute__((noinline)) mr_status_t rt_submit_wait(uint32_t idx, size_t length,
+                                                            int dest, unsigned kind)
+{
+    if (dp.drain_stuck_epoch == dp.progress_epoch &&
+        mr__deferq_peek(&dp.deferq, dest) != MR_NIL) {
+        rt_send_t *s = &dp.sends[idx];
+        s->dest = dest;
+        s->length = (uint32_t)length;
+        s->kind = (uint8_t)kind;
+        return rt_defer(idx, dest);
+    }
+    return rt_submit_held(idx, length, dest, kind, false, 0);
+}
+
+/* rt_submit() of the message in send slot `idx` at `data`, with a credit to take. */
 static __attribute__((noinline)) mr_status_t rt_submit_credit(uint32_t idx, void *data,
                                                               size_t length, int dest,
                                                               unsigned kind)
 {
     uint32_t imm = 0;
 
-    if (__builtin_expect(rt_must_wait(dest), 0)) {
-        if (dp.drain_stuck_epoch == dp.progress_epoch &&
-            mr__deferq_peek(&dp.deferq, dest) != MR_NIL) {
-            rt_send_t *s = &dp.sends[idx];
-            s->dest = dest;
-            s->length = (uint32_t)length;
-            s->kind = (uint8_t)kind;
-            return rt_defer(idx, dest);
-        }
-        return rt_submit_held(idx, length, dest, kind, false, 0);
-    }
     if (!dp.acquire(dp.fc, dest, &imm)) {
         rt_no_credit(dest);
         return rt_submit_held(idx, length, dest, kind, false, 0);
@@ -793,6 +826,7 @@ rt_send_checked(const char *fn, void *buffer, size_t length, int dest, unsigned 
         return MR_ERR_PEER_FAILED;
     }
     if (trailer >= 0) ((uint8_t *)buffer)[length++] = (uint8_t)trailer;
+    if (__builtin_expect(rt_must_wait(dest), 0)) return rt_submit_wait(idx, length, dest, kind);
     if (dp.acquire == NULL) return rt_submit_free(idx, buffer, length, dest, kind);
     return rt_submit_credit(idx, buffer, length, dest, kind);
 }

@@ -60,6 +60,7 @@ void rt_datapath_attach(uint64_t recv_bound, uint64_t (*held)(mr_substrate_t *s)
     dp.sub_held = held;
     if (!rt.flowctl->unconstrained) {
         dp.acquire = rt.flowctl->acquire;
+        dp.acquire_n = rt.flowctl->acquire_n;
         dp.on_arrival = rt.flowctl->on_arrival;
         dp.on_release = rt.flowctl->on_release;
     }

@@ -83,6 +83,7 @@ typedef struct rt_datapath {
      * message. Flow control's are NULL when the policy is unconstrained.
      */
     bool (*acquire)(mr_flowctl_t *fc, int dest, uint32_t *imm);
+    uint32_t (*acquire_n)(mr_flowctl_t *fc, int dest, uint32_t want, uint32_t *imm);
     void (*on_arrival)(mr_flowctl_t *fc, int source, uint32_t imm);
     void (*on_release)(mr_flowctl_t *fc, int source);
     mr_flowctl_t *fc;

@@ -328,6 +328,20 @@ static bool node_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
     return node_acquire_slow(fc, dest, imm);
 }
 
+/* node_acquire() of up to `want` credits: while nothing rides along, all those in the stash. */
+static uint32_t node_acquire_n(mr_flowctl_t *fc, int dest, uint32_t want, uint32_t *imm)
+{
+    uint32_t stash = fc->stash[dest];
+
+    if (fc->clock.since[dest] == 0 && stash != 0 && (!fc->piggyback || node_take_none(fc, dest))) {
+        uint32_t n = stash < want ? stash : want;
+        fc->stash[dest] = stash - n;
+        *imm = 0;
+        return n;
+    }
+    return node_acquire(fc, dest, imm) ? 1 : 0;
+}
+
 /* Puts credits for receiver `dest` into this node's shared pool. */
 static void node_deposit(mr_flowctl_t *fc, int dest, uint32_t n)
 {
@@ -481,6 +495,7 @@ const mr_flowctl_ops_t mr__flowctl_node_ops = {
     .config_size = sizeof(node_config_t),
     .init = node_init,
     .acquire = node_acquire,
+    .acquire_n = node_acquire_n,
     .unacquire = node_unacquire,
     .on_arrival = node_on_arrival,
     .on_release = node_on_release,

@@ -154,6 +154,21 @@ static bool rank_acquire(mr_flowctl_t *fc, int dest, uint32_t *imm)
     return rank_acquire_slow(fc, dest, imm);
 }
 
+/* rank_acquire() of up to `want` credits: while nothing rides along, all those there. */
+static uint32_t rank_acquire_n(mr_flowctl_t *fc, int dest, uint32_t want, uint32_t *imm)
+{
+    uint32_t credits = fc->credits[dest];
+
+    if (fc->clock.since[dest] == 0 && credits != 0 &&
+        (!fc->piggyback || dest == fc->rank || mr__credit_owed_take_none(&fc->owed, dest))) {
+        uint32_t n = credits < want ? credits : want;
+        fc->credits[dest] = credits - n;
+        *imm = 0;
+        return n;
+    }
+    return rank_acquire(fc, dest, imm) ? 1 : 0;
+}
+
 static void rank_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
 {
     fc->credits[dest]++;
@@ -242,6 +257,7 @@ const mr_flowctl_ops_t mr__flowctl_rank_ops = {
     .config_size = sizeof(rank_config_t),
     .init = rank_init,
     .acquire = rank_acquire,
+    .acquire_n = rank_acquire_n,
     .unacquire = rank_unacquire,
     .on_arrival = rank_on_arrival,
     .on_release = rank_on_release,
