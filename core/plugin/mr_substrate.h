@@ -28,7 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MR_SUBSTRATE_ABI_VERSION 6
+#define MR_SUBSTRATE_ABI_VERSION 7
 #define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
 #define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
 
@@ -380,6 +380,16 @@ typedef struct mr_substrate_ops {
      * NULL. ABI 6.
      */
     mr_append_window_t *(*append_windows)(mr_substrate_t *s, size_t *max_frame);
+
+    /*
+     * The array that every buffer this substrate passes to deliver() with a
+     * handle lies at the start of: `*count` buffers of `*stride` bytes from
+     * `*base`, valid until close(). The core then finds the receive slot of a
+     * buffer the application releases by its index, not by a hash. Returns
+     * false, setting nothing, when the substrate has no such array. Called
+     * once, after open(). May be NULL. ABI 7.
+     */
+    bool (*recv_region)(mr_substrate_t *s, void **base, size_t *stride, uint32_t *count);
 } mr_substrate_ops_t;
 
 /* The smallest ops table the core accepts: the first version's fields. */

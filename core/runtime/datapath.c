@@ -51,6 +51,29 @@ static inline void dp_fc_release(int source)
 
 /* ---- Receive slots and the arrival queue --------------------------------------------- */
 
+/* The index of the buffer at `p` in the substrate's receive region, or MR_NIL. */
+static inline uint32_t dp_region_index(const void *p)
+{
+    uintptr_t off = (uintptr_t)p - dp.region_base;
+
+    if (off >= dp.region_bytes) return MR_NIL;
+    /* A power of two (the usual datagram size) spares a division. */
+    uintptr_t b = dp.region_shift >= 0 ? off >> dp.region_shift : off / dp.region_stride;
+    return b * dp.region_stride == off ? (uint32_t)b : MR_NIL;
+}
+
+/* Forgets that receive slot `idx` stands for the substrate's buffer `foreign`. */
+static void dp_foreign_forget(uint32_t idx, const void *foreign)
+{
+    uint32_t b = dp_region_index(foreign);
+
+    if (b == MR_NIL) {
+        mr__ptrmap_del_if(&dp.foreign, foreign, idx);
+    } else if (dp.region_slot[b] == idx) {
+        dp.region_slot[b] = MR_NIL;
+    }
+}
+
 static uint32_t rt_recv_take(void)
 {
     uint32_t idx = mr__pool_get(&dp.recv_pool);
@@ -64,7 +87,7 @@ static uint32_t rt_recv_take(void)
     if (in_use > rt.stats.peak_recv_slots_in_use) rt.stats.peak_recv_slots_in_use = in_use;
     if (dp.recvs[idx].foreign != NULL) {
         /* The slot stands for something else now: forget its old buffer. */
-        mr__ptrmap_del_if(&dp.foreign, dp.recvs[idx].foreign, idx);
+        dp_foreign_forget(idx, dp.recvs[idx].foreign);
         dp.recvs[idx].foreign = NULL;
     }
     dp.recvs[idx].state = RECV_FILLING;
@@ -256,7 +279,12 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
         dp.recvs[idx].data = data;
         dp.recvs[idx].handle = handle;
         dp.recvs[idx].foreign = data;
-        mr__ptrmap_put(&dp.foreign, data, idx);
+        uint32_t b = dp_region_index(data);
+        if (b != MR_NIL) {
+            dp.region_slot[b] = idx;
+        } else {
+            mr__ptrmap_put(&dp.foreign, data, idx);
+        }
     }
     return rt_arrived(idx, source, kind, imm, length);
 }
@@ -1116,8 +1144,9 @@ mr_status_t mr_release(void *buffer)
         rt_send_free(idx);
         return MR_OK;
     }
-    /* A buffer the substrate owns (zero-copy receive). */
-    idx = mr__ptrmap_get(&dp.foreign, buffer);
+    /* A buffer the substrate owns (zero-copy receive): in its region, or by hash. */
+    idx = dp_region_index(buffer);
+    idx = idx != MR_NIL ? dp.region_slot[idx] : mr__ptrmap_get(&dp.foreign, buffer);
     if (idx != MR_NIL) {
         if (dp.recvs[idx].state != RECV_HELD || dp.recvs[idx].data != buffer) {
             mr_error("mr_release(): receive buffer %p is not held by the application "

@@ -16,6 +16,7 @@ void rt_datapath_fini(void)
     for (uint32_t i = 0; i < dp.nparked_cap; i++) free(dp.parked[i]);
     free(dp.parked);
     free(dp.parked_next);
+    free(dp.region_slot);
     mr__ptrmap_fini(&dp.foreign);
     mr__deferq_fini(&dp.deferq);
     mr__pool_fini(&dp.recv_pool);
@@ -54,6 +55,36 @@ mr_status_t rt_datapath_init(void)
     return MR_OK;
 }
 
+/*
+ * Asks the substrate where the buffers it delivers zero copy lie (ABI 7), so
+ * that mr_release() finds their slots by index. Without an answer, or when
+ * the table cannot be had, the hash (dp.foreign) does it all.
+ */
+static void rt_datapath_attach_region(void)
+{
+    void *base = NULL;
+    size_t stride = 0;
+    uint32_t count = 0;
+
+    if (!MR_SUBSTRATE_OPS_HAS(rt.substrate, recv_region) || rt.substrate->recv_region == NULL ||
+        !rt.substrate->recv_region(rt.sub, &base, &stride, &count)) {
+        return;
+    }
+    if (base == NULL || stride == 0 || count == 0 || stride > SIZE_MAX / count) {
+        mr_warn("Substrate %s gave an invalid receive region; released buffers are looked "
+                "up by hash.", rt.substrate->name);
+        return;
+    }
+    dp.region_slot = malloc((size_t)count * sizeof(*dp.region_slot));
+    if (dp.region_slot == NULL) return;
+    for (uint32_t i = 0; i < count; i++) dp.region_slot[i] = MR_NIL;
+    dp.region_base = (uintptr_t)base;
+    dp.region_stride = stride;
+    dp.region_count = count;
+    dp.region_bytes = (size_t)count * stride;
+    dp.region_shift = (stride & (stride - 1)) == 0 ? __builtin_ctzll(stride) : -1;
+}
+
 void rt_datapath_attach(uint64_t recv_bound, uint64_t (*held)(mr_substrate_t *s))
 {
     dp.recv_bound = recv_bound;
@@ -71,6 +102,7 @@ void rt_datapath_attach(uint64_t recv_bound, uint64_t (*held)(mr_substrate_t *s)
         dp.win = rt.substrate->append_windows(rt.sub, &dp.win_max);
     }
     dp.send_bytes = rt.cfg.send_bytes != 0 ? rt.cfg.send_bytes : UINT64_MAX;
+    rt_datapath_attach_region();
 }
 
 bool rt_datapath_sends_pending(void)

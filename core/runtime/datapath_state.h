@@ -40,8 +40,8 @@ typedef struct rt_recv {
     void *data;         /* The slot, or the substrate's buffer when `handle` is set. */
     void *handle;       /* Substrate-owned buffer, released through release_recv(). */
     void *foreign;      /* The substrate's buffer this slot last stood for, kept in
-                           dp.foreign after release so that a double release is
-                           recognised; NULL if none. */
+                           dp.foreign (or dp.region_slot) after release so that a
+                           double release is recognised; NULL if none. */
 } rt_recv_t;
 
 /* A message copied out of its slot while its consumer waits to send. */
@@ -59,7 +59,18 @@ typedef struct rt_datapath {
     rt_recv_t *recvs;
     mr_deferq_t deferq;
     rt_msgq_t arrivals;    /* Datagrams for mr_receive(); consumers keep their own. */
-    mr_ptrmap_t foreign;   /* Substrate-owned buffer -> receive slot. */
+    mr_ptrmap_t foreign;   /* Substrate-owned buffer -> receive slot, ... */
+    /*
+     * ... or, for a buffer in the substrate's receive region (its
+     * recv_region(), ABI 7), the slot by the buffer's index there: MR_NIL
+     * when none stands for it.
+     */
+    uintptr_t region_base;
+    size_t region_stride;
+    size_t region_bytes;   /* count x stride: 0 when there is no region. */
+    int region_shift;      /* log2(stride) when a power of two, else -1. */
+    uint32_t region_count;
+    uint32_t *region_slot;
     const rt_consumer_t *consumers[MR_KIND_HANDLER + 1];
     /* The consumers with a progress() hook, run at the end of rt_progress(). */
     int (*consumer_progress[MR_KIND_HANDLER + 1])(void);

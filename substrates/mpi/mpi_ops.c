@@ -22,6 +22,16 @@ static mr_append_window_t *mpi_append_windows(mr_substrate_t *s, size_t *max_fra
     return mr__batcher_windows(&s->batcher, max_frame);
 }
 
+/* The staging buffers, where every message delivered zero copy lies (mpi_recv.c). */
+static bool mpi_recv_region(mr_substrate_t *s, void **base, size_t *stride, uint32_t *count)
+{
+    if (s->staging == NULL || s->nstage == 0) return false;
+    *base = s->staging;
+    *stride = s->base.datagram_size;
+    *count = s->nstage;
+    return true;
+}
+
 static const mr_substrate_ops_t mpi_ops = {
     MR__SUBSTRATE_OPS_HEAD,
     .name = "mpi",
@@ -43,6 +53,7 @@ static const mr_substrate_ops_t mpi_ops = {
     .close = mpi__close,
     .held = mpi_held,
     .append_windows = mpi_append_windows,
+    .recv_region = mpi_recv_region,
 };
 
 MR__SUBSTRATE_ENTRY(mpi_ops)
