@@ -66,11 +66,11 @@ __attribute__((always_inline)) static inline mr_status_t handler_run(const uint8
     rt_state = RT_IN_HANDLER;
     status = h->fn(&m, h->arg);
     rt_state = RT_READY;
-    if (status == MR_AGAIN) {
-        rt.stats.handler_retries++;
-        return MR_AGAIN;
-    }
-    if (status != MR_OK) {
+    if (__builtin_expect(status != MR_OK, 0)) {
+        if (status == MR_AGAIN) {
+            rt.stats.handler_retries++;
+            return MR_AGAIN;
+        }
         mr_warn("Handler %u returned %d (%s); its message counts as handled.", data[length - 1],
                 (int)status, mr_status_string(status));
     }
@@ -116,16 +116,23 @@ static unsigned handlers_now_frames(const uint8_t *frames, size_t length, int so
     size_t off = 0;
     unsigned n = 0;
 
-    /* As handlers_now(), frame by frame: each in order, unless one waits before it. */
-    while (off < length && nwaiting == 0 && !stopped && rt_state == RT_READY) {
-        uint32_t hdr = 0;
-        size_t size = mr_frame_read(frames + off, length - off, &hdr);
-        if (size == 0 || (hdr & MR_FRAME_KIND_BITS) != MR_FRAME_HANDLER_BIT) break;
-        size_t plen = hdr & ~MR_FRAME_KIND_BITS;
-        if (handler_run(frames + off + MR_FRAME_HDR, plen, source) == MR_AGAIN) break;
-        handler_done(plen);
-        off += size;
-        n++;
+    /*
+     * As handlers_now(), frame by frame: each in order, unless one waits
+     * before it. Only a handler's message to this rank can make one wait
+     * meanwhile (finalize and progress are refused inside a handler).
+     */
+    if (nwaiting == 0 && !stopped && rt_state == RT_READY) {
+        while (off < length) {
+            uint32_t hdr = 0;
+            size_t size = mr_frame_read(frames + off, length - off, &hdr);
+            if (size == 0 || (hdr & MR_FRAME_KIND_BITS) != MR_FRAME_HANDLER_BIT) break;
+            size_t plen = hdr & ~MR_FRAME_KIND_BITS;
+            if (handler_run(frames + off + MR_FRAME_HDR, plen, source) == MR_AGAIN) break;
+            handler_done(plen);
+            off += size;
+            n++;
+            if (__builtin_expect(nwaiting != 0, 0)) break;
+        }
     }
     rt.stats.handler_now += n;
     *consumed = off;
@@ -240,7 +247,7 @@ mr_status_t mr_send_handler(void *buffer, size_t length, int dest, int id)
 mr_status_t mr_send_handler_copy(const void *data, size_t length, int dest, int id)
 {
     RT_CHECK_SEND("mr_send_handler_copy()");
-    if (id < 0 || id >= MR_HANDLERS_MAX || handlers[id].fn == NULL) {
+    if ((unsigned)id >= MR_HANDLERS_MAX || handlers[id].fn == NULL) {
         mr_error("mr_send_handler_copy(): handler %d is not registered on this rank (register "
                  "the same handlers on every rank).", id);
         return MR_ERR_INVALID_PARAM;
@@ -249,7 +256,7 @@ mr_status_t mr_send_handler_copy(const void *data, size_t length, int dest, int 
         mr_error("mr_send_handler_copy(): the data pointer is NULL.");
         return MR_ERR_INVALID_PARAM;
     }
-    if (dest < 0 || dest >= rt.size) {
+    if ((unsigned)dest >= (unsigned)rt.size) {
         mr_error("mr_send_handler_copy(): destination %d is not in [0, %d).", dest, rt.size);
         return MR_ERR_INVALID_RANK;
     }
