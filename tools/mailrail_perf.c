@@ -48,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #ifdef MR_HAVE_CALLGRIND
 #include <valgrind/callgrind.h>
@@ -128,6 +129,23 @@ static int perf_parse(int argc, char **argv, perf_options_t *o)
 /* Polls that found nothing (a receive or a poll that returned MR_AGAIN), for -I. */
 static long perf_empty;
 
+/*
+ * Nanoseconds to sleep after a poll that found nothing, outside MailRail: -I
+ * sets it, so that a side that outruns the other makes a few empty polls per
+ * message, not dozens, and MailRail's own count depends little on the price
+ * of an empty poll that tools/perf_instructions.sh takes off.
+ */
+static long perf_nap_ns;
+
+static void perf_found_nothing(void)
+{
+    perf_empty++;
+    if (perf_nap_ns > 0) {
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = perf_nap_ns};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Receives and releases one message, waiting for it. */
 static void mr_wait_one(void)
 {
@@ -160,7 +178,7 @@ __attribute__((noinline)) static double mr_stream(int rank, size_t size, long co
             void *buf;
             while (mr_reserve(&buf) != MR_OK) {
                 if (mr_receive(&m) == MR_OK) mr_release(m.data);
-                else perf_empty++;
+                else perf_found_nothing();
             }
             mr_send(buf, size, 1);
         }
@@ -171,7 +189,7 @@ __attribute__((noinline)) static double mr_stream(int rank, size_t size, long co
                 mr_release(m.data);
                 got++;
             } else {
-                perf_empty++;
+                perf_found_nothing();
             }
         }
         mr_send_one(0, 1);
@@ -276,20 +294,20 @@ __attribute__((noinline)) static double mr_h_stream(int rank, size_t size, long 
     if (rank == 0) {
         for (long i = 0; i < count && perf_h_copy; i++) {
             while (mr_send_handler_copy(perf_h_data, size, 1, PERF_H_SINK) == MR_AGAIN) {
-                if (mr_poll() != MR_OK) perf_empty++;
+                if (mr_poll() != MR_OK) perf_found_nothing();
             }
         }
         for (long i = 0; i < count && !perf_h_copy; i++) {
             void *buf;
             while (mr_reserve(&buf) != MR_OK) {
-                if (mr_poll() != MR_OK) perf_empty++;
+                if (mr_poll() != MR_OK) perf_found_nothing();
             }
             mr_send_handler(buf, size, 1, PERF_H_SINK);
         }
         mr_h_wait_answer(); /* The receiver's answer: everything arrived. */
     } else if (rank == 1) {
         while (perf_h_got < count) {
-            if (mr_poll() != MR_OK) perf_empty++;
+            if (mr_poll() != MR_OK) perf_found_nothing();
         }
         perf_h_got = 0;
         mr_h_send_one(0, 1, PERF_H_ACK);
@@ -547,6 +565,8 @@ static void perf_items_report(const perf_options_t *o, int rank, FILE *csv)
 /* ---- Instructions (-I) ------------------------------------------------------------------- */
 
 #define PERF_IDLE_POLLS 2000
+/* perf_nap_ns under -I (PERF_NAP_NS in the environment overrides it, 0: no nap). */
+#define PERF_NAP_NS 20000
 
 /*
  * One stream of o->count messages and then PERF_IDLE_POLLS polls with nothing
@@ -574,6 +594,8 @@ static void perf_instructions(const perf_options_t *o, int rank, size_t size, ch
     char name[64];
     mr_message_t m;
 
+    const char *nap = getenv("PERF_NAP_NS");
+    perf_nap_ns = nap != NULL ? atol(nap) : PERF_NAP_NS;
     perf_i_stream(o, rank, size, o->count / 10 + 1, buf);
     MPI_Barrier(MPI_COMM_WORLD);
     perf_empty = 0;

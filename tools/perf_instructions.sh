@@ -11,7 +11,10 @@
 #              interface: what the transport's calls cost underneath.
 # An empty poll (a receive or poll that found nothing) costs what depends on
 # timing, not on messages: the idle dump gives its price, and the tool counts
-# how many the stream made. So, per message and per side:
+# how many the stream made. After each, the side naps 20 us outside MailRail
+# (PERF_NAP_NS in the environment sets the nanoseconds, 0 none), so that the
+# faster side makes a few per message, not dozens whose price, and the
+# transport's work inside them, would swamp the count. So, per message and per side:
 #   own    = (mailrail instructions of the stream - empty polls x idle price) / COUNT
 #   polls  = empty polls / COUNT, and the idle price apart
 #   transp = transport instructions of the stream / COUNT
@@ -39,7 +42,7 @@ while getopts "b:s:n:S:p:o:h" opt; do
     case $opt in
         b) build=$OPTARG ;; s) sizes=$OPTARG ;; n) count=$OPTARG ;; S) substrates=$OPTARG ;;
         p) policies=$OPTARG ;; o) out=$OPTARG ;;
-        *) sed -n '2,26p' "$0" >&2; exit 2 ;;
+        *) sed -n '2,29p' "$0" >&2; exit 2 ;;
     esac
 done
 out=${out:-$build/instructions}
