@@ -548,6 +548,35 @@ static void *stash_init(void *arg)
 }
 
 /*
+ * Opens ranks 0 and 1 of node 0 with `ops`, rank 2 alone on node 1 (on the
+ * hosts `host_of` gives), each on a thread of its own since init has
+ * barriers, and fails the test unless both open.
+ */
+static void stash_pair_open(stash_rank_t r[2], const mr_flowctl_ops_t *ops, const int *host_of,
+                            uint32_t recv_slots, bool piggyback, const char *job, void *config,
+                            credit_calls_t *calls)
+{
+    static const int node_of[3] = {0, 0, 1};
+    pthread_t thread[2];
+
+    ck_assert_int_eq(pthread_barrier_init(&stash_barrier, NULL, 2), 0);
+    for (int i = 0; i < 2; i++) {
+        r[i] = (stash_rank_t){
+            .ops = ops,
+            .params = {.rank = i, .size = 3, .node_count = 2, .node_of_rank = node_of,
+                       .host_of_rank = host_of, .recv_slots = recv_slots,
+                       .return_threshold = 2, .piggyback = piggyback, .job_id = job,
+                       .config = config, .core = calls, .send_control = credit_record,
+                       .barrier = stash_barrier_wait}};
+        ck_assert_int_eq(pthread_create(&thread[i], NULL, stash_init, &r[i]), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(thread[i], NULL);
+        ck_assert_int_eq(r[i].status, MR_OK);
+    }
+}
+
+/*
  * Ranks 0 and 1 share node 0's pool of 8 credits for rank 2. Rank 0 takes a
  * quarter of it into its stash and spends one; rank 1 gets the rest but not
  * the stashed credit until rank 0's next progress call. A credit given back
@@ -555,11 +584,10 @@ static void *stash_init(void *arg)
  */
 START_TEST(node_stash_goes_back_at_progress)
 {
-    const int node_of[3] = {0, 0, 1}, host_of[3] = {0, 0, 0};
+    const int host_of[3] = {0, 0, 0};
     const mr_flowctl_ops_t *ops = mr__flowctl_find("node");
     credit_calls_t calls = {.failed_rank = -1};
     stash_rank_t r[2];
-    pthread_t thread[2];
     char job[64];
     uint32_t imm;
     void *config;
@@ -568,20 +596,7 @@ START_TEST(node_stash_goes_back_at_progress)
     config = calloc(1, ops->config_size);
     ck_assert_ptr_nonnull(config);
     snprintf(job, sizeof(job), "unit-stash-%d", (int)getpid());
-    ck_assert_int_eq(pthread_barrier_init(&stash_barrier, NULL, 2), 0);
-    for (int i = 0; i < 2; i++) {
-        r[i] = (stash_rank_t){
-            .ops = ops,
-            .params = {.rank = i, .size = 3, .node_count = 2, .node_of_rank = node_of,
-                       .host_of_rank = host_of, .recv_slots = 16, .return_threshold = 2,
-                       .piggyback = true, .job_id = job, .config = config, .core = &calls,
-                       .send_control = credit_record, .barrier = stash_barrier_wait}};
-        ck_assert_int_eq(pthread_create(&thread[i], NULL, stash_init, &r[i]), 0);
-    }
-    for (int i = 0; i < 2; i++) {
-        pthread_join(thread[i], NULL);
-        ck_assert_int_eq(r[i].status, MR_OK);
-    }
+    stash_pair_open(r, ops, host_of, 16, true, job, config, &calls);
 
     ck_assert(ops->acquire(r[0].fc, 2, &imm));
     ck_assert_uint_eq(imm, 0);
@@ -612,14 +627,13 @@ END_TEST
  */
 START_TEST(acquire_n_takes_what_acquire_would)
 {
-    const int node_of[3] = {0, 0, 1}, host_of[3] = {0, 0, 1};
+    const int host_of[3] = {0, 0, 1};
     const char *names[] = {"rank", "node"};
     credit_calls_t calls = {.failed_rank = -1};
 
     for (int p = 0; p < 2; p++) {
         const mr_flowctl_ops_t *ops = mr__flowctl_find(names[p]);
         stash_rank_t r[2];
-        pthread_t thread[2];
         char job[64];
         uint32_t imm = 0, one_by_one = 0, n;
         void *config;
@@ -629,22 +643,8 @@ START_TEST(acquire_n_takes_what_acquire_would)
         config = calloc(1, ops->config_size);
         ck_assert_ptr_nonnull(config);
         snprintf(job, sizeof(job), "unit-acqn-%s-%d", names[p], (int)getpid());
-        ck_assert_int_eq(pthread_barrier_init(&stash_barrier, NULL, 2), 0);
         /* Ranks 0 and 1 of node 0; both send to rank 2, on node 1. */
-        for (int i = 0; i < 2; i++) {
-            r[i] = (stash_rank_t){
-                .ops = ops,
-                .params = {.rank = i, .size = 3, .node_count = 2, .node_of_rank = node_of,
-                           .host_of_rank = host_of, .recv_slots = 64, .return_threshold = 2,
-                           .piggyback = p == 0, .job_id = job, .config = config,
-                           .core = &calls, .send_control = credit_record,
-                           .barrier = stash_barrier_wait}};
-            ck_assert_int_eq(pthread_create(&thread[i], NULL, stash_init, &r[i]), 0);
-        }
-        for (int i = 0; i < 2; i++) {
-            pthread_join(thread[i], NULL);
-            ck_assert_int_eq(r[i].status, MR_OK);
-        }
+        stash_pair_open(r, ops, host_of, 64, p == 0, job, config, &calls);
         /* Rank 0 one by one, until none is left (node: rank 0's stash, then the pool). */
         while (ops->acquire(r[0].fc, 2, &imm)) {
             ck_assert_uint_eq(imm, 0);
