@@ -580,6 +580,11 @@ static int rt_drain_dest(int dest, bool *all_refused)
         /* Each message its credit, `imm` on the first: n <= the messages queued. */
         for (; n > 0; n--, imm = 0) {
             uint32_t idx = mr__deferq_peek(&dp.deferq, dest);
+            if (__builtin_expect(idx == MR_NIL, 0)) {
+                /* Emptied meanwhile (nothing does that today): the credits go back. */
+                for (; n > 0; n--, imm = 0) rt.flowctl->unacquire(rt.fc, dest, imm);
+                return sent;
+            }
             mr_status_t status = rt_transmit_credited(idx, imm);
 
             if (status == MR_OK) {
