@@ -60,7 +60,8 @@ done < <(find core flowctl substrates -name '*.[ch]' | sort)
 
 # The top level is the one README.md's layout names, and nothing else.
 expected=".ci .gitignore LICENSE README.md core docs flowctl meson.build meson_options.txt substrates tests tools"
-if [[ -d .git ]]; then
+# A checkout (.git is a file in a worktree) lists what git tracks; a tarball, what is there.
+if [[ -e .git ]] && command -v git >/dev/null; then
     top=$(git ls-files | cut -d/ -f1 | LC_ALL=C sort -u | tr '\n' ' ')
 else
     top=$(find . -mindepth 1 -maxdepth 1 ! -name 'build*' -printf '%f\n' | LC_ALL=C sort | tr '\n' ' ')
