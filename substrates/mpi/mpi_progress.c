@@ -338,10 +338,12 @@ static int progress_ctrl_sends(mr_substrate_t *s, const test_plan_t *p)
 
 /*
  * Delivers a received batch: one of data messages whole, into one receive
- * slot (MR_KIND_BATCH: the core checks its frames); the frames of another
- * from e->offset on, each copied into a receive slot, until one finds no
- * slot free. Returns the deliveries, or MR_ERR_PROTOCOL when the frames do
- * not add up.
+ * slot (MR_KIND_BATCH: the core checks its frames); handlers' messages, from
+ * a batch's start, run at once from the staging buffer as far as they go
+ * (deliver_now_frames: a handler's send touches only the send side, not this
+ * ring); the frames left from e->offset on are each copied into a receive
+ * slot, until one finds no slot free. Returns the deliveries, or
+ * MR_ERR_PROTOCOL when the frames do not add up.
  */
 static int deliver_batch(mr_substrate_t *s, mpi_recv_t *e, int src, const uint8_t *buf,
                          size_t length)
@@ -358,12 +360,43 @@ static int deliver_batch(mr_substrate_t *s, mpi_recv_t *e, int src, const uint8_
         e->offset = length;
         return 1;
     }
+    if (off == 0 && s->base.up.deliver_now_frames != NULL) {
+        n = (int)s->base.up.deliver_now_frames(s->base.core, src, buf, length, &off);
+        e->offset = off;
+    }
     while ((r = mr__batch_frame_next(buf, length, &off, &kind, &payload, &plen)) == 1) {
         if (s->base.up.deliver_copy(s->base.core, src, kind, 0, payload, plen) != MR_OK) break;
         e->offset = off;
         n++;
     }
     return r < 0 ? MR_ERR_PROTOCOL : n;
+}
+
+/* What deliver_one() did with a lone message, apart from MR_AGAIN and errors. */
+enum { DELIVERED_HELD = MR_AGAIN + 1, DELIVERED_DONE = MR_AGAIN + 2 };
+
+/*
+ * Delivers a lone message from its staging buffer: a handler's message runs
+ * at once if it can (deliver_now), and its buffer is free again
+ * (DELIVERED_DONE); anything else goes zero copy, the application holding the
+ * buffer until release_recv() (DELIVERED_HELD). MR_AGAIN: no receive slot.
+ */
+static int deliver_one(mr_substrate_t *s, mpi_recv_t *e, int src, uint32_t tag, uint8_t *buf,
+                       size_t length)
+{
+    unsigned kind = (tag & s->kind_bit)      ? MR_KIND_ITEMS
+                    : (tag & s->handler_bit) ? MR_KIND_HANDLER
+                                             : MR_KIND_DATA;
+    uint32_t imm = tag & s->data_imm_ub;
+
+    if (kind == MR_KIND_HANDLER && s->base.up.deliver_now != NULL &&
+        s->base.up.deliver_now(s->base.core, src, imm, buf, length) == MR_OK) {
+        return DELIVERED_DONE;
+    }
+    mr_status_t st = s->base.up.deliver(s->base.core, src, kind, imm, buf, length,
+                                        (void *)(uintptr_t)(e->buf + 1));
+    if (st == MR_AGAIN) return MR_AGAIN;
+    return st == MR_OK ? DELIVERED_HELD : MR_ERR_TRANSPORT;
 }
 
 /*
@@ -430,38 +463,36 @@ static int progress_data_recvs(mr_substrate_t *s, bool test)
             uint8_t *buf = s->staging + (size_t)e->buf * s->base.datagram_size;
             uint32_t tag = (uint32_t)e->status.MPI_TAG;
             if (tag != s->batch_tag) {
-                /* Zero copy: the staging buffer itself, until release_recv(). */
-                unsigned kind = (tag & s->kind_bit)      ? MR_KIND_ITEMS
-                                : (tag & s->handler_bit) ? MR_KIND_HANDLER
-                                                         : MR_KIND_DATA;
-                mr_status_t st = s->base.up.deliver(s->base.core, src, kind,
-                                                    tag & s->data_imm_ub, buf, (size_t)count,
-                                                    (void *)(uintptr_t)(e->buf + 1));
+                int got = deliver_one(s, e, src, tag, buf, (size_t)count);
                 /* No receive slot to account for it: the head waits, and everything after. */
-                if (st == MR_AGAIN) break;
-                if (st != MR_OK) return MR_ERR_TRANSPORT;
-                e->done = false;
-                s->nheld--;
-                s->head = ring_at(s, i, 1);
-                s->nposted--;
-                if (s->lead_done > 0) s->lead_done--;
+                if (got == MR_AGAIN) break;
+                if (got < 0) return got;
                 events++;
-                continue;
-            }
-            /* A batch: its frames are copied out, and its buffer goes back at once. */
-            int got = deliver_batch(s, e, src, buf, (size_t)count);
-            if (got < 0) {
-                MR__LOG(s, MR_LOG_ERROR, "MPI substrate: rank %d sent a malformed batch of "
-                        "messages; its messages are discarded from now on.", src);
-                mpi__peer_mark_failed(s, src, MR_ERR_PROTOCOL);
-                events++;
+                if (got == DELIVERED_HELD) {
+                    /* The application holds the staging buffer until release_recv(). */
+                    e->done = false;
+                    s->nheld--;
+                    s->head = ring_at(s, i, 1);
+                    s->nposted--;
+                    if (s->lead_done > 0) s->lead_done--;
+                    continue;
+                }
             } else {
-                events += got;
-                /* No receive slot for the rest: the head waits, and everything after. */
-                if (e->offset < (size_t)count) break;
+                /* A batch: its frames are copied out, and its buffer goes back at once. */
+                int got = deliver_batch(s, e, src, buf, (size_t)count);
+                if (got < 0) {
+                    MR__LOG(s, MR_LOG_ERROR, "MPI substrate: rank %d sent a malformed batch of "
+                            "messages; its messages are discarded from now on.", src);
+                    mpi__peer_mark_failed(s, src, MR_ERR_PROTOCOL);
+                    events++;
+                } else {
+                    events += got;
+                    /* No receive slot for the rest: the head waits, and everything after. */
+                    if (e->offset < (size_t)count) break;
+                }
             }
         }
-        /* Discarded, failed or a batch delivered: the staging buffer is free again. */
+        /* Discarded, failed, a handler run or a batch delivered: the staging buffer is free again. */
         s->stage_free[s->nstage_free++] = e->buf;
         e->done = false;
         s->nheld--;
