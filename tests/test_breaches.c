@@ -32,6 +32,9 @@ static void init_faulty_every(const char *policy, const char *fault, const char 
     setenv("MAILRAIL_FAULTY_COPIES", copies, 1);
     /* Two nodes of one rank: node credits cross nodes as rank credits do. */
     setenv("MAILRAIL_RANKS_PER_NODE", "1", 1);
+    /* The log's credit errors from here on are the fault's, on purpose: say so in it. */
+    if (strcmp(fault, "none") != 0 && world_rank == 0) fprintf(stderr, "breaches: %s, fault \"%s\" injected: the errors that follow are expected\n",
+            policy, fault);
     init_on_world();
 }
 

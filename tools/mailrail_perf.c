@@ -595,7 +595,12 @@ static void perf_instructions(const perf_options_t *o, int rank, size_t size, ch
     mr_message_t m;
 
     const char *nap = getenv("PERF_NAP_NS");
-    perf_nap_ns = nap != NULL ? atol(nap) : PERF_NAP_NS;
+    perf_nap_ns = PERF_NAP_NS;
+    if (nap != NULL && !tool_parse_long(nap, 0, 999999999, &perf_nap_ns)) {
+        fprintf(stderr, "mailrail_perf: PERF_NAP_NS=\"%s\": allowed is an integer from 0 to "
+                "999999999 (nanoseconds)\n", nap);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     perf_i_stream(o, rank, size, o->count / 10 + 1, buf);
     MPI_Barrier(MPI_COMM_WORLD);
     perf_empty = 0;

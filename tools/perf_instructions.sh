@@ -42,7 +42,7 @@ while getopts "b:s:n:S:p:o:h" opt; do
     case $opt in
         b) build=$OPTARG ;; s) sizes=$OPTARG ;; n) count=$OPTARG ;; S) substrates=$OPTARG ;;
         p) policies=$OPTARG ;; o) out=$OPTARG ;;
-        *) sed -n '2,29p' "$0" >&2; exit 2 ;;
+        *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; exit 2 ;;
     esac
 done
 out=${out:-$build/instructions}

@@ -80,7 +80,6 @@ static void rt_datapath_attach_region(void)
     for (uint32_t i = 0; i < count; i++) dp.region_slot[i] = MR_NIL;
     dp.region_base = (uintptr_t)base;
     dp.region_stride = stride;
-    dp.region_count = count;
     dp.region_bytes = (size_t)count * stride;
     dp.region_shift = (stride & (stride - 1)) == 0 ? __builtin_ctzll(stride) : -1;
 }

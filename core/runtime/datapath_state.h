@@ -69,7 +69,6 @@ typedef struct rt_datapath {
     size_t region_stride;
     size_t region_bytes;   /* count x stride: 0 when there is no region. */
     int region_shift;      /* log2(stride) when a power of two, else -1. */
-    uint32_t region_count;
     uint32_t *region_slot;
     const rt_consumer_t *consumers[MR_KIND_HANDLER + 1];
     /* The consumers with a progress() hook, run at the end of rt_progress(). */
