@@ -28,7 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MR_SUBSTRATE_ABI_VERSION 7
+#define MR_SUBSTRATE_ABI_VERSION 8
 #define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
 #define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
 
@@ -221,6 +221,14 @@ typedef struct mr_substrate_upcalls {
      */
     unsigned (*deliver_now_frames)(void *core, int source, const void *frames, size_t length,
                                    size_t *consumed);
+    /*
+     * deliver_now() of a handler's message that carried its handler's id
+     * apart from its payload (not as its last byte): `length` bytes at `data`
+     * are the payload alone. Lets a substrate put the id where the receiver
+     * reads anyway, instead of in the payload's last cache line. ABI 8.
+     */
+    mr_status_t (*deliver_handler_now)(void *core, int source, uint32_t imm, unsigned id,
+                                       const void *data, size_t length);
 } mr_substrate_upcalls_t;
 
 /* What the core tells a substrate when it opens it. */

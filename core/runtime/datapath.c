@@ -303,6 +303,21 @@ static mr_status_t up_deliver_now(void *core, int source, uint32_t imm, const vo
     return MR_OK;
 }
 
+/* deliver_now() of a message whose handler's id came apart from its payload (ABI 8). */
+static mr_status_t up_deliver_handler_now(void *core, int source, uint32_t imm, unsigned id,
+                                          const void *data, size_t length)
+{
+    const rt_consumer_t *c = dp.consumers[MR_KIND_HANDLER];
+
+    (void)core;
+    if (c == NULL || c->now_id == NULL || c->now_id(id, data, length, source) != MR_OK) {
+        return MR_AGAIN;
+    }
+    dp_fc_arrival(source, imm); /* As up_deliver_now(). */
+    dp_fc_release(source);
+    return MR_OK;
+}
+
 /* deliver_now() of a batch's handler frames, as many as go (ABI 6). */
 static unsigned up_deliver_now_frames(void *core, int source, const void *frames, size_t length,
                                       size_t *consumed)
@@ -396,6 +411,7 @@ const mr_substrate_upcalls_t rt_upcalls = {
     .peer_failed = up_peer_failed,
     .deliver_now = up_deliver_now,
     .deliver_now_frames = up_deliver_now_frames,
+    .deliver_handler_now = up_deliver_handler_now,
 };
 
 mr_status_t rt_send_control(void *core, int dest, uint32_t imm)

@@ -121,6 +121,8 @@ typedef struct rt_consumer {
      * this kind and go; returns how many went, and their bytes in *consumed.
      */
     unsigned (*now_frames)(const uint8_t *frames, size_t length, int source, size_t *consumed);
+    /* Optional: now() of a message whose id came apart from its `length`-byte payload. */
+    mr_status_t (*now_id)(unsigned id, const uint8_t *payload, size_t length, int source);
     /* Optional: runs at the end of every progress call; returns the events it made. */
     int (*progress)(void);
 } rt_consumer_t;

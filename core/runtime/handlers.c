@@ -37,31 +37,27 @@ static void handlers_consume(void);
 #define RT_HANDLER_BURST 256
 
 /*
- * Runs the handler of a message of `length` bytes whose last byte is its id.
- * MR_AGAIN: the handler asked to be called again; anything else: done with it.
+ * Runs handler `id` on a payload of `length` bytes. MR_AGAIN: the handler
+ * asked to be called again; anything else: done with it.
  */
-__attribute__((always_inline)) static inline mr_status_t handler_run(const uint8_t *data,
-                                                                    size_t length, int source)
+__attribute__((always_inline)) static inline mr_status_t handler_run_id(unsigned id,
+                                                                       const uint8_t *payload,
+                                                                       size_t length, int source)
 {
     const rt_handler_t *h;
     mr_message_t m;
     mr_status_t status;
 
-    if (length == 0) {
-        mr_error("Rank %d sent a handler's message without its id; it is dropped.", source);
-        rt.stats.handler_dropped++;
-        return MR_OK;
-    }
-    h = &handlers[data[length - 1]];
-    if (h->fn == NULL) {
+    h = id < MR_HANDLERS_MAX ? &handlers[id] : NULL;
+    if (h == NULL || h->fn == NULL) {
         mr_error("Rank %d sent a message to handler %u, which is not registered on this rank; "
                  "it is dropped (register the same handlers on every rank before sending).",
-                 source, data[length - 1]);
+                 source, id);
         rt.stats.handler_dropped++;
         return MR_OK;
     }
-    m.data = (void *)data;
-    m.length = length - 1;
+    m.data = (void *)payload;
+    m.length = length;
     m.source = source;
     rt_state = RT_IN_HANDLER;
     status = h->fn(&m, h->arg);
@@ -71,11 +67,23 @@ __attribute__((always_inline)) static inline mr_status_t handler_run(const uint8
             rt.stats.handler_retries++;
             return MR_AGAIN;
         }
-        mr_warn("Handler %u returned %d (%s); its message counts as handled.", data[length - 1],
-                (int)status, mr_status_string(status));
+        mr_warn("Handler %u returned %d (%s); its message counts as handled.", id, (int)status,
+                mr_status_string(status));
     }
     rt.stats.handler_calls++;
     return MR_OK;
+}
+
+/* handler_run_id() of a message of `length` bytes whose last byte is its id. */
+__attribute__((always_inline)) static inline mr_status_t handler_run(const uint8_t *data,
+                                                                    size_t length, int source)
+{
+    if (length == 0) {
+        mr_error("Rank %d sent a handler's message without its id; it is dropped.", source);
+        rt.stats.handler_dropped++;
+        return MR_OK;
+    }
+    return handler_run_id(data[length - 1], data, length - 1, source);
 }
 
 /* Counts a handled message as received: quiescence sees it now. */
@@ -107,6 +115,16 @@ static mr_status_t handlers_now(const uint8_t *data, size_t length, int source)
     if (handler_run(data, length, source) == MR_AGAIN) return MR_AGAIN;
     rt.stats.handler_now++;
     handler_done(length);
+    return MR_OK;
+}
+
+/* handlers_now() of a message whose id came apart from its payload. */
+static mr_status_t handlers_now_id(unsigned id, const uint8_t *payload, size_t length, int source)
+{
+    if (nwaiting > 0 || stopped || rt_state != RT_READY) return MR_AGAIN;
+    if (handler_run_id(id, payload, length, source) == MR_AGAIN) return MR_AGAIN;
+    rt.stats.handler_now++;
+    handler_done(length + 1);
     return MR_OK;
 }
 
@@ -175,6 +193,7 @@ static const rt_consumer_t rt_handlers_consumer = {
     .waiting = handlers_waiting,
     .now = handlers_now,
     .now_frames = handlers_now_frames,
+    .now_id = handlers_now_id,
     .progress = handlers_progress,
 };
 static const rt_consumer_t rt_handlers_consumer_idle = {
@@ -182,6 +201,7 @@ static const rt_consumer_t rt_handlers_consumer_idle = {
     .waiting = handlers_waiting,
     .now = handlers_now,
     .now_frames = handlers_now_frames,
+    .now_id = handlers_now_id,
 };
 /* Registers the consumer with its progress hook only while some handler is registered. */
 static void handlers_consume(void)

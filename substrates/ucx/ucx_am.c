@@ -138,9 +138,13 @@ static ucs_status_t batch_recv(mr_substrate_t *s, int source, const uint8_t *dat
     return UCS_OK;
 }
 
-/* One arriving data message, from either handler: delivered, queued or held. */
+/*
+ * One arriving data message, from either handler: delivered, queued or held.
+ * `now_tried`: a handler's message the core already refused to run at once.
+ */
 static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, int source,
-                             void *data, size_t length, const ucp_am_recv_param_t *param)
+                             void *data, size_t length, const ucp_am_recv_param_t *param,
+                             bool now_tried)
 {
     bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     bool holdable = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
@@ -167,7 +171,7 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
         /* Fast path: nothing queued, deliver at once. */
         if (!rndv) {
             /* A handler's message is consumed here, in UCX's callback, without a slot. */
-            if (kind == MR_KIND_HANDLER &&
+            if (kind == MR_KIND_HANDLER && !now_tried &&
                 s->base.up.deliver_now(s->base.core, source, imm, data, length) == MR_OK) {
                 s->cb_events++;
                 return UCS_OK;
@@ -234,12 +238,12 @@ static ucs_status_t data_am_cb(void *arg, const void *header, size_t header_leng
 
     if (s->closed) return UCS_OK; /* Finalizing: nobody receives any more. */
     if (!hdr_parse(s, "data", header, header_length, &kind, &imm, &source)) return UCS_OK;
-    return data_recv(s, kind, imm, source, data, length, param);
+    return data_recv(s, kind, imm, source, data, length, param, false);
 }
 
 /* Header-less data (UCX_AM_BARE): the handler's argument is the sender's peer entry. */
 static ucs_status_t bare_recv(ucx_peer_t *p, unsigned kind, size_t header_length, void *data,
-                              size_t length, const ucp_am_recv_param_t *param)
+                              size_t length, const ucp_am_recv_param_t *param, bool now_tried)
 {
     mr_substrate_t *s = p->s;
 
@@ -250,28 +254,96 @@ static ucs_status_t bare_recv(ucx_peer_t *p, unsigned kind, size_t header_length
         return UCS_OK;
     }
     s->bare_received++;
-    return data_recv(s, kind, 0, p->rank, data, length, param);
+    return data_recv(s, kind, 0, p->rank, data, length, param, now_tried);
 }
 
 static ucs_status_t bare_data_am_cb(void *arg, const void *header, size_t header_length,
                                     void *data, size_t length, const ucp_am_recv_param_t *param)
 {
     (void)header;
-    return bare_recv(arg, MR_KIND_DATA, header_length, data, length, param);
+    return bare_recv(arg, MR_KIND_DATA, header_length, data, length, param, false);
 }
 
 static ucs_status_t bare_items_am_cb(void *arg, const void *header, size_t header_length,
                                      void *data, size_t length, const ucp_am_recv_param_t *param)
 {
     (void)header;
-    return bare_recv(arg, MR_KIND_ITEMS, header_length, data, length, param);
+    return bare_recv(arg, MR_KIND_ITEMS, header_length, data, length, param, false);
 }
 
 static ucs_status_t bare_handler_am_cb(void *arg, const void *header, size_t header_length,
                                        void *data, size_t length, const ucp_am_recv_param_t *param)
 {
+    ucx_peer_t *p = arg;
+    mr_substrate_t *s = p->s;
+    bool now_tried = false;
+
     (void)header;
-    return bare_recv(arg, MR_KIND_HANDLER, header_length, data, length, param);
+    /* data_recv()'s common case first: nothing waits, so the handler runs here and now. */
+    if (__builtin_expect(header_length == 0 && s->upcalls_ok && s->rxq_count == 0 && !s->closed &&
+                             (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0 &&
+                             length <= s->base.datagram_size,
+                         1)) {
+        if (s->base.up.deliver_now(s->base.core, p->rank, 0, data, length) == MR_OK) {
+            s->bare_received++;
+            s->cb_events++;
+            return UCS_OK;
+        }
+        now_tried = true; /* Not twice: the handler may have run and asked to be called again. */
+    }
+    return bare_recv(p, MR_KIND_HANDLER, header_length, data, length, param, now_tried);
+}
+
+/* A handler's message with its id in front, rewritten with the id last and received as any other. */
+static __attribute__((noinline)) ucs_status_t hfront_recv_slow(mr_substrate_t *s, int source,
+                                                               uint8_t id, const uint8_t *payload,
+                                                               size_t length, bool now_tried)
+{
+    ucp_am_recv_param_t copied = {.recv_attr = 0}; /* Neither rendezvous nor to be held. */
+
+    s->hfront_rewritten++;
+    if (length > 0) memcpy(s->hfront_scratch, payload, length);
+    s->hfront_scratch[length] = id;
+    return data_recv(s, MR_KIND_HANDLER, 0, source, s->hfront_scratch, length + 1, &copied,
+                     now_tried);
+}
+
+/*
+ * A header-less handler's message with its id in front (UCX_BARE_HFRONT,
+ * ucx_wire.h): its handler runs here when nothing waits; otherwise it is
+ * received as any other, in the core's layout.
+ */
+static ucs_status_t bare_hfront_am_cb(void *arg, const void *header, size_t header_length,
+                                      void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    ucx_peer_t *p = arg;
+    mr_substrate_t *s = p->s;
+    ucx_wire_error_t err;
+    const uint8_t *payload;
+    uint8_t id;
+
+    (void)header;
+    if (s->closed) return UCS_OK;
+    if (header_length != 0 || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        mr__ucx_wire_hfront_decode(data, length, &id, &err) != MR_OK ||
+        length - UCX_WIRE_HFRONT_LEN >= s->hfront_cap) {
+        proto_error(s, "a handler's message of %zu bytes from rank %d with a %zu-byte header, "
+                    "by %s, or with a bad prefix", length, p->rank, header_length,
+                    (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? "rendezvous" : "eager");
+        return UCS_OK;
+    }
+    payload = (const uint8_t *)data + UCX_WIRE_HFRONT_LEN;
+    s->bare_received++;
+    if (!s->upcalls_ok || s->rxq_count != 0) {
+        return hfront_recv_slow(s, p->rank, id, payload, length - UCX_WIRE_HFRONT_LEN, false);
+    }
+    if (s->base.up.deliver_handler_now(s->base.core, p->rank, 0, id, payload,
+                                       length - UCX_WIRE_HFRONT_LEN) != MR_OK) {
+        /* Not twice: the handler may have run and asked to be called again. */
+        return hfront_recv_slow(s, p->rank, id, payload, length - UCX_WIRE_HFRONT_LEN, true);
+    }
+    s->cb_events++;
+    return UCS_OK;
 }
 
 static void ctrlq_push(mr_substrate_t *s, int source, uint32_t imm)
@@ -374,7 +446,7 @@ mr_status_t ucx__set_handlers(mr_substrate_t *s)
     for (int r = 0; us == UCS_OK && s->base.size <= UCX_BARE_MAX_RANKS && r < s->base.size; r++) {
         hparam.arg = &s->peers[r];
         static const ucp_am_recv_callback_t cbs[UCX_BARE_KINDS] = {
-            bare_data_am_cb, bare_items_am_cb, bare_handler_am_cb};
+            bare_data_am_cb, bare_items_am_cb, bare_handler_am_cb, bare_hfront_am_cb};
         for (int k = 0; us == UCS_OK && k < UCX_BARE_KINDS; k++) {
             hparam.id = (unsigned)(UCX_AM_BARE + UCX_BARE_KINDS * r + k);
             hparam.cb = cbs[k];

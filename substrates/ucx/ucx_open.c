@@ -45,8 +45,11 @@ static mr_status_t ucx_alloc_queues(mr_substrate_t *s, const mr_substrate_params
     s->rxq = malloc(s->rxq_cap * sizeof(*s->rxq));
     s->spill_cap = (size_t)s->cfg.spill_size;
     s->spill = s->spill_cap ? malloc(s->spill_cap) : NULL;
+    s->hfront_cap = p->datagram_size < UCX_WIRE_HFRONT_MAX ? p->datagram_size
+                                                            : UCX_WIRE_HFRONT_MAX;
+    s->hfront_scratch = malloc(s->hfront_cap);
     if (s->peers == NULL || mr__failq_init(&s->failq, s->base.size) != MR_OK || s->rxq == NULL ||
-        (s->spill_cap && s->spill == NULL)) {
+        (s->spill_cap && s->spill == NULL) || s->hfront_scratch == NULL) {
         MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for %d peers.", s->base.size);
         return MR_ERR_NO_MEMORY;
     }

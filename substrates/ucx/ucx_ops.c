@@ -176,11 +176,12 @@ void ucx__close(mr_substrate_t *s)
     }
     if (s->epfd >= 0) close(s->epfd);
     if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
-        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %llu messages arrived without a header, %llu "
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: %llu messages arrived without a header (%llu "
+                "handlers' messages with the id in front rewritten to wait), %llu "
                 "delivered in place, %llu received "
                 "by rendezvous, %llu held and %llu spilled (%llu to the heap) while waiting for a "
                 "receive slot, %llu progress calls paused for want of one.",
-                (unsigned long long)s->bare_received,
+                (unsigned long long)s->bare_received, (unsigned long long)s->hfront_rewritten,
                 (unsigned long long)s->zcopy_delivered, (unsigned long long)s->rndv_received,
                 (unsigned long long)s->held, (unsigned long long)s->spilled,
                 (unsigned long long)s->spilled_heap, (unsigned long long)s->paused_calls);
@@ -194,6 +195,7 @@ void ucx__close(mr_substrate_t *s)
     free(s->rxq);
     free(s->ctrlq);
     free(s->spill);
+    free(s->hfront_scratch);
     free(s);
 }
 

@@ -55,7 +55,7 @@ const mr_config_entry_t ucx__config_table[] = {
      .offset = offsetof(ucx_config_t, bare),
      .doc = "Sends a message that carries no credits without MailRail's header, naming the "
             "sender and the kind by the active-message id, so that the receiver reads no header "
-            "(jobs of at most 15253 ranks). Receivers take both forms either way."},
+            "(jobs of at most 11439 ranks). Receivers take both forms either way."},
     {.name = NULL},
 };
 

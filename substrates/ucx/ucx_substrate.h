@@ -41,13 +41,14 @@
 #define UCX_AM_CTRL 0x4d32
 /*
  * Data without a user header: the AM id names the sender and the kind,
- * UCX_AM_BARE + 3 * source + kind - MR_KIND_DATA. Used for a message that
+ * UCX_AM_BARE + 4 * source + kind - MR_KIND_DATA. Used for a message that
  * has nothing else to say (no credits, no failures seen), so that the
  * receiver never touches a header, which UCX places after the payload: at
  * 4 KiB reading it costs a cache miss per message (docs/notes/performance-notebook.md).
  */
 #define UCX_AM_BARE 0x4d40
-#define UCX_BARE_KINDS 3 /* MR_KIND_DATA, MR_KIND_ITEMS, MR_KIND_HANDLER. */
+#define UCX_BARE_KINDS 4 /* MR_KIND_DATA, MR_KIND_ITEMS, MR_KIND_HANDLER, and: */
+#define UCX_BARE_HFRONT 3 /* A handler's message with its id in front (ucx_wire.h). */
 #define UCX_BARE_MAX_RANKS ((UINT16_MAX - UCX_AM_BARE) / UCX_BARE_KINDS)
 
 #define UCX_ENV_PREFIX "MAILRAIL"       /* UCX reads MAILRAIL_UCX_<NAME>. */
@@ -100,6 +101,7 @@ typedef struct ucx_sreq {
     bool inflight;              /* Handed to UCX, not completed yet. */
     bool retired;               /* Given up on (its peer died): UCX may still hold it. */
     uint8_t hdr[UCX_WIRE_HDR_LEN];   /* Stays valid until completion (no COPY_HEADER in 1.13). */
+    ucp_dt_iov_t iov[2];        /* A handler's prefix (in hdr) and payload (ucx_wire.h). */
     mr__batch_t *batch;         /* The batch it carries (the cookie is unused), or NULL. */
 } ucx_sreq_t;
 
@@ -209,6 +211,11 @@ struct mr_substrate {
     /* Control messages that arrived outside progress() (in closing()'s flush). */
     uint32_t *ctrlq;           /* (source, imm) pairs. */
     size_t ctrlq_cap, ctrlq_head, ctrlq_count;
+
+    /* A handler's message with its id in front, rewritten with the id last (ucx_am.c). */
+    uint8_t *hfront_scratch;
+    size_t hfront_cap;
+    uint64_t hfront_rewritten;
 
     /* Spill area: a ring of bytes, allocated and freed in FIFO order. */
     uint8_t *spill;

@@ -55,6 +55,17 @@ enum {
     UCX_WIRE_CTRL_CREDIT = 0 /* A credit return, or a failure notice; imm is the core's. */
 };
 
+/*
+ * A header-less handler's message of UCX_WIRE_HFRONT_MIN to _MAX bytes (its
+ * id included) travels with the id in front, not last, and eager: an 8-byte
+ * prefix, u8 handler id then 7 zero bytes, before the payload, which stays
+ * 8-byte aligned. The receiver reads the id in the cache line UCX's own
+ * header shares, not in the payload's last one (docs/architecture.md).
+ */
+#define UCX_WIRE_HFRONT_LEN 8
+#define UCX_WIRE_HFRONT_MIN 64
+#define UCX_WIRE_HFRONT_MAX 16384 /* Beyond it the miss is small beside the message. */
+
 /* FNV-1a, 64 bits: the boot id hash and address digests. */
 #define UCX_WIRE_FNV64_INIT UINT64_C(0xcbf29ce484222325)
 
@@ -65,7 +76,8 @@ typedef enum ucx_wire_fault {
     UCX_WIRE_BAD_VERSION,    /* Another version of the address. */
     UCX_WIRE_BAD_LENGTH,     /* A worker address that is empty or runs past the blob. */
     UCX_WIRE_BAD_HDR_LEN,    /* A message header of another length. */
-    UCX_WIRE_BAD_SOURCE      /* A source rank that is not a peer of this rank. */
+    UCX_WIRE_BAD_SOURCE,     /* A source rank that is not a peer of this rank. */
+    UCX_WIRE_BAD_HFRONT      /* A handler's prefix that is short or not zero-padded. */
 } ucx_wire_fault_t;
 
 /* Why a decoder refused its input; `fault` is a ucx_wire_fault_t. */
@@ -141,6 +153,35 @@ static inline mr_status_t mr__ucx_wire_hdr_decode(const void *header, size_t len
     out->imm = mr__get_le32(h + 1);
     out->source = source;
     out->failures_seen = h[9];
+    return MR_OK;
+}
+
+/* Writes the prefix of a handler's message whose id is `id`. */
+static inline void mr__ucx_wire_hfront_encode(uint8_t out[UCX_WIRE_HFRONT_LEN], uint8_t id)
+{
+    mr__put_le32(out, id); /* Little-endian: the id first, then zeros. */
+    mr__put_le32(out + 4, 0);
+}
+
+/*
+ * Decodes the prefix of a handler's message of `length` bytes at `data`.
+ * MR_ERR_PROTOCOL when the message is shorter than the prefix or its padding
+ * is not zero; MR_OK with *id set otherwise (the payload follows the prefix).
+ */
+static inline mr_status_t mr__ucx_wire_hfront_decode(const void *data, size_t length, uint8_t *id,
+                                                     ucx_wire_error_t *err)
+{
+    const uint8_t *p = data;
+
+    if (p == NULL || length < UCX_WIRE_HFRONT_LEN) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_HFRONT, "handler message length",
+                             (long long)length);
+    }
+    if ((mr__get_le32(p) & ~UINT32_C(0xff)) != 0 || mr__get_le32(p + 4) != 0) {
+        return mr__wire_fail(err, MR_ERR_PROTOCOL, UCX_WIRE_BAD_HFRONT, "handler prefix padding",
+                             (long long)mr__get_le32(p));
+    }
+    *id = p[0];
     return MR_OK;
 }
 

@@ -74,6 +74,18 @@ static void fuzz_header(const uint8_t *bytes, size_t len, int32_t rank, int32_t 
         if (memcmp(&h, &untouched, sizeof(h)) != 0) abort();
         if (len == UCX_WIRE_HDR_LEN && err.fault != UCX_WIRE_BAD_SOURCE) abort();
     }
+
+    /* The same bytes as a handler's message with its id in front. */
+    uint8_t id = 0xa5;
+    st = mr__ucx_wire_hfront_decode(exact, len, &id, &err);
+    if (st == MR_OK) {
+        uint8_t again[UCX_WIRE_HFRONT_LEN];
+        mr__ucx_wire_hfront_encode(again, id);
+        if (len < UCX_WIRE_HFRONT_LEN || memcmp(again, exact, UCX_WIRE_HFRONT_LEN) != 0) abort();
+    } else {
+        fuzz_check_error(st, &err);
+        if (id != 0xa5 || err.fault != UCX_WIRE_BAD_HFRONT) abort();
+    }
     free(exact);
 }
 
