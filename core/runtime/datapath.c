@@ -289,33 +289,29 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
     return rt_arrived(idx, source, kind, imm, length);
 }
 
-/* A message the consumer of its kind may take at once, without a slot (ABI 4). */
-static mr_status_t up_deliver_now(void *core, int source, uint32_t imm, const void *data,
-                                  size_t length)
-{
-    const rt_consumer_t *c = dp.consumers[MR_KIND_HANDLER];
-
-    (void)core;
-    if (c == NULL || c->now == NULL || c->now(data, length, source) != MR_OK) return MR_AGAIN;
-    /* Its credit was spent and comes back at once, as if a slot had been taken and freed. */
-    dp_fc_arrival(source, imm);
-    dp_fc_release(source);
-    return MR_OK;
-}
-
-/* deliver_now() of a message whose handler's id came apart from its payload (ABI 8). */
+/* A handler's message, its id apart, that its consumer may take at once, without a slot (ABI 8). */
 static mr_status_t up_deliver_handler_now(void *core, int source, uint32_t imm, unsigned id,
                                           const void *data, size_t length)
 {
     const rt_consumer_t *c = dp.consumers[MR_KIND_HANDLER];
 
     (void)core;
-    if (c == NULL || c->now_id == NULL || c->now_id(id, data, length, source) != MR_OK) {
+    if (c == NULL || c->now == NULL || c->now(id, data, length, source) != MR_OK) {
         return MR_AGAIN;
     }
-    dp_fc_arrival(source, imm); /* As up_deliver_now(). */
+    /* Its credit was spent and comes back at once, as if a slot had been taken and freed. */
+    dp_fc_arrival(source, imm);
     dp_fc_release(source);
     return MR_OK;
+}
+
+/* The same with the id as the message's last byte (ABI 4); without one, the usual way refuses it. */
+static mr_status_t up_deliver_now(void *core, int source, uint32_t imm, const void *data,
+                                  size_t length)
+{
+    if (length == 0) return MR_AGAIN;
+    return up_deliver_handler_now(core, source, imm, ((const uint8_t *)data)[length - 1], data,
+                                  length - 1);
 }
 
 /* deliver_now() of a batch's handler frames, as many as go (ABI 6). */

@@ -112,17 +112,16 @@ typedef struct rt_consumer {
     bool (*waiting)(void);
     /*
      * Optional: consumes a message at once, in the transport's own receive
-     * callback, without a slot (the substrate's deliver_now()). MR_OK: done,
-     * counted as received; MR_AGAIN: it is to be delivered the usual way.
+     * callback, without a slot (the substrate's deliver_now() and
+     * deliver_handler_now()): handler `id` on a `length`-byte payload. MR_OK:
+     * done, counted as received; MR_AGAIN: it is to be delivered the usual way.
      */
-    mr_status_t (*now)(const uint8_t *data, size_t length, int source);
+    mr_status_t (*now)(unsigned id, const uint8_t *payload, size_t length, int source);
     /*
      * Optional: now() of a batch's frames from its start, while they are of
      * this kind and go; returns how many went, and their bytes in *consumed.
      */
     unsigned (*now_frames)(const uint8_t *frames, size_t length, int source, size_t *consumed);
-    /* Optional: now() of a message whose id came apart from its `length`-byte payload. */
-    mr_status_t (*now_id)(unsigned id, const uint8_t *payload, size_t length, int source);
     /* Optional: runs at the end of every progress call; returns the events it made. */
     int (*progress)(void);
 } rt_consumer_t;

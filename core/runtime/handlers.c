@@ -102,26 +102,22 @@ static void handlers_arrived(rt_msg_t msg, const uint8_t *data, size_t length, i
     if (nwaiting++ == 0 && nregistered == 0) handlers_consume(); /* To drop it, in order. */
 }
 
+/* Handlers may run now: none waits before (order is kept), none runs, and not finalizing. */
+static inline bool handlers_open(void)
+{
+    return nwaiting == 0 && !stopped && rt_state == RT_READY;
+}
+
 /* Runnable now: not while the last attempt found a handler unable to send (mr_wait() sleeps). */
 static bool handlers_waiting(void)
 {
     return nwaiting > 0 && !blocked && !stopped;
 }
 
-static mr_status_t handlers_now(const uint8_t *data, size_t length, int source)
+/* Handler `id` on a `length`-byte payload, in the transport's callback, if it may run now. */
+static mr_status_t handlers_now(unsigned id, const uint8_t *payload, size_t length, int source)
 {
-    /* Behind waiting messages (their order is kept), in a handler, or finalizing: not now. */
-    if (nwaiting > 0 || stopped || rt_state != RT_READY) return MR_AGAIN;
-    if (handler_run(data, length, source) == MR_AGAIN) return MR_AGAIN;
-    rt.stats.handler_now++;
-    handler_done(length);
-    return MR_OK;
-}
-
-/* handlers_now() of a message whose id came apart from its payload. */
-static mr_status_t handlers_now_id(unsigned id, const uint8_t *payload, size_t length, int source)
-{
-    if (nwaiting > 0 || stopped || rt_state != RT_READY) return MR_AGAIN;
+    if (!handlers_open()) return MR_AGAIN;
     if (handler_run_id(id, payload, length, source) == MR_AGAIN) return MR_AGAIN;
     rt.stats.handler_now++;
     handler_done(length + 1);
@@ -139,7 +135,7 @@ static unsigned handlers_now_frames(const uint8_t *frames, size_t length, int so
      * before it. Only a handler's message to this rank can make one wait
      * meanwhile (finalize and progress are refused inside a handler).
      */
-    if (nwaiting == 0 && !stopped && rt_state == RT_READY) {
+    if (handlers_open()) {
         while (off < length) {
             uint32_t hdr = 0;
             size_t size = mr_frame_read(frames + off, length - off, &hdr);
@@ -193,7 +189,6 @@ static const rt_consumer_t rt_handlers_consumer = {
     .waiting = handlers_waiting,
     .now = handlers_now,
     .now_frames = handlers_now_frames,
-    .now_id = handlers_now_id,
     .progress = handlers_progress,
 };
 static const rt_consumer_t rt_handlers_consumer_idle = {
@@ -201,7 +196,6 @@ static const rt_consumer_t rt_handlers_consumer_idle = {
     .waiting = handlers_waiting,
     .now = handlers_now,
     .now_frames = handlers_now_frames,
-    .now_id = handlers_now_id,
 };
 /* Registers the consumer with its progress hook only while some handler is registered. */
 static void handlers_consume(void)

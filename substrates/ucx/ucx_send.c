@@ -137,23 +137,24 @@ static __attribute__((noinline)) mr_status_t send_slow(mr_substrate_t *s, int de
     param.request = r;
     param.cb.send = ucx__send_cb;
     param.memory_type = UCS_MEMORY_TYPE_HOST;
-    if (s->bare && imm == 0 && s->failures_seen == 0 && kind == MR_KIND_HANDLER &&
-        length > UCX_WIRE_HFRONT_MIN && length <= UCX_WIRE_HFRONT_MAX) {
-        /* The handler's id goes in front (ucx_wire.h), eager: never received into a slot as is. */
-        unsigned id = UCX_AM_BARE + UCX_BARE_KINDS * (unsigned)s->base.rank + UCX_BARE_HFRONT;
-        mr__ucx_wire_hfront_encode(r->hdr, ((const uint8_t *)data)[length - 1]);
-        r->iov[0].buffer = r->hdr;
-        r->iov[0].length = UCX_WIRE_HFRONT_LEN;
-        r->iov[1].buffer = (void *)data;
-        r->iov[1].length = length - 1;
-        param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS;
-        param.datatype = ucp_dt_make_iov();
-        param.flags = UCP_AM_SEND_FLAG_EAGER;
-        sp = ucp_am_send_nbx(p->ep, id, NULL, 0, r->iov, 2, &param);
-    } else if (s->bare && imm == 0 && s->failures_seen == 0) {
+    if (s->bare && imm == 0 && s->failures_seen == 0) {
         /* Nothing to say but who sent it and what it is: the AM id says both. */
-        unsigned id = UCX_AM_BARE + UCX_BARE_KINDS * (unsigned)s->base.rank + kind - MR_KIND_DATA;
-        sp = ucp_am_send_nbx(p->ep, id, NULL, 0, data, length, &param);
+        unsigned id = UCX_AM_BARE + UCX_BARE_KINDS * (unsigned)s->base.rank;
+        if (kind == MR_KIND_HANDLER && length > UCX_WIRE_HFRONT_MIN &&
+            length <= UCX_WIRE_HFRONT_MAX) {
+            /* The handler's id goes in front (ucx_wire.h), eager: never received into a slot as is. */
+            mr__ucx_wire_hfront_encode(r->hdr, ((const uint8_t *)data)[length - 1]);
+            r->iov[0].buffer = r->hdr;
+            r->iov[0].length = UCX_WIRE_HFRONT_LEN;
+            r->iov[1].buffer = (void *)data;
+            r->iov[1].length = length - 1;
+            param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS;
+            param.datatype = ucp_dt_make_iov();
+            param.flags = UCP_AM_SEND_FLAG_EAGER;
+            sp = ucp_am_send_nbx(p->ep, id + UCX_BARE_HFRONT, NULL, 0, r->iov, 2, &param);
+        } else {
+            sp = ucp_am_send_nbx(p->ep, id + kind - MR_KIND_DATA, NULL, 0, data, length, &param);
+        }
     } else {
         hdr_pack(s, r->hdr, kind, imm);
         sp = ucp_am_send_nbx(p->ep, UCX_AM_DATA, r->hdr, UCX_WIRE_HDR_LEN, data, length, &param);

@@ -41,7 +41,8 @@
 #define UCX_AM_CTRL 0x4d32
 /*
  * Data without a user header: the AM id names the sender and the kind,
- * UCX_AM_BARE + 4 * source + kind - MR_KIND_DATA. Used for a message that
+ * UCX_AM_BARE + UCX_BARE_KINDS * source + k, k = kind - MR_KIND_DATA or
+ * UCX_BARE_HFRONT. Used for a message that
  * has nothing else to say (no credits, no failures seen), so that the
  * receiver never touches a header, which UCX places after the payload: at
  * 4 KiB reading it costs a cache miss per message (docs/notes/performance-notebook.md).

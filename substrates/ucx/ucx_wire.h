@@ -56,8 +56,8 @@ enum {
 };
 
 /*
- * A header-less handler's message of UCX_WIRE_HFRONT_MIN to _MAX bytes (its
- * id included) travels with the id in front, not last, and eager: an 8-byte
+ * A header-less handler's message longer than UCX_WIRE_HFRONT_MIN bytes and
+ * at most _MAX (its id included) goes with the id in front, eager: an 8-byte
  * prefix, u8 handler id then 7 zero bytes, before the payload, which stays
  * 8-byte aligned. The receiver reads the id in the cache line UCX's own
  * header shares, not in the payload's last one (docs/architecture.md).
