@@ -40,6 +40,7 @@
  */
 #include "mailrail.h"
 #include "tool_common.h"
+#include "tool_mpi.h"
 
 #include <mpi.h>
 #include <stdbool.h>
@@ -200,25 +201,10 @@ typedef struct incast_run {
 /* -w: collectives wait without spinning (see incast_wait). */
 static bool incast_sleepy;
 
-/*
- * Completes `req`; with -w by testing with growing naps (20 us to 5 ms), since
- * MPI's own waits spin and a thousand spinning ranks on two cores leave none
- * of them time to get anything done.
- */
+/* Completes `req`; with -w without spinning, napping up to 5 ms between tests. */
 static void incast_wait(MPI_Request *req)
 {
-    int done = 0;
-    long ns = 20000;
-
-    if (!incast_sleepy) {
-        MPI_Wait(req, MPI_STATUS_IGNORE);
-        return;
-    }
-    while (MPI_Test(req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = ns};
-        nanosleep(&ts, NULL);
-        if (ns < 5000000) ns += ns / 4;
-    }
+    tool_mpi_wait(req, incast_sleepy ? 5000000 : 0);
 }
 
 static void incast_allreduce(const void *in, void *out, int n, MPI_Datatype type, MPI_Op op)
@@ -410,24 +396,6 @@ static void incast_write_samples(const incast_options_t *o, incast_rank_t *r, co
     fclose(f);
 }
 
-/*
- * Rank 0 only: runs the -P command and reads its "bytes packets drops".
- * Returns false (and says why once) when it cannot.
- */
-static bool incast_port_probe(const char *command, long long counters[3])
-{
-    FILE *p = popen(command, "r");
-    int n = 0, status;
-
-    if (p != NULL) {
-        n = fscanf(p, "%lld %lld %lld", &counters[0], &counters[1], &counters[2]);
-        status = pclose(p);
-        if (n == 3 && status == 0) return true;
-    }
-    fprintf(stderr, "mailrail_incast: -P '%s' did not print \"bytes packets drops\"\n", command);
-    return false;
-}
-
 /* Runs one trial of one policy; fills *out identically on every rank. */
 static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, const char *policy,
                                 int trial, incast_trial_t *out)
@@ -470,11 +438,11 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
 
     long long before[3] = {-1, -1, -1}, after[3] = {-1, -1, -1};
     bool probed = r->rank == 0 && o->port_command != NULL &&
-                  incast_port_probe(o->port_command, before);
+                  tool_port_probe("mailrail_incast", o->port_command, before);
     st = incast_communicate(&run, &rng, &seconds);
     mr_get_stats(&stats);
     uint64_t rss = tool_peak_rss_kb();
-    if (probed && incast_port_probe(o->port_command, after)) {
+    if (probed && tool_port_probe("mailrail_incast", o->port_command, after)) {
         for (int i = 0; i < 3; i++) out->port[i] = after[i] - before[i];
     } else {
         for (int i = 0; i < 3; i++) out->port[i] = -1;

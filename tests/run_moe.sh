@@ -1,0 +1,88 @@
+#!/bin/sh
+# The MoE step (tools/moe/mailrail_moe) on 4 ranks, small sizes:
+#  - every contender (alltoallv, none, rank, node, and each policy through
+#    handlers) over the substrate in $MAILRAIL_SUBSTRATE, each checked by the
+#    tool byte for byte against its serial reference, with tokens that fit a
+#    datagram and tokens split over three;
+#  - a router's trace (tests/moe/routing.txt), whose placement is known: the
+#    hottest rank is the one of experts 0 and 1, spread or on the last host;
+#  - bad input: E not a multiple of P, k > E, H = 0, routing lines with a
+#    repeated or out-of-range id (the error names the line);
+#  - faults injected on purpose (a result dropped, duplicated, a byte flipped):
+#    the run fails and names the token, the expert and the rank.
+#
+#   tests/run_moe.sh MPIEXEC MAILRAIL_MOE ROUTING_FILE
+set -eu
+mpiexec=$1
+moe=$2
+routing=$3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+export MPIEXEC_TIMEOUT=100
+all=alltoallv,none,rank,node,none+h,rank+h,node+h
+
+fail() { cat "$dir/out"; echo "FAIL: $*"; exit 1; }
+
+# Runs the step on 4 ranks; fails on a non-zero exit.
+run() {
+    timeout -k 5 120 "$mpiexec" -n 4 "$moe" "$@" >"$dir/out" 2>&1 || fail "mailrail_moe $*"
+    grep -q "^mailrail_moe: every token's combine matches the serial reference$" "$dir/out" ||
+        fail "no verdict: mailrail_moe $*"
+}
+
+# Runs the step on 4 ranks; it must fail with status $1 and print $2.
+refuse() {
+    want_status=$1 want=$2
+    shift 2
+    status=0
+    timeout -k 5 120 "$mpiexec" -n 4 "$moe" "$@" >"$dir/out" 2>&1 || status=$?
+    [ "$status" -eq "$want_status" ] || fail "exit status $status, expected $want_status: mailrail_moe $*"
+    grep -qF -- "$want" "$dir/out" || fail "no '$want' from: mailrail_moe $*"
+}
+
+# Every contender has its summary line.
+summaries() {
+    for c in $(echo "$1" | tr , ' '); do
+        grep -q "^mailrail_moe: $c: median " "$dir/out" || fail "no summary line for $c"
+    done
+}
+
+# 1. Every contender, tokens that fit one datagram, skewed routing, on 2 virtual hosts.
+MAILRAIL_RANKS_PER_NODE=2 run -T 48 -H 1000 -k 4 -E 8 -z 1.0 --hot -t 1 -p "$all"
+summaries "$all"
+cat "$dir/out"
+# 2. Tokens of three datagrams (4 KiB datagrams), uniform routing, no warm-up.
+run -T 16 -H 10000 -k 2 -E 4 -z 0 -t 1 --warmup 0 -p "$all"
+summaries "$all"
+
+# 3. A router's trace: experts 0 and 1 are the most popular, so spread over
+#    4 ranks they are on ranks 0 and 1, and rank 0 (expert 0) receives most;
+#    with --hot on 2 virtual hosts they are on the last host's ranks 2 and 3.
+run -T 6 -H 64 -E 8 -r "$routing" -t 1 -p alltoallv,node,node+h
+grep -q "k=2 of E=8 experts" "$dir/out" || fail "k was not read from the file"
+grep -q "^mailrail_moe: node: .*hottest rank 0 received" "$dir/out" || fail "expert 0 is not on rank 0"
+MAILRAIL_RANKS_PER_NODE=2 run -T 6 -H 64 -E 8 -r "$routing" --hot -t 1 -p alltoallv,rank
+grep -q "^mailrail_moe: alltoallv: .*hottest rank 2 received" "$dir/out" || fail "expert 0 is not on rank 2"
+
+# 4. Bad input: a clear error, status 2.
+refuse 2 "-E 10 is not a multiple of the 4 ranks" -T 4 -E 10
+refuse 2 "-k 9 exceeds -E 8" -T 4 -k 9 -E 8
+refuse 2 "-H takes a size of at least 1 byte" -T 4 -H 0
+printf '0 1\n2 2\n' >"$dir/repeated"
+refuse 2 "$dir/repeated:2: expert 2 appears twice" -T 4 -E 8 -r "$dir/repeated"
+printf '# header\n0 1\n\n3 8\n' >"$dir/range"
+refuse 2 "$dir/range:4: expert 8 is out of range" -T 4 -E 8 -r "$dir/range"
+printf '0 1\n2 3 4\n' >"$dir/count"
+refuse 2 "$dir/count:2: 3 experts, expected 2" -T 4 -E 8 -r "$dir/count"
+
+# 5. The checks fail when the step is wrong, and name the pair.
+for p in alltoallv node node+h; do
+    refuse 1 "rank 0: token 0, expert" -T 8 -H 100 -k 2 -E 8 -t 1 -p $p --inject duplicate
+    grep -q "arrived twice" "$dir/out" || fail "$p: the duplicate was not named"
+    refuse 1 "rank 0: token 0 (experts" -T 8 -H 100 -k 2 -E 8 -t 1 -p $p --inject flip
+    grep -q "of the combine is" "$dir/out" || fail "$p: the flipped byte was not named"
+done
+refuse 1 "rank 0: token 0, expert" -T 8 -H 100 -k 2 -E 8 -t 1 -p alltoallv --inject drop
+grep -q "the result is missing" "$dir/out" || fail "the dropped result was not named"
+refuse 1 "no result after 3 s" -T 8 -H 100 -k 2 -E 8 -t 1 -p rank --inject drop --timeout 3
+echo "PASS: mailrail_moe over ${MAILRAIL_SUBSTRATE:-ucx}"
