@@ -52,13 +52,13 @@
  * answered once; the degree sum is twice the edge count; and every policy and
  * trial gives the same result. -V adds the serial reference.
  */
+#include "graph_dist.h"
 #include "graph_edges.h"
 #include "graph_serial.h"
 #include "mailrail.h"
 #include "mailrail_items.h"
 #include "tool_common.h"
 
-#include <limits.h>
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -160,19 +160,7 @@ static int graph_rank0_printf(const graph_local_t *g, const char *fmt, ...)
 
 static int graph_owner(const graph_local_t *g, uint64_t id)
 {
-    return (int)(graph_mix64(id) % (uint64_t)g->size);
-}
-
-/* Index of `key` in the sorted array a[0..n), or -1. */
-static long graph_search(const uint64_t *a, size_t n, uint64_t key)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (a[mid] < key) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < n && a[lo] == key ? (long)lo : -1;
+    return graph_owner_of(id, g->size);
 }
 
 /* Stops every rank: a communication error leaves no consistent way to go on. */
@@ -397,32 +385,12 @@ static void graph_free_adjacency(graph_local_t *g)
 /* Builds sorted adjacency lists without repeats from the arcs of the degree phase. */
 static void graph_build_adjacency(graph_local_t *g)
 {
-    size_t n = 0, nv = 0;
-    graph_edge_t *arcs = g->arcs.edge;
-
-    qsort(arcs, g->arcs.count, sizeof(*arcs), graph_edge_compare);
-    for (size_t a = 0; a < g->arcs.count; a++) {
-        if (n > 0 && arcs[n - 1].u == arcs[a].u && arcs[n - 1].v == arcs[a].v) continue;
-        arcs[n++] = arcs[a];
-    }
-    g->duplicate_arcs = g->arcs.count - n;
     g->arcs_received = g->arcs.count;
-    g->ids = malloc((n + 1) * sizeof(*g->ids));
-    g->offs = malloc((n + 2) * sizeof(*g->offs));
-    g->adj = malloc((n + 1) * sizeof(*g->adj));
-    g->nbr_degree = calloc(n + 1, sizeof(*g->nbr_degree));
-    if (g->ids == NULL || g->offs == NULL || g->adj == NULL || g->nbr_degree == NULL) {
+    if (!graph_adjacency_build(&g->arcs, &g->nv, &g->ids, &g->offs, &g->adj, &g->duplicate_arcs)) {
         graph_die(g, "adjacency", MR_ERR_NO_MEMORY);
     }
-    for (size_t a = 0; a < n; a++) {
-        if (nv == 0 || g->ids[nv - 1] != arcs[a].u) {
-            g->ids[nv] = arcs[a].u;
-            g->offs[nv++] = a;
-        }
-        g->adj[a] = arcs[a].v;
-    }
-    g->offs[nv] = n;
-    g->nv = nv;
+    g->nbr_degree = calloc(g->offs[g->nv] + 1, sizeof(*g->nbr_degree));
+    if (g->nbr_degree == NULL) graph_die(g, "adjacency", MR_ERR_NO_MEMORY);
     /* The arcs are in the adjacency now: free them before the next phases are measured. */
     graph_edges_free(&g->arcs);
 }
@@ -649,63 +617,11 @@ static bool graph_kernel(graph_local_t *g, const graph_options_t *o, const char 
 
 /* ---- Input. ---- */
 
-/*
- * Agrees on the first error over all ranks: every rank prints it, naming the
- * file and the line (or offset). Returns true when no rank failed.
- */
-static bool graph_agree_input(const graph_local_t *g, const char *source, bool ok, uint64_t line,
-                              const graph_error_t *error)
-{
-    struct {
-        long key;
-        int rank;
-    } mine = {ok ? LONG_MAX : (long)line, g->rank}, first;
-    graph_error_t shared;
-
-    MPI_Allreduce(&mine, &first, 1, MPI_LONG_INT, MPI_MINLOC, MPI_COMM_WORLD);
-    if (first.key == LONG_MAX) return true;
-    if (g->rank == first.rank) shared = *error;
-    MPI_Bcast(&shared, sizeof(shared), MPI_BYTE, first.rank, MPI_COMM_WORLD);
-    shared.reason[sizeof(shared.reason) - 1] = '\0';
-    if (first.key > 0) {
-        fprintf(stderr, "mailrail_graph: rank %d: %s:%ld: %s\n", g->rank, source, first.key,
-                shared.reason);
-    } else if (shared.offset > 0) {
-        fprintf(stderr, "mailrail_graph: rank %d: %s: offset %llu: %s\n", g->rank, source,
-                (unsigned long long)shared.offset, shared.reason);
-    } else {
-        fprintf(stderr, "mailrail_graph: rank %d: %s: %s\n", g->rank, source, shared.reason);
-    }
-    return false;
-}
-
 /* Loads this rank's slice of the edges; false (on every rank) after an error. */
 static bool graph_load(const graph_options_t *o, graph_local_t *g)
 {
-    graph_error_t error = {0};
-    uint64_t lines = 0, before = 0, total;
-    bool ok;
-
-    if (o->use_rmat) {
-        uint64_t m = graph_rmat_edges(&o->rmat);
-        uint64_t first = m / (uint64_t)g->size * (uint64_t)g->rank +
-                         m % (uint64_t)g->size * (uint64_t)g->rank / (uint64_t)g->size;
-        uint64_t next = m / (uint64_t)g->size * (uint64_t)(g->rank + 1) +
-                        m % (uint64_t)g->size * (uint64_t)(g->rank + 1) / (uint64_t)g->size;
-        ok = graph_rmat_generate(&o->rmat, first, next - first, &g->input);
-        if (!ok) snprintf(error.reason, sizeof(error.reason), "out of memory");
-        return graph_agree_input(g, "R-MAT generator", ok, 0, &error);
-    }
-    if (graph_file_is_binary(o->file)) {
-        ok = graph_binary_read(o->file, g->rank, g->size, &g->input, &total, &error);
-        return graph_agree_input(g, o->file, ok, 0, &error);
-    }
-    graph_text_slice_t slice;
-    ok = graph_text_slice(o->file, g->rank, g->size, &slice, &error) &&
-         graph_text_read(o->file, &slice, &g->input, &lines, &error);
-    MPI_Exscan(&lines, &before, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-    if (g->rank == 0) before = 0;
-    return graph_agree_input(g, o->file, ok, error.line > 0 ? before + error.line : 0, &error);
+    return graph_load_edges("mailrail_graph", o->file, o->use_rmat ? &o->rmat : NULL, g->rank,
+                            g->size, &g->input);
 }
 
 /*
