@@ -38,6 +38,21 @@ static inline void tool_mpi_wait(MPI_Request *req, long max_nap_ns)
 }
 
 /*
+ * Stops every rank after this one said why: flushes what it printed and
+ * leaves mpiexec 200 ms to forward it (hydra's kill on MPI_Abort can lose a
+ * dying rank's last lines), then aborts.
+ */
+static inline void tool_abort(void)
+{
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = 200000000};
+
+    fflush(stdout);
+    fflush(stderr);
+    nanosleep(&ts, NULL);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/*
  * Runs `command` with sh and reads the "bytes packets drops" it prints first
  * (tools/fabric's $FABRIC_PORT_COUNTERS). Returns false, and says why as
  * `tool`, when it cannot.

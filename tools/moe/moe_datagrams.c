@@ -1,0 +1,216 @@
+/*
+ * mailrail_moe over MailRail's datagrams, and through its active-message
+ * handlers (+h): a token, or each datagram-sized piece of it, goes in a
+ * message of its own; an expert's rank transforms it straight from the
+ * receive slot into a send buffer and sends it back as it arrives, so that
+ * dispatch, compute and combine overlap (moe_step.h).
+ */
+#include "moe_step.h"
+#include "tool_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Keeps a result that found no free send buffer, to send when one frees up. */
+static bool moe_park(moe_rank_t *r, const uint8_t *msg, size_t len, int source)
+{
+    size_t need = sizeof(int) + sizeof(size_t) + len;
+
+    if (r->parked_len + need > r->parked_cap) {
+        size_t cap = r->parked_cap ? 2 * r->parked_cap : 1 << 20;
+        while (cap < r->parked_len + need) cap *= 2;
+        uint8_t *p = realloc(r->parked, cap);
+        if (p == NULL) return false;
+        r->parked = p;
+        r->parked_cap = cap;
+    }
+    uint8_t *at = r->parked + r->parked_len;
+    memcpy(at, &source, sizeof(int));
+    memcpy(at + sizeof(int), &len, sizeof(size_t));
+    len = moe_expert(r, msg, len, source, at + sizeof(int) + sizeof(size_t));
+    if (len > 0) r->parked_len += need;
+    return true;
+}
+
+/* Sends the parked results while send buffers are free. */
+static mr_status_t moe_unpark(moe_rank_t *r)
+{
+    while (r->parked_head < r->parked_len) {
+        uint8_t *at = r->parked + r->parked_head;
+        int dest;
+        size_t len;
+        void *buf;
+
+        memcpy(&dest, at, sizeof(int));
+        memcpy(&len, at + sizeof(int), sizeof(size_t));
+        mr_status_t st = mr_reserve(&buf);
+        if (st != MR_OK) return st == MR_AGAIN ? MR_OK : st;
+        memcpy(buf, at + sizeof(int) + sizeof(size_t), len);
+        if ((st = mr_send(buf, len, dest)) != MR_OK) {
+            mr_release(buf);
+            return st;
+        }
+        r->parked_head += sizeof(int) + sizeof(size_t) + len;
+    }
+    r->parked_len = r->parked_head = 0;
+    return MR_OK;
+}
+
+/* Receives what arrived: dispatch pieces are answered, results combined. */
+static mr_status_t moe_drain(moe_rank_t *r, bool *progress)
+{
+    mr_message_t m;
+    mr_status_t st;
+
+    while ((st = mr_receive(&m)) == MR_OK) {
+        const uint8_t *msg = m.data;
+        *progress = true;
+        if (m.length >= MOE_HEADER && (msg[7] & MOE_COMBINE_BIT)) {
+            moe_combine(r, msg, m.length, m.source);
+        } else {
+            void *buf;
+            /* Replies go in order: behind any parked one. */
+            if (r->parked_head == r->parked_len && (st = mr_reserve(&buf)) == MR_OK) {
+                size_t len = moe_expert(r, msg, m.length, m.source, buf);
+                st = len > 0 ? mr_send(buf, len, m.source) : MR_OK;
+                if (len == 0 || st != MR_OK) mr_release(buf);
+            } else if (st == MR_OK || st == MR_AGAIN) {
+                st = moe_park(r, msg, m.length, m.source) ? MR_OK : MR_ERR_NO_MEMORY;
+            }
+            if (st != MR_OK) {
+                mr_release(m.data);
+                return st;
+            }
+        }
+        if ((st = mr_release(m.data)) != MR_OK) return st;
+    }
+    return st == MR_AGAIN ? MR_OK : st;
+}
+
+static mr_status_t moe_on_dispatch(const mr_message_t *m, void *arg)
+{
+    moe_rank_t *r = arg;
+    void *buf;
+    mr_status_t st = mr_reserve(&buf);
+
+    if (st != MR_OK) return st; /* MR_AGAIN: called again later with the same message. */
+    size_t len = moe_expert(r, m->data, m->length, m->source, buf);
+    st = len > 0 ? mr_send_handler(buf, len, m->source, MOE_H_COMBINE) : MR_OK;
+    if (len == 0 || st != MR_OK) mr_release(buf);
+    return st;
+}
+
+static mr_status_t moe_on_combine(const mr_message_t *m, void *arg)
+{
+    moe_combine(arg, m->data, m->length, m->source);
+    return MR_OK;
+}
+
+/* Progress once: whether anything happened, or an error. */
+static mr_status_t moe_progress(moe_rank_t *r, bool handlers, bool *progress)
+{
+    mr_status_t st;
+
+    if (handlers) {
+        st = mr_poll();
+        if (st == MR_OK) *progress = true;
+        return st == MR_AGAIN ? MR_OK : st;
+    }
+    if ((st = moe_unpark(r)) != MR_OK) return st;
+    return moe_drain(r, progress);
+}
+
+mr_status_t moe_idle(const moe_rank_t *r)
+{
+    mr_status_t st = r->o->wait ? mr_wait(r->o->wait_ms) : MR_OK;
+    return st == MR_AGAIN ? MR_OK : st;
+}
+
+/*
+ * One step over MailRail: dispatch every piece, answer and combine as they
+ * come. Returns this rank's seconds through *seconds, from the barrier to its
+ * last result; quiescence follows, untimed.
+ */
+mr_status_t moe_step_datagrams(moe_rank_t *r, const tool_contender_t *c, double *seconds)
+{
+    const moe_options_t *o = r->o;
+    uint64_t pairs = o->tokens * o->k, next = 0;
+    unsigned piece = 0;
+    mr_status_t st = MR_OK;
+
+    moe_barrier(o);
+    double start = tool_now();
+    while (st == MR_OK && r->pairs_done < pairs) {
+        bool progress = false;
+        /*
+         * Results owed to other ranks first, so that the experts' replies do
+         * not wait behind this rank's own dispatch for send buffers; then
+         * pieces of the dispatch while send buffers are free.
+         */
+        st = moe_progress(r, c->handlers, &progress);
+        for (int burst = 0; st == MR_OK && r->parked_head == r->parked_len && next < pairs &&
+                            burst < 64; burst++) {
+            void *buf;
+            if ((st = mr_reserve(&buf)) != MR_OK) break;
+            uint64_t t = next / o->k;
+            unsigned j = (unsigned)(next % o->k);
+            moe_header_t h = {.token = (uint32_t)t, .expert = r->route[next], .slot = (uint8_t)j,
+                              .piece = (uint8_t)piece};
+            size_t offset, len = moe_piece(r, piece, &offset);
+            memcpy(buf, &h, sizeof(h));
+            memcpy((uint8_t *)buf + MOE_HEADER, r->tokens + t * o->hidden + offset, len);
+            int dest = r->owner[h.expert];
+            st = c->handlers ? mr_send_handler(buf, MOE_HEADER + len, dest, MOE_H_DISPATCH)
+                             : mr_send(buf, MOE_HEADER + len, dest);
+            if (st != MR_OK) {
+                mr_release(buf);
+                break;
+            }
+            progress = true;
+            if (++piece == r->pieces) {
+                piece = 0;
+                next++;
+            }
+        }
+        if (st == MR_AGAIN) st = MR_OK;
+        if (st == MR_OK && !progress) {
+            if (tool_now() - start > o->timeout_s) {
+                moe_name_missing(r, c->name);
+                st = MR_ERR_TIMEOUT;
+                break;
+            }
+            st = moe_idle(r);
+        }
+    }
+    *seconds = tool_now() - start;
+    /* Untimed: serve the other ranks' tokens until every rank is done. */
+    while (st == MR_OK) {
+        bool progress = false;
+        if ((st = moe_progress(r, c->handlers, &progress)) != MR_OK) break;
+        if (r->parked_head < r->parked_len) {
+            if (!progress) st = moe_idle(r);
+            continue;
+        }
+        if ((st = mr_quiesce()) == MR_OK) break;
+        if (st == MR_AGAIN) st = progress ? MR_OK : moe_idle(r);
+    }
+    return st;
+}
+
+void moe_datagrams_open(moe_rank_t *r, bool handlers)
+{
+    r->piece_bytes = mr_datagram_size() - MOE_HEADER - (handlers ? 1 : 0);
+    if (r->piece_bytes > r->o->hidden) r->piece_bytes = r->o->hidden;
+    r->pieces = (unsigned)((r->o->hidden + r->piece_bytes - 1) / r->piece_bytes);
+    r->full_mask = r->pieces == 64 ? ~0ull : (1ull << r->pieces) - 1;
+    mr_handler_register(MOE_H_DISPATCH, moe_on_dispatch, r);
+    mr_handler_register(MOE_H_COMBINE, moe_on_combine, r);
+}
+
+void moe_datagrams_free(moe_rank_t *r)
+{
+    free(r->parked);
+    r->parked = NULL;
+    r->parked_cap = r->parked_len = r->parked_head = 0;
+}

@@ -1,0 +1,132 @@
+/*
+ * What the contenders of mailrail_moe share: the options, one rank's state,
+ * the header of every token on the wire, and the step's bookkeeping (an
+ * expert's work on a token, the combine, the checks). Each contender's step
+ * lives in a file of its own: moe_alltoallv.c (MPI), moe_datagrams.c
+ * (MailRail's datagrams and handlers).
+ */
+#ifndef MAILRAIL_MOE_STEP_H
+#define MAILRAIL_MOE_STEP_H
+
+#include "mailrail.h"
+#include "tool_mpi.h"
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MOE_MAX_CONTENDERS 8
+#define MOE_MAX_TRIALS 64
+/* A token travels in at most this many pieces: their arrivals are a 64-bit mask. */
+#define MOE_MAX_PIECES 64
+/* Active-message handler ids. */
+#define MOE_H_DISPATCH 1
+#define MOE_H_COMBINE 2
+/* Faults that --inject makes rank 0 commit on its first result of token 0. */
+enum { MOE_INJECT_NONE, MOE_INJECT_DROP, MOE_INJECT_DUPLICATE, MOE_INJECT_FLIP };
+/* How many missing pairs a timed-out step names. */
+#define MOE_NAME_MISSING 8
+/* The header in front of every piece, for all contenders. */
+typedef struct moe_header {
+    uint32_t token;   /* Index of the token on its rank. */
+    uint16_t expert;
+    uint8_t slot;     /* Which of the token's k experts. */
+    uint8_t piece;    /* MOE_COMBINE_BIT for a result going back, and the piece index. */
+} moe_header_t;
+#define MOE_COMBINE_BIT 0x80u
+#define MOE_HEADER ((size_t)sizeof(moe_header_t))
+typedef struct moe_options {
+    uint64_t tokens;
+    size_t hidden;
+    unsigned k, experts;
+    double skew;
+    bool hot;
+    const char *routing_file;
+    tool_contender_t contenders[MOE_MAX_CONTENDERS];
+    int ncontenders;
+    int trials, warmup;
+    uint64_t seed;
+    const char *csv;
+    const char *port_command;
+    bool wait;
+    int wait_ms;
+    double timeout_s;
+    bool quiet;
+    int inject;
+} moe_options_t;
+/* One rank's state, for the whole run. */
+typedef struct moe_rank {
+    const moe_options_t *o;
+    int rank, size, nodes;
+    uint16_t *route;       /* T x k expert ids of this rank's tokens. */
+    int *owner;            /* E: the rank of each expert. */
+    uint8_t *tokens;       /* T x H: this rank's tokens. */
+    uint8_t *reference;    /* T x H: the combine, computed serially. */
+    uint8_t *acc;          /* T x H: the combine of the current step. */
+    uint64_t *arrived;     /* T x k: pieces of each pair's result that arrived. */
+    uint64_t pairs_done;   /* Pairs whose every piece arrived. */
+    uint64_t bytes_received;
+    uint64_t errors;       /* Messages that broke the protocol; the first few are printed. */
+    /* MailRail contenders: the datagram pieces of this session. */
+    size_t piece_bytes;
+    unsigned pieces;
+    uint64_t full_mask;
+    /* The baseline's buffers, kept from step to step as an application would. */
+    uint8_t *a2a_send, *a2a_recv;
+    size_t a2a_send_cap, a2a_recv_cap;
+    /* --inject: the fault this rank injects into its next combine, for the tests. */
+    int inject;
+    /* Replies owed while no send buffer was free, in a growing arena. */
+    uint8_t *parked;
+    size_t parked_len, parked_cap, parked_head;
+} moe_rank_t;
+
+/* A protocol error: counted, and the first few printed with token, expert and rank. */
+void moe_error(moe_rank_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* How long idle ranks nap between tests of an MPI request (0: they spin). */
+long moe_nap_ns(const moe_options_t *o);
+void moe_allreduce(const moe_options_t *o, const void *in, void *out, int n, MPI_Datatype type,
+                   MPI_Op op);
+void moe_barrier(const moe_options_t *o);
+
+/* Clears the step's combine, arrivals and counters. */
+void moe_step_reset(moe_rank_t *r);
+
+/* The bytes of piece `piece`: [*offset, *offset + returned length) of the token. */
+size_t moe_piece(const moe_rank_t *r, unsigned piece, size_t *offset);
+
+/*
+ * An expert's work on one piece that arrived from `source`: checks that the
+ * expert is this rank's, and writes the result (header and transformed bytes)
+ * to out, which may be msg. Returns the result's length, or 0 for a message
+ * that breaks the protocol.
+ */
+size_t moe_expert(moe_rank_t *r, const uint8_t *msg, size_t len, int source, uint8_t *out);
+
+/* The combine of one piece of an expert's result, from `source`. */
+void moe_combine(moe_rank_t *r, const uint8_t *msg, size_t len, int source);
+
+/* Checks the step on this rank: every pair arrived once, every byte as the reference says. */
+bool moe_check(moe_rank_t *r, const char *contender);
+
+/* Names the first pairs still missing when a step times out. */
+void moe_name_missing(const moe_rank_t *r, const char *contender);
+
+/* One step through MPI_Alltoallv both ways; returns this rank's seconds. */
+double moe_step_alltoallv(moe_rank_t *r);
+/* Frees what the baseline kept from step to step. */
+void moe_alltoallv_free(moe_rank_t *r);
+
+/* Registers the handlers of the +h contenders; after each mr_init(). */
+void moe_datagrams_open(moe_rank_t *r, bool handlers);
+/*
+ * One step over MailRail's datagrams (or handlers): this rank's seconds from
+ * the barrier to its last result; quiescence follows, untimed.
+ */
+mr_status_t moe_step_datagrams(moe_rank_t *r, const tool_contender_t *c, double *seconds);
+/* Frees what the datagram step kept. */
+void moe_datagrams_free(moe_rank_t *r);
+
+#endif /* MAILRAIL_MOE_STEP_H */
