@@ -49,7 +49,7 @@ END_TEST
 START_TEST(test_zipf_distinct_and_skewed)
 {
     moe_routing_t uni, skew;
-    enum { T = 20000, K = 8, E = 64 };
+    enum { T = 5000, K = 8, E = 64 };
     unsigned long c_uni[E] = {0}, c_skew[E] = {0};
 
     ck_assert(moe_routing_zipf(&uni, T, K, E, 0.0, 1));
@@ -66,10 +66,10 @@ START_TEST(test_zipf_distinct_and_skewed)
             }
         }
     }
-    /* Uniform: every expert near T K / E = 2500. Skewed: expert 0 in most tokens. */
+    /* Uniform: every expert near T K / E = 625. Skewed: expert 0 in most tokens. */
     for (unsigned e = 0; e < E; e++) {
-        ck_assert_uint_gt(c_uni[e], 2200);
-        ck_assert_uint_lt(c_uni[e], 2800);
+        ck_assert_uint_gt(c_uni[e], 530);
+        ck_assert_uint_lt(c_uni[e], 720);
     }
     ck_assert_uint_gt(c_skew[0], T * 9 / 10);
     ck_assert_uint_gt(c_skew[1], c_skew[10]);
@@ -163,6 +163,7 @@ int main(void)
 {
     Suite *s = suite_create("moe");
     TCase *tc = tcase_create("model");
+    tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_pieces_match_whole);
     tcase_add_test(tc, test_zipf_distinct_and_skewed);
     tcase_add_test(tc, test_read_routing);
