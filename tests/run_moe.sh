@@ -3,7 +3,7 @@
 #  - every contender (alltoallv, none, rank, node, and each policy through
 #    handlers) over the substrate in $MAILRAIL_SUBSTRATE, each checked by the
 #    tool byte for byte against its serial reference, with tokens that fit a
-#    datagram and tokens split over three;
+#    datagram and tokens split over three, and packed by the item layer;
 #  - a router's trace (tests/moe/routing.txt), whose placement is known: the
 #    hottest rank is the one of experts 0 and 1, spread or on the last host;
 #  - bad input: E not a multiple of P, k > E, H = 0, routing lines with a
@@ -55,6 +55,13 @@ cat "$dir/out"
 run -T 16 -H 10000 -k 2 -E 4 -z 0 -t 1 --warmup 0 -p "$all"
 summaries "$all"
 
+# 2b. Packed by the item layer (--pack): three tokens per 16 KiB datagram, and
+#     tokens of two pieces with 4 KiB datagrams.
+MAILRAIL_DATAGRAM_SIZE=16K MAILRAIL_RANKS_PER_NODE=2 run -T 48 -H 5000 -k 4 -E 8 -z 1.0 --hot -t 1 --pack -p "$all"
+summaries "$all"
+run -T 16 -H 5000 -k 2 -E 4 -z 0 -t 1 --pack -p none,rank+h
+summaries none,rank+h
+
 # 3. A router's trace: experts 0 and 1 are the most popular, so spread over
 #    4 ranks they are on ranks 0 and 1, and rank 0 (expert 0) receives most;
 #    with --hot on 2 virtual hosts they are on the last host's ranks 2 and 3.
@@ -82,6 +89,8 @@ for p in alltoallv node node+h; do
     refuse 1 "rank 0: token 0 (experts" -T 8 -H 100 -k 2 -E 8 -t 1 -p $p --inject flip
     grep -q "of the combine is" "$dir/out" || fail "$p: the flipped byte was not named"
 done
+refuse 1 "rank 0: token 0 (experts" -T 8 -H 100 -k 2 -E 8 -t 1 -p node+h --pack --inject flip
+refuse 1 "arrived twice" -T 8 -H 100 -k 2 -E 8 -t 1 -p rank --pack --inject duplicate
 refuse 1 "rank 0: token 0, expert" -T 8 -H 100 -k 2 -E 8 -t 1 -p alltoallv --inject drop
 grep -q "the result is missing" "$dir/out" || fail "the dropped result was not named"
 refuse 1 "no result after 3 s" -T 8 -H 100 -k 2 -E 8 -t 1 -p rank --inject drop --timeout 3

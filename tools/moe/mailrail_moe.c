@@ -31,6 +31,10 @@
  *     --inject F     for the tests: rank 0 drops, duplicates or flips a byte of its
  *                    first result of token 0 in the timed step (drop, duplicate, flip),
  *                    which the checks must name
+ *     --pack         MailRail's contenders send tokens as items of the item layer
+ *                    (mailrail_items.h), packed into datagrams per destination: set
+ *                    MAILRAIL_DATAGRAM_SIZE to a multiple of 8 + H (+ 3) for several
+ *                    tokens per transport message
  *     -q             only the summary lines
  *
  * One step: every rank holds T tokens of H bytes, each routed to k distinct
@@ -119,7 +123,8 @@ static bool moe_run_steps(moe_rank_t *r, const tool_contender_t *c, double *seco
         if (c->mpi) {
             *seconds = moe_step_alltoallv(r);
         } else {
-            mr_status_t st = moe_step_datagrams(r, c, seconds);
+            mr_status_t st = o->pack ? moe_step_items(r, c, seconds)
+                                     : moe_step_datagrams(r, c, seconds);
             if (st != MR_OK) {
                 fprintf(stderr, "mailrail_moe: %s: rank %d: %s\n", c->name, r->rank,
                         mr_status_string(st));
@@ -154,7 +159,13 @@ static bool moe_trial(moe_rank_t *r, const tool_contender_t *c, moe_trial_t *out
                     mr_status_string(st));
             tool_abort();
         }
-        moe_datagrams_open(r, c->handlers);
+        if (o->pack) st = moe_items_open(r, c->handlers);
+        else moe_datagrams_open(r, c->handlers);
+        if (st != MR_OK) {
+            fprintf(stderr, "mailrail_moe: %s: rank %d: the item layer: %s\n", c->name, r->rank,
+                    mr_status_string(st));
+            tool_abort();
+        }
         out->nodes = mr_node_count();
     }
     ran = moe_run_steps(r, c, &seconds, &verified, out->port);
@@ -181,7 +192,7 @@ static void moe_usage(void)
     fprintf(stderr, "usage: mpiexec -n P mailrail_moe [-T tokens] [-H bytes] [-k K] [-E experts] "
             "[-z skew] [--hot] [-r routing-file] [-p alltoallv,none,rank,node,node+h] "
             "[-t trials] [--warmup N] [-s seed] [-c file.csv] [-P command] [-w | -W ms] "
-            "[--timeout s] [-q]\n");
+            "[--timeout s] [--pack] [-q]\n");
 }
 
 /* Parses the options; returns false (rank 0 says why) on a bad one. */
@@ -191,6 +202,7 @@ static bool moe_parse(int argc, char **argv, moe_options_t *o, int rank)
                                           {"warmup", required_argument, NULL, 'u'},
                                           {"timeout", required_argument, NULL, 'x'},
                                           {"inject", required_argument, NULL, 'i'},
+                                          {"pack", no_argument, NULL, 'K'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     const char *contenders = "alltoallv,none,rank,node,node+h";
@@ -222,6 +234,7 @@ static bool moe_parse(int argc, char **argv, moe_options_t *o, int rank)
         case 'W': o->wait = true; if (!tool_parse_int(optarg, 0, 60000, &o->wait_ms)) what = "-W takes 0 to 60000 ms"; break;
         case 'x': o->timeout_s = strtod(optarg, &end); if (end == optarg || *end != '\0' || !(o->timeout_s > 0)) what = "--timeout takes a positive number of seconds"; break;
         case 'q': o->quiet = true; break;
+        case 'K': o->pack = true; break;
         case 'i':
             o->inject = -1;
             for (int f = 0; f < 4; f++) {
@@ -430,7 +443,7 @@ int main(int argc, char **argv)
         else if (ftell(csv) == 0) {
             fprintf(csv, "contender,trial,ranks,nodes,tokens,hidden,k,experts,skew,hot,routing,"
                          "seconds,tokens_per_s,hottest_rank,hottest_mib,port_bytes,port_packets,"
-                         "port_drops,verified\n");
+                         "port_drops,verified,packed\n");
         }
     }
     if (!o.quiet) {
@@ -461,10 +474,10 @@ int main(int argc, char **argv)
             }
             if (csv != NULL) {
                 fprintf(csv, "%s,%d,%d,%d,%llu,%zu,%u,%u,%.2f,%d,%s,%.6f,%.0f,%d,%.3f,%lld,%lld,"
-                        "%lld,1\n", ct->name, k, r.size, t.nodes, (unsigned long long)o.tokens,
+                        "%lld,1,%d\n", ct->name, k, r.size, t.nodes, (unsigned long long)o.tokens,
                         o.hidden, o.k, o.experts, o.routing_file ? 0.0 : o.skew, o.hot,
                         o.routing_file ? "file" : "zipf", t.seconds, rate, t.hottest_rank,
-                        t.hottest_mib, t.port[0], t.port[1], t.port[2]);
+                        t.hottest_mib, t.port[0], t.port[1], t.port[2], o.pack);
                 fflush(csv);
             }
         }
@@ -505,7 +518,8 @@ int main(int argc, char **argv)
     free(r.reference);
     free(r.acc);
     free(r.arrived);
-    moe_datagrams_free(&r);
+    moe_park_free(&r);
+    moe_items_free(&r);
     moe_alltoallv_free(&r);
     MPI_Finalize();
     return status;

@@ -12,48 +12,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Keeps a result that found no free send buffer, to send when one frees up. */
+/* An expert's work on a piece that found no free send buffer: its result is parked. */
 static bool moe_park(moe_rank_t *r, const uint8_t *msg, size_t len, int source)
 {
-    size_t need = sizeof(int) + sizeof(size_t) + len;
+    uint8_t *at = moe_park_slot(r, len);
 
-    if (r->parked_len + need > r->parked_cap) {
-        size_t cap = r->parked_cap ? 2 * r->parked_cap : 1 << 20;
-        while (cap < r->parked_len + need) cap *= 2;
-        uint8_t *p = realloc(r->parked, cap);
-        if (p == NULL) return false;
-        r->parked = p;
-        r->parked_cap = cap;
-    }
-    uint8_t *at = r->parked + r->parked_len;
-    memcpy(at, &source, sizeof(int));
-    memcpy(at + sizeof(int), &len, sizeof(size_t));
-    len = moe_expert(r, msg, len, source, at + sizeof(int) + sizeof(size_t));
-    if (len > 0) r->parked_len += need;
+    if (at == NULL) return false;
+    len = moe_expert(r, msg, len, source, at);
+    if (len > 0) moe_park_commit(r, len, source);
     return true;
 }
 
 /* Sends the parked results while send buffers are free. */
 static mr_status_t moe_unpark(moe_rank_t *r)
 {
-    while (r->parked_head < r->parked_len) {
-        uint8_t *at = r->parked + r->parked_head;
-        int dest;
-        size_t len;
-        void *buf;
+    const uint8_t *result;
+    size_t len;
+    int dest;
 
-        memcpy(&dest, at, sizeof(int));
-        memcpy(&len, at + sizeof(int), sizeof(size_t));
+    while (moe_parked_peek(r, &result, &len, &dest)) {
+        void *buf;
         mr_status_t st = mr_reserve(&buf);
         if (st != MR_OK) return st == MR_AGAIN ? MR_OK : st;
-        memcpy(buf, at + sizeof(int) + sizeof(size_t), len);
+        memcpy(buf, result, len);
         if ((st = mr_send(buf, len, dest)) != MR_OK) {
             mr_release(buf);
             return st;
         }
-        r->parked_head += sizeof(int) + sizeof(size_t) + len;
+        moe_parked_pop(r);
     }
-    r->parked_len = r->parked_head = 0;
     return MR_OK;
 }
 
@@ -119,12 +106,6 @@ static mr_status_t moe_progress(moe_rank_t *r, bool handlers, bool *progress)
     }
     if ((st = moe_unpark(r)) != MR_OK) return st;
     return moe_drain(r, progress);
-}
-
-mr_status_t moe_idle(const moe_rank_t *r)
-{
-    mr_status_t st = r->o->wait ? mr_wait(r->o->wait_ms) : MR_OK;
-    return st == MR_AGAIN ? MR_OK : st;
 }
 
 /*
@@ -208,9 +189,3 @@ void moe_datagrams_open(moe_rank_t *r, bool handlers)
     mr_handler_register(MOE_H_COMBINE, moe_on_combine, r);
 }
 
-void moe_datagrams_free(moe_rank_t *r)
-{
-    free(r->parked);
-    r->parked = NULL;
-    r->parked_cap = r->parked_len = r->parked_head = 0;
-}

@@ -7,6 +7,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void moe_error(moe_rank_t *r, const char *fmt, ...)
@@ -193,4 +194,73 @@ void moe_name_missing(const moe_rank_t *r, const char *contender)
                 "after %.0f s\n", contender, r->rank, i / o->k, e, r->owner[e], o->timeout_s);
         named++;
     }
+}
+
+/* A parked result: its destination and length, then its bytes. */
+#define MOE_PARK_HEAD (sizeof(int) + sizeof(size_t))
+
+uint8_t *moe_park_slot(moe_rank_t *r, size_t len)
+{
+    size_t need = MOE_PARK_HEAD + len;
+
+    if (r->parked_len + need > r->parked_cap) {
+        size_t cap = r->parked_cap ? 2 * r->parked_cap : 1 << 20;
+        while (cap < r->parked_len + need) cap *= 2;
+        uint8_t *p = realloc(r->parked, cap);
+        if (p == NULL) return NULL;
+        r->parked = p;
+        r->parked_cap = cap;
+    }
+    return r->parked + r->parked_len + MOE_PARK_HEAD;
+}
+
+void moe_park_commit(moe_rank_t *r, size_t len, int dest)
+{
+    uint8_t *at = r->parked + r->parked_len;
+
+    memcpy(at, &dest, sizeof(int));
+    memcpy(at + sizeof(int), &len, sizeof(size_t));
+    r->parked_len += MOE_PARK_HEAD + len;
+}
+
+bool moe_park_result(moe_rank_t *r, const uint8_t *result, size_t len, int dest)
+{
+    uint8_t *at = moe_park_slot(r, len);
+
+    if (at == NULL) return false;
+    memcpy(at, result, len);
+    moe_park_commit(r, len, dest);
+    return true;
+}
+
+bool moe_parked_peek(const moe_rank_t *r, const uint8_t **result, size_t *len, int *dest)
+{
+    if (r->parked_head == r->parked_len) return false;
+    const uint8_t *at = r->parked + r->parked_head;
+    memcpy(dest, at, sizeof(int));
+    memcpy(len, at + sizeof(int), sizeof(size_t));
+    *result = at + MOE_PARK_HEAD;
+    return true;
+}
+
+void moe_parked_pop(moe_rank_t *r)
+{
+    size_t len;
+
+    memcpy(&len, r->parked + r->parked_head + sizeof(int), sizeof(size_t));
+    r->parked_head += MOE_PARK_HEAD + len;
+    if (r->parked_head == r->parked_len) r->parked_head = r->parked_len = 0;
+}
+
+void moe_park_free(moe_rank_t *r)
+{
+    free(r->parked);
+    r->parked = NULL;
+    r->parked_cap = r->parked_len = r->parked_head = 0;
+}
+
+mr_status_t moe_idle(const moe_rank_t *r)
+{
+    mr_status_t st = r->o->wait ? mr_wait(r->o->wait_ms) : MR_OK;
+    return st == MR_AGAIN ? MR_OK : st;
 }

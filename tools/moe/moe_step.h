@@ -54,6 +54,7 @@ typedef struct moe_options {
     double timeout_s;
     bool quiet;
     int inject;
+    bool pack;             /* --pack: MailRail's items instead of a datagram per piece. */
 } moe_options_t;
 /* One rank's state, for the whole run. */
 typedef struct moe_rank {
@@ -77,6 +78,9 @@ typedef struct moe_rank {
     size_t a2a_send_cap, a2a_recv_cap;
     /* --inject: the fault this rank injects into its next combine, for the tests. */
     int inject;
+    /* --pack: the aggregators of the dispatch and the combine, and a result's room. */
+    struct mr_items *dispatch_items, *combine_items;
+    uint8_t *scratch;
     /* Replies owed while no send buffer was free, in a growing arena. */
     uint8_t *parked;
     size_t parked_len, parked_cap, parked_head;
@@ -114,6 +118,21 @@ bool moe_check(moe_rank_t *r, const char *contender);
 /* Names the first pairs still missing when a step times out. */
 void moe_name_missing(const moe_rank_t *r, const char *contender);
 
+/*
+ * Results an expert owes while no send buffer is free, in order: room for
+ * one of `len` bytes (NULL when out of memory), kept by moe_park_commit();
+ * or a copy of one; the oldest, and dropping it once sent.
+ */
+uint8_t *moe_park_slot(moe_rank_t *r, size_t len);
+void moe_park_commit(moe_rank_t *r, size_t len, int dest);
+bool moe_park_result(moe_rank_t *r, const uint8_t *result, size_t len, int dest);
+bool moe_parked_peek(const moe_rank_t *r, const uint8_t **result, size_t *len, int *dest);
+void moe_parked_pop(moe_rank_t *r);
+void moe_park_free(moe_rank_t *r);
+
+/* Sleeps in mr_wait() with -w, else returns at once (the caller spins). */
+mr_status_t moe_idle(const moe_rank_t *r);
+
 /* One step through MPI_Alltoallv both ways; returns this rank's seconds. */
 double moe_step_alltoallv(moe_rank_t *r);
 /* Frees what the baseline kept from step to step. */
@@ -126,7 +145,13 @@ void moe_datagrams_open(moe_rank_t *r, bool handlers);
  * the barrier to its last result; quiescence follows, untimed.
  */
 mr_status_t moe_step_datagrams(moe_rank_t *r, const tool_contender_t *c, double *seconds);
-/* Frees what the datagram step kept. */
-void moe_datagrams_free(moe_rank_t *r);
+
+/*
+ * --pack: the same over MailRail's item layer, tokens packed into datagrams.
+ * moe_items_open() creates the two aggregators after each mr_init().
+ */
+mr_status_t moe_items_open(moe_rank_t *r, bool handlers);
+mr_status_t moe_step_items(moe_rank_t *r, const tool_contender_t *c, double *seconds);
+void moe_items_free(moe_rank_t *r);
 
 #endif /* MAILRAIL_MOE_STEP_H */
