@@ -94,6 +94,24 @@
 #   --counters FILE   append label,victim_host,sent_bytes,sent_packets,dropped,overlimits
 #                     rows (a header first when FILE is new or empty)
 #   --mpiexec PATH    the mpiexec to use (default: mpiexec on PATH, MPICH's hydra)
+#   --mpi-net         MPICH's own traffic (MPI_Alltoallv, the collectives MailRail
+#                     bootstraps with) crosses the fabric too: ranks of different hosts
+#                     talk over UCX's tcp on eth0 (UCX_TLS=tcp,self UCX_NET_DEVICES=eth0,
+#                     set for the jobs whatever the caller's UCX_TLS), ranks of one host
+#                     over MPICH's shared memory, as on real hosts: hydra is given the
+#                     hosts (-launcher fork -hosts mrf-h0:R,...), so that MPICH's node
+#                     map (PMI_process_mapping) has H nodes. MPICH 4.0.2 hangs in
+#                     MPI_Finalize over tcp (each rank closes its UCX endpoints, which
+#                     waits for the peers' acknowledgements, then waits in a PMI barrier
+#                     without answering the others'; upstream removed that barrier in
+#                     pmodels/mpich PR 6596, 2023): the ranks preload a shim,
+#                     tools/fabric/mpi_finalize_shim.c compiled into the run directory
+#                     (needs cc and UCX's headers, Debian gcc libucx-dev), that keeps
+#                     MPICH's UCX worker progressing from the first endpoint close
+#                     until the worker is destroyed. Costs
+#                     MPI_Finalize seconds at 40 ranks (all pairs close over tcp).
+#                     Default: MPICH stays on shared memory (UCX_TLS=sm,self, one
+#                     node), its traffic never reaches eth0
 #   --subnet K        the test subnet 10.213.K.0/24 (default PID mod 256); it exists
 #                     only inside the namespaces
 #   -q                quieter: no progress messages
@@ -110,7 +128,9 @@
 # MAILRAIL_RANKS_PER_NODE). mpiexec itself (hydra, fork launcher) stays in the
 # root namespace: PMI goes over an inherited descriptor and MPICH's own traffic
 # over /dev/shm, which all namespaces share; MPICH's UCX gets UCX_TLS=sm,self
-# (MailRail's UCX reads MAILRAIL_UCX_TLS first, so it keeps tcp on eth0).
+# (MailRail's UCX reads MAILRAIL_UCX_TLS first, so it keeps tcp on eth0). UCX's
+# sm transports would reach across the hosts too (same boot id, same IPC
+# namespace), so --mpi-net leaves them out of UCX_TLS.
 #
 # Teardown on exit, failure, SIGINT and SIGTERM: the running job is stopped, the
 # processes left in the namespaces are killed, the namespaces deleted (which
@@ -150,8 +170,16 @@ if [ "${1:-}" = "--rank-wrapper" ]; then
         echo "$$" >"$FABRIC_CGROUP/h$host/cgroup.procs" ||
             { echo "fabric.sh: rank $rank cannot join the cgroup of host $host" >&2; exit 2; }
     fi
+    # --mpi-net: the finalize shim goes into the program (not into ip, unshare, sh),
+    # after the caller's preloads; a program linked with ASan would otherwise refuse
+    # a preload that its runtime does not precede.
     exec ip netns exec "${FABRIC_NS_PREFIX}h$host" unshare --uts \
-        sh -c 'echo "$0" >/proc/sys/kernel/hostname && exec "$@"' "mrf-h$host" "$@"
+        sh -c 'echo "$0" >/proc/sys/kernel/hostname || exit
+               if [ -n "${FABRIC_MPI_PRELOAD:-}" ]; then
+                   export LD_PRELOAD="${LD_PRELOAD:+$LD_PRELOAD:}$FABRIC_MPI_PRELOAD"
+                   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
+               fi
+               exec "$@"' "mrf-h$host" "$@"
 fi
 
 # ---------------------------------------------------------------------------
@@ -179,7 +207,7 @@ fi
 H=5 R=4 V=1 RV=''
 RATE=200mbit BUFFER=32kb BURST=8kb HOST_BURST=3kb HOSTBUF=16mb CC=reno
 SUBSTRATE=tcp JOB_TIMEOUT=300 TOTAL_TIMEOUT='' MAX_JOBS=100 COUNTERS='' MPIEXEC=mpiexec
-SUBNET=$(($$ % 256)) QUIET=0 MODE='' SCRIPT='' REAP=0 CPU=host
+SUBNET=$(($$ % 256)) QUIET=0 MODE='' SCRIPT='' REAP=0 CPU=host MPI_NET=0
 
 die() { echo "fabric.sh: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -o pipefail/p' "$FABRIC_SELF" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
@@ -206,6 +234,7 @@ while [ $# -gt 0 ]; do
         --max-jobs) need_arg "$@"; MAX_JOBS=$2; shift 2 ;;
         --counters) need_arg "$@"; COUNTERS=$2; shift 2 ;;
         --mpiexec) need_arg "$@"; MPIEXEC=$2; shift 2 ;;
+        --mpi-net) MPI_NET=1; shift ;;
         --subnet) need_arg "$@"; SUBNET=$2; shift 2 ;;
         -q) QUIET=1; shift ;;
         --reap) REAP=1; shift ;;
@@ -291,6 +320,9 @@ if [ "$MPIEXEC" = mpiexec ]; then
     MPIEXEC=$(command -v mpiexec) || die "'mpiexec' is missing (Debian package mpich)"
 fi
 [ -x "$MPIEXEC" ] || die "mpiexec '$MPIEXEC' is not executable"
+if [ "$MPI_NET" -eq 1 ] && ! echo '#include <ucp/api/ucp.h>' | cc -E -x c - >/dev/null 2>&1; then
+    die "--mpi-net needs cc and UCX's headers for its MPI_Finalize shim (Debian packages: gcc libucx-dev)"
+fi
 grep -qw -- "$CC" /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null ||
     die "congestion control '$CC' cannot be set in a namespace: allowed are $(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null)"
 
@@ -497,8 +529,44 @@ export FABRIC_NS_PREFIX=$P FABRIC_RUNDIR=$RUNDIR FABRIC_CGROUP=$CGROUP
 export FABRIC_PORT_COUNTERS="$FABRIC_SELF --port-counters"
 # mpiexec holds a few descriptors per rank: hundreds of ranks need more than 1024.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+# --mpi-net: the shim the ranks preload (LD_PRELOAD, over FABRIC_MPI_PRELOAD), built
+# from mpi_finalize_shim.c beside this script into the run directory. MPICH
+# 4.0.2's MPI_Finalize calls ucp_disconnect_nb for every endpoint, progresses until
+# all are closed, then waits in a PMI barrier. Over UCX's tcp a close in FLUSH mode
+# sends the peer a zero-length PUT and waits for its PUT ACK; a peer that finished
+# its own closes sits in the PMI barrier and never answers, so the last ranks to
+# reach MPI_Finalize hang there (seen from 3 ranks on: 4 of 4 jobs of 6 or 20 ranks
+# on loopback, without any namespace). From the first ucp_disconnect_nb until
+# ucp_worker_destroy, a thread progresses the workers MPICH progresses (so that the
+# rank keeps answering while in the barrier), and the UCP calls MPICH makes there
+# are serialized with it (its workers are UCS_THREAD_MODE_SERIALIZED); a progress
+# call that found nothing to do sleeps 100 us, so that dozens of ranks spinning in
+# MPI_Finalize leave the cores to the peers they wait for (40 ranks: MPI_Finalize
+# took 2-28 s, median 2.3, against 4-14 s, median 5.0, spinning). Before the
+# first close every call goes straight through.
+
 # MPICH's own UCX stays on shared memory; MailRail's UCX reads MAILRAIL_UCX_TLS first.
-export UCX_TLS=${UCX_TLS:-sm,self}
+# With --mpi-net, hydra gets the hosts (MPICH's node map then has H nodes: shared
+# memory within a host) and MPICH's UCX only tcp on eth0 (its sm would reach across
+# the hosts: one boot id, one IPC namespace), and the ranks preload the finalize shim.
+MPI_NET_ARGS=()
+if [ "$MPI_NET" -eq 1 ]; then
+    hosts=
+    for ((h = 0; h < H; h++)); do
+        n=$R
+        is_victim "$h" && n=$RV
+        hosts+="${hosts:+,}mrf-h$h:$n"
+    done
+    MPI_NET_ARGS=(-launcher fork -hosts "$hosts")
+    if ! cc -shared -fPIC -O2 -o "$RUNDIR/mpi_finalize_shim.so" \
+        "$(dirname "$FABRIC_SELF")/mpi_finalize_shim.c" \
+        -ldl -lpthread 2>"$RUNDIR/mpi_finalize_shim.log"; then
+        die "--mpi-net: cannot compile the MPI_Finalize shim: $(head -c 400 "$RUNDIR/mpi_finalize_shim.log")"
+    fi
+    export UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 FABRIC_MPI_PRELOAD=$RUNDIR/mpi_finalize_shim.so
+else
+    export UCX_TLS=${UCX_TLS:-sm,self}
+fi
 
 fabric_substrate() {
     case "$1" in
@@ -573,12 +641,13 @@ fabric_run() {
     fi
     JOBS=$((JOBS + 1))
     for a in "$@"; do args+=("${a//@VICTIMS@/$FABRIC_VICTIM_RANKS}"); done
-    say "job $label: $NRANKS ranks (substrate ${MAILRAIL_SUBSTRATE:-default}): ${args[*]}"
+    say "job $label: $NRANKS ranks (substrate ${MAILRAIL_SUBSTRATE:-default}${MPI_NET_ARGS:+, MPI over eth0}): ${args[*]}"
     fabric_mark
     # In the background, so that a signal interrupts `wait` and tears down.
     # shellcheck disable=SC2086
     MPIEXEC_TIMEOUT=$JOB_TIMEOUT timeout -k 10 $((JOB_TIMEOUT + 15)) \
-        "$MPIEXEC" ${FABRIC_MPIEXEC_ARGS:-} -n "$NRANKS" "$FABRIC_SELF" --rank-wrapper "${args[@]}" &
+        "$MPIEXEC" "${MPI_NET_ARGS[@]}" ${FABRIC_MPIEXEC_ARGS:-} -n "$NRANKS" \
+        "$FABRIC_SELF" --rank-wrapper "${args[@]}" &
     JOBPID=$!
     wait "$JOBPID"
     rc=$?
