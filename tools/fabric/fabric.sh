@@ -197,7 +197,7 @@ if [ "${1:-}" = "--port-counters" ]; then
         $1 == "Sent" { b += $2; p += $4; d0 = $7; sub(",", "", d0); d += d0 }
         $1 == "backlog" { q0 = $2; sub("b", "", q0); if (q0 ~ /K$/) { sub("K", "", q0); q0 *= 1024 }
                           else if (q0 ~ /M$/) { sub("M", "", q0); q0 *= 1048576 }; q += q0 }
-        END { printf "%d %d %d %d\n", b, p, d, q }'
+        END { printf "%.0f %.0f %.0f %.0f\n", b, p, d, q }'
     exit 0
 fi
 
@@ -586,7 +586,7 @@ port_counters() {
     tc -n "$NS_SW" -s qdisc show dev "p$1" 2>/dev/null | awk '
         $1 == "Sent" { b = $2; p = $4; d = $7; o = $9; sub(",", "", d) }
         $1 == "backlog" { q = $2 }
-        END { print b + 0, p + 0, d + 0, o + 0, (q == "" ? "0b" : q) }'
+        END { printf "%.0f %.0f %.0f %.0f %s\n", b, p, d, o, (q == "" ? "0b" : q) }'
 }
 qdisc_drops() {
     tc -n "$1" -s qdisc show dev "$2" 2>/dev/null |
