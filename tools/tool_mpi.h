@@ -38,6 +38,17 @@ static inline void tool_mpi_wait(MPI_Request *req, long max_nap_ns)
 }
 
 /*
+ * The longest nap of tool_mpi_wait() for a tool whose idle ranks sleep up to
+ * wait_ms in mr_wait() (-w, -W), or 0 (spin) without -w: 1 ms at most, since
+ * nothing wakes a rank napping on MPI, as a message wakes mr_wait().
+ */
+static inline long tool_mpi_nap_ns(bool wait, int wait_ms)
+{
+    if (!wait) return 0;
+    return wait_ms >= 1 ? 1000000L : 20000L;
+}
+
+/*
  * Stops every rank after this one said why: flushes what it printed and
  * leaves mpiexec 200 ms to forward it (hydra's kill on MPI_Abort can lose a
  * dying rank's last lines), then aborts.

@@ -1259,7 +1259,7 @@ int main(int argc, char **argv)
     }
     l.features = o.features;
     l.vector_bytes = (size_t)o.features * sizeof(float);
-    l.nap_ns = o.wait ? (long)o.wait_ms * 1000000 : 0;
+    l.nap_ns = tool_mpi_nap_ns(o.wait, o.wait_ms);
     l.wait_ms = o.wait ? o.wait_ms : -1;
     if (!graph_load_edges("mailrail_gnn", o.file, o.use_rmat ? &o.rmat : NULL, l.rank, l.size,
                           &input)) {

@@ -108,6 +108,12 @@ static mr_status_t moe_progress(moe_rank_t *r, bool handlers, bool *progress)
     return moe_drain(r, progress);
 }
 
+static mr_status_t moe_quiesce(moe_rank_t *r)
+{
+    (void)r;
+    return mr_quiesce();
+}
+
 /*
  * One step over MailRail: dispatch every piece, answer and combine as they
  * come. Returns this rank's seconds through *seconds, from the barrier to its
@@ -133,26 +139,17 @@ mr_status_t moe_step_datagrams(moe_rank_t *r, const tool_contender_t *c, double 
         for (int burst = 0; st == MR_OK && r->parked_head == r->parked_len && next < pairs &&
                             burst < 64; burst++) {
             void *buf;
+            int dest;
             if ((st = mr_reserve(&buf)) != MR_OK) break;
-            uint64_t t = next / o->k;
-            unsigned j = (unsigned)(next % o->k);
-            moe_header_t h = {.token = (uint32_t)t, .expert = r->route[next], .slot = (uint8_t)j,
-                              .piece = (uint8_t)piece};
-            size_t offset, len = moe_piece(r, piece, &offset);
-            memcpy(buf, &h, sizeof(h));
-            memcpy((uint8_t *)buf + MOE_HEADER, r->tokens + t * o->hidden + offset, len);
-            int dest = r->owner[h.expert];
-            st = c->handlers ? mr_send_handler(buf, MOE_HEADER + len, dest, MOE_H_DISPATCH)
-                             : mr_send(buf, MOE_HEADER + len, dest);
+            size_t len = moe_dispatch_record(r, &next, &piece, buf, &dest);
+            st = c->handlers ? mr_send_handler(buf, len, dest, MOE_H_DISPATCH)
+                             : mr_send(buf, len, dest);
             if (st != MR_OK) {
+                /* Not sent: the caller stops at the error, which names it. */
                 mr_release(buf);
                 break;
             }
             progress = true;
-            if (++piece == r->pieces) {
-                piece = 0;
-                next++;
-            }
         }
         if (st == MR_AGAIN) st = MR_OK;
         if (st == MR_OK && !progress) {
@@ -166,17 +163,7 @@ mr_status_t moe_step_datagrams(moe_rank_t *r, const tool_contender_t *c, double 
     }
     *seconds = tool_now() - start;
     /* Untimed: serve the other ranks' tokens until every rank is done. */
-    while (st == MR_OK) {
-        bool progress = false;
-        if ((st = moe_progress(r, c->handlers, &progress)) != MR_OK) break;
-        if (r->parked_head < r->parked_len) {
-            if (!progress) st = moe_idle(r);
-            continue;
-        }
-        if ((st = mr_quiesce()) == MR_OK) break;
-        if (st == MR_AGAIN) st = progress ? MR_OK : moe_idle(r);
-    }
-    return st;
+    return st == MR_OK ? moe_finish(r, c->handlers, moe_progress, moe_quiesce) : st;
 }
 
 void moe_datagrams_open(moe_rank_t *r, bool handlers)

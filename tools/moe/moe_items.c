@@ -101,6 +101,11 @@ static mr_status_t moe_items_progress(moe_rank_t *r, bool handlers, bool *progre
     return st == MR_AGAIN ? MR_OK : st;
 }
 
+static mr_status_t moe_items_end(moe_rank_t *r)
+{
+    return mr_items_end_phase(r->dispatch_items);
+}
+
 mr_status_t moe_items_open(moe_rank_t *r, bool handlers)
 {
     mr_status_t st;
@@ -140,21 +145,17 @@ mr_status_t moe_step_items(moe_rank_t *r, const tool_contender_t *c, double *sec
         /* The dispatch, while the aggregator takes it and no result is owed. */
         for (int burst = 0; st == MR_OK && r->parked_head == r->parked_len && next < pairs &&
                             burst < 64; burst++) {
-            uint64_t t = next / o->k;
-            moe_header_t h = {.token = (uint32_t)t, .expert = r->route[next],
-                              .slot = (uint8_t)(next % o->k), .piece = (uint8_t)piece};
-            size_t offset, len = moe_piece(r, piece, &offset);
-            memcpy(record, &h, sizeof(h));
-            memcpy(record + MOE_HEADER, r->tokens + t * o->hidden + offset, len);
-            if ((st = mr_items_push(r->dispatch_items, record, MOE_HEADER + len,
-                                    r->owner[h.expert])) != MR_OK) {
+            int dest;
+            size_t len = moe_dispatch_record(r, &next, &piece, record, &dest);
+            if ((st = mr_items_push(r->dispatch_items, record, len, dest)) != MR_OK) {
+                /* MR_AGAIN: the same record again after progress. */
+                if (piece-- == 0) {
+                    piece = r->pieces - 1;
+                    next--;
+                }
                 break;
             }
             progress = true;
-            if (++piece == r->pieces) {
-                piece = 0;
-                next++;
-            }
         }
         if (st == MR_AGAIN) st = MR_OK;
         if (st == MR_OK && next == pairs && !dispatch_flushed) {
@@ -174,17 +175,7 @@ mr_status_t moe_step_items(moe_rank_t *r, const tool_contender_t *c, double *sec
     *seconds = tool_now() - start;
     free(record);
     /* Untimed: serve the other ranks' tokens until every item of the step is pulled. */
-    while (st == MR_OK) {
-        bool progress = false;
-        if ((st = moe_items_progress(r, c->handlers, &progress)) != MR_OK) break;
-        if (r->parked_head < r->parked_len) {
-            if (!progress) st = moe_idle(r);
-            continue;
-        }
-        if ((st = mr_items_end_phase(r->dispatch_items)) == MR_OK) break;
-        if (st == MR_AGAIN) st = progress ? MR_OK : moe_idle(r);
-    }
-    return st;
+    return st == MR_OK ? moe_finish(r, c->handlers, moe_items_progress, moe_items_end) : st;
 }
 
 void moe_items_free(moe_rank_t *r)

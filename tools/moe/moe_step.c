@@ -24,7 +24,7 @@ void moe_error(moe_rank_t *r, const char *fmt, ...)
 
 long moe_nap_ns(const moe_options_t *o)
 {
-    return o->wait ? (long)o->wait_ms * 1000000L : 0;
+    return tool_mpi_nap_ns(o->wait, o->wait_ms);
 }
 
 void moe_allreduce(const moe_options_t *o, const void *in, void *out, int n, MPI_Datatype type,
@@ -263,4 +263,42 @@ mr_status_t moe_idle(const moe_rank_t *r)
 {
     mr_status_t st = r->o->wait ? mr_wait(r->o->wait_ms) : MR_OK;
     return st == MR_AGAIN ? MR_OK : st;
+}
+
+size_t moe_dispatch_record(const moe_rank_t *r, uint64_t *next, unsigned *piece, uint8_t *out,
+                           int *dest)
+{
+    const moe_options_t *o = r->o;
+    uint64_t t = *next / o->k;
+    moe_header_t h = {.token = (uint32_t)t, .expert = r->route[*next],
+                      .slot = (uint8_t)(*next % o->k), .piece = (uint8_t)*piece};
+    size_t offset, len = moe_piece(r, *piece, &offset);
+
+    memcpy(out, &h, sizeof(h));
+    memcpy(out + MOE_HEADER, r->tokens + t * o->hidden + offset, len);
+    *dest = r->owner[h.expert];
+    if (++*piece == r->pieces) {
+        *piece = 0;
+        ++*next;
+    }
+    return MOE_HEADER + len;
+}
+
+mr_status_t moe_finish(moe_rank_t *r, bool handlers, moe_progress_t progress,
+                       mr_status_t (*quiet)(moe_rank_t *r))
+{
+    mr_status_t st = MR_OK;
+
+    while (st == MR_OK) {
+        bool busy = false;
+        if ((st = progress(r, handlers, &busy)) != MR_OK) break;
+        /* Quiescence counts a released message as done: what it owes must have left. */
+        if (r->parked_head < r->parked_len) {
+            if (!busy) st = moe_idle(r);
+            continue;
+        }
+        if ((st = quiet(r)) == MR_OK) break;
+        if (st == MR_AGAIN) st = busy ? MR_OK : moe_idle(r);
+    }
+    return st;
 }

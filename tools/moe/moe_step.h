@@ -130,6 +130,26 @@ bool moe_parked_peek(const moe_rank_t *r, const uint8_t **result, size_t *len, i
 void moe_parked_pop(moe_rank_t *r);
 void moe_park_free(moe_rank_t *r);
 
+/*
+ * The dispatch in order, token by token, expert by expert, piece by piece:
+ * writes the record of pair *next, piece *piece (header, then the token's
+ * bytes) to out, advances both, and returns the record's length; *dest is the
+ * expert's rank. Call while *next < T k.
+ */
+size_t moe_dispatch_record(const moe_rank_t *r, uint64_t *next, unsigned *piece, uint8_t *out,
+                           int *dest);
+
+/* One progress call of a MailRail step: whether anything happened, or an error. */
+typedef mr_status_t (*moe_progress_t)(moe_rank_t *r, bool handlers, bool *progress);
+
+/*
+ * After this rank's own results arrived, untimed: serves the other ranks'
+ * tokens, and once it owes no parked result calls `quiet` (mr_quiesce() or
+ * mr_items_end_phase()) until every rank is done.
+ */
+mr_status_t moe_finish(moe_rank_t *r, bool handlers, moe_progress_t progress,
+                       mr_status_t (*quiet)(moe_rank_t *r));
+
 /* Sleeps in mr_wait() with -w, else returns at once (the caller spins). */
 mr_status_t moe_idle(const moe_rank_t *r);
 
