@@ -139,7 +139,7 @@ classify() {
     local w=$1
     prog_kind='' prog_path=''
     w=${w#./}
-    if [[ $w =~ ^[A-Za-z0-9_.-]*build[A-Za-z0-9_.-]*/tools/((graph/)?mailrail_[a-z_]+)$ ]]; then
+    if [[ $w =~ ^[A-Za-z0-9_.-]*build[A-Za-z0-9_.-]*/tools/((graph/|moe/)?mailrail_[a-z_]+)$ ]]; then
         prog_kind=tool prog_path=$build/tools/${BASH_REMATCH[1]}
     elif [[ $w =~ ^[A-Za-z0-9_.-]*build[A-Za-z0-9_.-]*/tests/([A-Za-z0-9_-]+)$ ]]; then
         prog_kind=test prog_path=$build/tests/${BASH_REMATCH[1]}
@@ -151,7 +151,9 @@ classify() {
         prog_kind=script prog_path=$src/tools/graph/graph_table.sh
     elif [[ $w =~ ^mailrail_[a-z_]+$ ]]; then
         prog_kind=tool prog_path=$build/tools/$w
-        [ -e "$prog_path" ] || [ ! -e "$build/tools/graph/$w" ] || prog_path=$build/tools/graph/$w
+        for d in graph moe; do
+            [ -e "$prog_path" ] || [ ! -e "$build/tools/$d/$w" ] || prog_path=$build/tools/$d/$w
+        done
     elif [ "$w" = meson ]; then
         prog_kind=meson prog_path=meson
     fi
