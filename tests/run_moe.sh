@@ -6,8 +6,9 @@
 #    datagram and tokens split over three, and packed by the item layer;
 #  - a router's trace (tests/moe/routing.txt), whose placement is known: the
 #    hottest rank is the one of experts 0 and 1, spread or on the last host;
-#  - bad input: E not a multiple of P, k > E, H = 0, routing lines with a
-#    repeated or out-of-range id (the error names the line);
+#  - bad input: E not a multiple of P, k > E, H = 0, a token of more than 64
+#    datagrams, routing lines with a repeated or out-of-range id (the error
+#    names the line);
 #  - faults injected on purpose (a result dropped, duplicated, a byte flipped):
 #    the run fails and names the token, the expert and the rank.
 #
@@ -79,6 +80,8 @@ printf '0 1\n2 2\n' >"$dir/repeated"
 refuse 2 "$dir/repeated:2: expert 2 appears twice" -T 4 -E 8 -r "$dir/repeated"
 printf '# header\n0 1\n\n3 8\n' >"$dir/range"
 refuse 2 "$dir/range:4: expert 8 is out of range" -T 4 -E 8 -r "$dir/range"
+# A token of more than 64 datagrams: the error says which datagram size would do.
+refuse 1 "set it to at least 4712" -T 2 -H 300000 -k 2 -E 4 -t 1 -p node
 printf '0 1\n2 3 4\n' >"$dir/count"
 refuse 2 "$dir/count:2: 3 experts, expected 2" -T 4 -E 8 -r "$dir/count"
 

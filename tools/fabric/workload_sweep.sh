@@ -16,7 +16,8 @@
 #              on the victim host and, for contrast, spread over all hosts
 #   moe-ranks  s = 1.0 with hot experts at every size of --ranks
 #   gnn        the GNN layer on R-MAT graphs of --scales, hubs wherever they fall
-#   quick      moe at s = 0 and 1.0 (hot), 64 ranks, 3 trials: a few minutes
+#   quick      moe at s = 0 and 1.0, hot and spread, 64 ranks, 3 trials: about ten
+#              minutes here
 #
 # Options:
 #   -o DIR           output directory (default build/workloads)

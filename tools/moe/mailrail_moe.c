@@ -97,6 +97,7 @@ static int moe_rank0_printf(const moe_rank_t *r, const char *fmt, ...)
 }
 
 /* ---- Trials. ---- */
+
 /* What one trial of one contender measured, the same on every rank. */
 typedef struct moe_trial {
     double seconds;
@@ -106,7 +107,8 @@ typedef struct moe_trial {
     bool verified;
     int nodes;
 } moe_trial_t;
-/* Runs `steps` untimed steps and one timed step of `c`; false when MailRail failed. */
+
+/* Runs the --warmup steps, untimed, and one timed step of `c`; false when MailRail failed. */
 static bool moe_run_steps(moe_rank_t *r, const tool_contender_t *c, double *seconds,
                           bool *verified, long long port[3])
 {
@@ -159,13 +161,20 @@ static bool moe_trial(moe_rank_t *r, const tool_contender_t *c, moe_trial_t *out
                     mr_status_string(st));
             tool_abort();
         }
-        if (o->pack) st = moe_items_open(r, c->handlers);
-        else moe_datagrams_open(r, c->handlers);
-        if (st != MR_OK) {
-            fprintf(stderr, "mailrail_moe: %s: rank %d: the item layer: %s\n", c->name, r->rank,
+        st = o->pack ? moe_items_open(r, c->handlers) : moe_datagrams_open(r, c->handlers);
+        if (st == MR_ERR_MESSAGE_TOO_LONG) {
+            /* The same on every rank: rank 0 says it, with the room that would do. */
+            size_t enough = (o->hidden + MOE_MAX_PIECES - 1) / MOE_MAX_PIECES + 3 * MOE_HEADER;
+            if (r->rank == 0) {
+                fprintf(stderr, "mailrail_moe: -H %zu: a token would take more than %d datagrams "
+                        "of MAILRAIL_DATAGRAM_SIZE=%zu; set it to at least %zu\n", o->hidden,
+                        MOE_MAX_PIECES, mr_datagram_size(), enough);
+            }
+        } else if (st != MR_OK) {
+            fprintf(stderr, "mailrail_moe: %s: rank %d: %s\n", c->name, r->rank,
                     mr_status_string(st));
-            tool_abort();
         }
+        if (st != MR_OK) tool_abort();
         out->nodes = mr_node_count();
     }
     ran = moe_run_steps(r, c, &seconds, &verified, out->port);
@@ -187,6 +196,7 @@ static bool moe_trial(moe_rank_t *r, const tool_contender_t *c, moe_trial_t *out
 }
 
 /* ---- Set-up: options, routing, placement, the reference. ---- */
+
 static void moe_usage(void)
 {
     fprintf(stderr, "usage: mpiexec -n P mailrail_moe [-T tokens] [-H bytes] [-k K] [-E experts] "

@@ -8,6 +8,7 @@
 #include "moe_step.h"
 #include "tool_common.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,7 @@ static mr_status_t moe_drain(moe_rank_t *r, bool *progress)
     while ((st = mr_receive(&m)) == MR_OK) {
         const uint8_t *msg = m.data;
         *progress = true;
-        if (m.length >= MOE_HEADER && (msg[7] & MOE_COMBINE_BIT)) {
+        if (m.length >= MOE_HEADER && (msg[offsetof(moe_header_t, piece)] & MOE_COMBINE_BIT)) {
             moe_combine(r, msg, m.length, m.source);
         } else {
             void *buf;
@@ -99,11 +100,7 @@ static mr_status_t moe_progress(moe_rank_t *r, bool handlers, bool *progress)
 {
     mr_status_t st;
 
-    if (handlers) {
-        st = mr_poll();
-        if (st == MR_OK) *progress = true;
-        return st == MR_AGAIN ? MR_OK : st;
-    }
+    if (handlers) return moe_poll(progress);
     if ((st = moe_unpark(r)) != MR_OK) return st;
     return moe_drain(r, progress);
 }
@@ -166,13 +163,14 @@ mr_status_t moe_step_datagrams(moe_rank_t *r, const tool_contender_t *c, double 
     return st == MR_OK ? moe_finish(r, c->handlers, moe_progress, moe_quiesce) : st;
 }
 
-void moe_datagrams_open(moe_rank_t *r, bool handlers)
+mr_status_t moe_datagrams_open(moe_rank_t *r, bool handlers)
 {
-    r->piece_bytes = mr_datagram_size() - MOE_HEADER - (handlers ? 1 : 0);
-    if (r->piece_bytes > r->o->hidden) r->piece_bytes = r->o->hidden;
-    r->pieces = (unsigned)((r->o->hidden + r->piece_bytes - 1) / r->piece_bytes);
-    r->full_mask = r->pieces == 64 ? ~0ull : (1ull << r->pieces) - 1;
+    /* A handler's message gives up its last byte to the handler id. */
+    if (!moe_set_pieces(r, mr_datagram_size() - (handlers ? 1 : 0))) {
+        return MR_ERR_MESSAGE_TOO_LONG;
+    }
     mr_handler_register(MOE_H_DISPATCH, moe_on_dispatch, r);
     mr_handler_register(MOE_H_COMBINE, moe_on_combine, r);
+    return MR_OK;
 }
 

@@ -93,12 +93,7 @@ static mr_status_t moe_items_drain(moe_rank_t *r, bool *progress)
 
 static mr_status_t moe_items_progress(moe_rank_t *r, bool handlers, bool *progress)
 {
-    mr_status_t st;
-
-    if (!handlers) return moe_items_drain(r, progress);
-    st = mr_poll();
-    if (st == MR_OK) *progress = true;
-    return st == MR_AGAIN ? MR_OK : st;
+    return handlers ? moe_poll(progress) : moe_items_drain(r, progress);
 }
 
 static mr_status_t moe_items_end(moe_rank_t *r)
@@ -112,12 +107,7 @@ mr_status_t moe_items_open(moe_rank_t *r, bool handlers)
 
     if ((st = mr_items_create(MR_ITEMS_VARIABLE, &r->dispatch_items)) != MR_OK) return st;
     if ((st = mr_items_create(MR_ITEMS_VARIABLE, &r->combine_items)) != MR_OK) return st;
-    size_t max = mr_items_max_size(r->dispatch_items);
-    if (max <= MOE_HEADER) return MR_ERR_MESSAGE_TOO_LONG;
-    r->piece_bytes = max - MOE_HEADER;
-    if (r->piece_bytes > r->o->hidden) r->piece_bytes = r->o->hidden;
-    r->pieces = (unsigned)((r->o->hidden + r->piece_bytes - 1) / r->piece_bytes);
-    r->full_mask = r->pieces == 64 ? ~0ull : (1ull << r->pieces) - 1;
+    if (!moe_set_pieces(r, mr_items_max_size(r->dispatch_items))) return MR_ERR_MESSAGE_TOO_LONG;
     free(r->scratch);
     if ((r->scratch = malloc(MOE_HEADER + r->piece_bytes)) == NULL) return MR_ERR_NO_MEMORY;
     if (handlers) {

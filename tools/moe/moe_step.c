@@ -45,6 +45,7 @@ void moe_barrier(const moe_options_t *o)
 }
 
 /* ---- The step's bookkeeping, common to all contenders. ---- */
+
 void moe_step_reset(moe_rank_t *r)
 {
     size_t pairs = (size_t)r->o->tokens * r->o->k;
@@ -196,6 +197,19 @@ void moe_name_missing(const moe_rank_t *r, const char *contender)
     }
 }
 
+bool moe_set_pieces(moe_rank_t *r, size_t room)
+{
+    size_t h = r->o->hidden;
+
+    if (room <= MOE_HEADER) return false;
+    size_t piece = room - MOE_HEADER < h ? room - MOE_HEADER : h, pieces = (h + piece - 1) / piece;
+    if (pieces > MOE_MAX_PIECES) return false;
+    r->piece_bytes = piece;
+    r->pieces = (unsigned)pieces;
+    r->full_mask = pieces == 64 ? ~0ull : (1ull << pieces) - 1;
+    return true;
+}
+
 /* A parked result: its destination and length, then its bytes. */
 #define MOE_PARK_HEAD (sizeof(int) + sizeof(size_t))
 
@@ -301,4 +315,12 @@ mr_status_t moe_finish(moe_rank_t *r, bool handlers, moe_progress_t progress,
         if (st == MR_AGAIN) st = busy ? MR_OK : moe_idle(r);
     }
     return st;
+}
+
+mr_status_t moe_poll(bool *progress)
+{
+    mr_status_t st = mr_poll();
+
+    if (st == MR_OK) *progress = true;
+    return st == MR_AGAIN ? MR_OK : st;
 }

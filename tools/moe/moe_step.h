@@ -3,7 +3,7 @@
  * the header of every token on the wire, and the step's bookkeeping (an
  * expert's work on a token, the combine, the checks). Each contender's step
  * lives in a file of its own: moe_alltoallv.c (MPI), moe_datagrams.c
- * (MailRail's datagrams and handlers).
+ * (MailRail's datagrams and handlers), moe_items.c (the item layer, --pack).
  */
 #ifndef MAILRAIL_MOE_STEP_H
 #define MAILRAIL_MOE_STEP_H
@@ -23,10 +23,12 @@
 /* Active-message handler ids. */
 #define MOE_H_DISPATCH 1
 #define MOE_H_COMBINE 2
+
 /* Faults that --inject makes rank 0 commit on its first result of token 0. */
 enum { MOE_INJECT_NONE, MOE_INJECT_DROP, MOE_INJECT_DUPLICATE, MOE_INJECT_FLIP };
 /* How many missing pairs a timed-out step names. */
 #define MOE_NAME_MISSING 8
+
 /* The header in front of every piece, for all contenders. */
 typedef struct moe_header {
     uint32_t token;   /* Index of the token on its rank. */
@@ -34,8 +36,10 @@ typedef struct moe_header {
     uint8_t slot;     /* Which of the token's k experts. */
     uint8_t piece;    /* MOE_COMBINE_BIT for a result going back, and the piece index. */
 } moe_header_t;
+
 #define MOE_COMBINE_BIT 0x80u
 #define MOE_HEADER ((size_t)sizeof(moe_header_t))
+
 typedef struct moe_options {
     uint64_t tokens;
     size_t hidden;
@@ -56,6 +60,7 @@ typedef struct moe_options {
     int inject;
     bool pack;             /* --pack: MailRail's items instead of a datagram per piece. */
 } moe_options_t;
+
 /* One rank's state, for the whole run. */
 typedef struct moe_rank {
     const moe_options_t *o;
@@ -97,6 +102,13 @@ void moe_barrier(const moe_options_t *o);
 
 /* Clears the step's combine, arrivals and counters. */
 void moe_step_reset(moe_rank_t *r);
+
+/*
+ * Cuts tokens into pieces of at most `room` bytes with their header, for a
+ * session whose messages hold `room` bytes. False when a token would take
+ * more than MOE_MAX_PIECES of them (their arrivals are a 64-bit mask).
+ */
+bool moe_set_pieces(moe_rank_t *r, size_t room);
 
 /* The bytes of piece `piece`: [*offset, *offset + returned length) of the token. */
 size_t moe_piece(const moe_rank_t *r, unsigned piece, size_t *offset);
@@ -150,6 +162,9 @@ typedef mr_status_t (*moe_progress_t)(moe_rank_t *r, bool handlers, bool *progre
 mr_status_t moe_finish(moe_rank_t *r, bool handlers, moe_progress_t progress,
                        mr_status_t (*quiet)(moe_rank_t *r));
 
+/* The handlers' progress: mr_poll(), *progress set when a handler ran or a send completed. */
+mr_status_t moe_poll(bool *progress);
+
 /* Sleeps in mr_wait() with -w, else returns at once (the caller spins). */
 mr_status_t moe_idle(const moe_rank_t *r);
 
@@ -158,8 +173,12 @@ double moe_step_alltoallv(moe_rank_t *r);
 /* Frees what the baseline kept from step to step. */
 void moe_alltoallv_free(moe_rank_t *r);
 
-/* Registers the handlers of the +h contenders; after each mr_init(). */
-void moe_datagrams_open(moe_rank_t *r, bool handlers);
+/*
+ * After each mr_init(): cuts tokens into datagram-sized pieces and registers
+ * the handlers of the +h contenders. MR_ERR_MESSAGE_TOO_LONG when a token
+ * would take more than MOE_MAX_PIECES datagrams.
+ */
+mr_status_t moe_datagrams_open(moe_rank_t *r, bool handlers);
 /*
  * One step over MailRail's datagrams (or handlers): this rank's seconds from
  * the barrier to its last result; quiescence follows, untimed.
