@@ -22,6 +22,13 @@
  *                   $FABRIC_PORT_COUNTERS), and each trial's differences go to the CSV
  *     -q            quiet: only the summary lines
  *
+ * CPU cost: every rank measures the CPU seconds it spent in the timed part of
+ * each trial (getrusage(RUSAGE_SELF), user + system, so that MPI's and UCX's
+ * threads count too), from the barrier that starts the clock to the moment it
+ * stops. Their sum over all ranks is reported as cpu_s, and per MiB delivered
+ * to the victims as cpu_s_per_mib: in the summary lines and as the last two
+ * CSV columns.
+ *
  * The policies are interleaved: trial 0 of every policy, then trial 1, and so
  * on, so that a slow phase of a shared machine does not fall on one policy.
  * With -i a victim's samples also hold its receive slots in use and the
@@ -48,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define INCAST_MAX_POLICIES 3
@@ -88,6 +96,7 @@ typedef struct incast_trial {
     uint64_t peak_rss_kb;    /* Max over victims. */
     uint64_t credit_returns; /* Sum over ranks. */
     uint64_t deferred;       /* Sum over ranks. */
+    double cpu_s;            /* CPU seconds in the timed part, sum over ranks. */
     int nodes;               /* As MailRail sees them. */
     bool verified;
     long long port[3];       /* -P: bytes, packets, drops during the trial; -1 without. */
@@ -181,6 +190,16 @@ static mr_status_t incast_receive_all(incast_rank_t *r, size_t bytes)
     return st == MR_AGAIN ? MR_OK : st;
 }
 
+/* CPU seconds this process has used so far, user and system, all its threads. */
+static double incast_cpu_s(void)
+{
+    struct rusage ru;
+
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
 /* Nothing to do but wait: receive, and with -w sleep until news if nothing came. */
 static mr_status_t incast_idle(const incast_options_t *o, incast_rank_t *r, size_t bytes)
 {
@@ -255,8 +274,12 @@ static void incast_barrier(void)
     incast_wait(&req);
 }
 
-/* One trial's communication: sends, receives, quiescence. Returns this rank's seconds. */
-static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *seconds)
+/*
+ * One trial's communication: sends, receives, quiescence. Returns this rank's
+ * seconds and the CPU seconds it spent in them (the untimed quiescence excluded).
+ */
+static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *seconds,
+                                      double *cpu)
 {
     const incast_options_t *o = run->o;
     incast_rank_t *r = run->r;
@@ -266,6 +289,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
 
     incast_draw(o, r, rng);
     incast_barrier();
+    double cpu0 = incast_cpu_s();
     r->start = r->last_send = r->last_recv = tool_now();
     r->next_sample = r->start;
     st = incast_receive_all(r, bytes);
@@ -311,6 +335,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         st = incast_idle(o, r, bytes);
     }
     *seconds = tool_now() - r->start;
+    *cpu = incast_cpu_s() - cpu0;
     if (run->period_s > 0) {
         r->next_sample = 0;
         incast_sample(r, tool_now());
@@ -405,7 +430,7 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     incast_run_t run = {.o = o, .r = r, .period_s = o->period_s};
     uint64_t rng = 0x853c49e6748fea9bull ^ ((uint64_t)o->seed << 32) ^ (uint64_t)r->rank ^
                    ((uint64_t)trial << 16);
-    double seconds;
+    double seconds, cpu = 0;
     mr_status_t st;
 
     setenv("MAILRAIL_FLOWCTL", policy, 1);
@@ -439,7 +464,7 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     long long before[3] = {-1, -1, -1}, after[3] = {-1, -1, -1};
     bool probed = r->rank == 0 && o->port_command != NULL &&
                   tool_port_probe("mailrail_incast", o->port_command, before);
-    st = incast_communicate(&run, &rng, &seconds);
+    st = incast_communicate(&run, &rng, &seconds, &cpu);
     mr_get_stats(&stats);
     uint64_t rss = tool_peak_rss_kb();
     if (probed && tool_port_probe("mailrail_incast", o->port_command, after)) {
@@ -462,6 +487,7 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     incast_allreduce(mine, sum, 5, MPI_UINT64_T, MPI_SUM);
     incast_allreduce(mine, max, 5, MPI_UINT64_T, MPI_MAX);
     incast_allreduce(&seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX);
+    incast_allreduce(&cpu, &out->cpu_s, 1, MPI_DOUBLE, MPI_SUM);
     out->nodes = mr_node_count();
     out->bits_received = sum[0];
     out->peak_slots = max[1];
@@ -612,19 +638,20 @@ int main(int argc, char **argv)
                 fprintf(csv, "policy,trial,ranks,nodes,victims,bytes,messages_per_rank,seconds,"
                              "goodput_gbps,victim_peak_recv_slots,victim_peak_rss_kb,"
                              "credit_returns,deferred_sends,verified,port_bytes,port_packets,"
-                             "port_drops\n");
+                             "port_drops,cpu_s,cpu_s_per_mib\n");
             }
         }
         if (!o.quiet) {
-            printf("# %-6s %5s %10s %12s %10s %12s %10s %10s %s\n", "policy", "trial",
+            printf("# %-6s %5s %10s %12s %10s %12s %10s %10s %s %9s %10s\n", "policy", "trial",
                    "seconds", "goodput Gb/s", "peak slots", "peak RSS MiB", "returns",
-                   "deferred", "verified");
+                   "deferred", "verified", "CPU s", "CPU s/MiB");
         }
         fflush(stdout);
     }
 
     /* Trial-major: every policy's trial k runs before any policy's trial k + 1. */
     double secs[INCAST_MAX_POLICIES][INCAST_MAX_TRIALS], gbps[INCAST_MAX_POLICIES][INCAST_MAX_TRIALS];
+    double cpu[INCAST_MAX_POLICIES][INCAST_MAX_TRIALS], cpu_mib[INCAST_MAX_POLICIES][INCAST_MAX_TRIALS];
     incast_trial_t last[INCAST_MAX_POLICIES];
     memset(last, 0, sizeof(last));
     for (int k = 0; k < o.trials && status == 0; k++) {
@@ -641,21 +668,27 @@ int main(int argc, char **argv)
             }
             secs[p][k] = t.seconds;
             gbps[p][k] = (double)t.bits_received / t.seconds / 1e9;
+            /* CPU seconds per MiB delivered to the victims (0 when nothing was). */
+            double mib = (double)t.bits_received / 8.0 / 1048576.0;
+            cpu[p][k] = t.cpu_s;
+            cpu_mib[p][k] = mib > 0 ? t.cpu_s / mib : 0;
             last[p] = t;
             if (r.rank != 0) continue;
             if (!o.quiet) {
-                printf("  %-6s %5d %10.4f %12.3f %10llu %12.1f %10llu %10llu %s\n", o.policies[p],
-                       k, t.seconds, gbps[p][k], (unsigned long long)t.peak_slots,
+                printf("  %-6s %5d %10.4f %12.3f %10llu %12.1f %10llu %10llu %-8s %9.3f %10.4f\n",
+                       o.policies[p], k, t.seconds, gbps[p][k], (unsigned long long)t.peak_slots,
                        (double)t.peak_rss_kb / 1024.0, (unsigned long long)t.credit_returns,
-                       (unsigned long long)t.deferred, "yes");
+                       (unsigned long long)t.deferred, "yes", t.cpu_s, cpu_mib[p][k]);
                 fflush(stdout);
             }
             if (csv != NULL) {
-                fprintf(csv, "%s,%d,%d,%d,%d,%zu,%ld,%.6f,%.4f,%llu,%llu,%llu,%llu,1,%lld,%lld,%lld\n",
+                fprintf(csv, "%s,%d,%d,%d,%d,%zu,%ld,%.6f,%.4f,%llu,%llu,%llu,%llu,1,%lld,%lld,%lld,"
+                             "%.4f,%.6f\n",
                         o.policies[p], k, r.size, t.nodes, o.victims, o.bytes, o.messages,
                         t.seconds, gbps[p][k], (unsigned long long)t.peak_slots,
                         (unsigned long long)t.peak_rss_kb, (unsigned long long)t.credit_returns,
-                        (unsigned long long)t.deferred, t.port[0], t.port[1], t.port[2]);
+                        (unsigned long long)t.deferred, t.port[0], t.port[1], t.port[2], t.cpu_s,
+                        cpu_mib[p][k]);
                 fflush(csv);
             }
         }
@@ -663,9 +696,11 @@ int main(int argc, char **argv)
     for (int p = 0; p < o.npolicies && status == 0 && r.rank == 0; p++) {
         double base = tool_median(secs[0], o.trials), mine = tool_median(secs[p], o.trials);
         printf("mailrail_incast: %s: median %.4f s, %.3f Gb/s goodput, speedup over %s "
-               "%.2fx, victim peak %llu receive slots, %llu credit returns\n",
+               "%.2fx, victim peak %llu receive slots, %llu credit returns, "
+               "cpu_s %.3f, cpu_s_per_mib %.4f\n",
                o.policies[p], mine, tool_median(gbps[p], o.trials), o.policies[0], base / mine,
-               (unsigned long long)last[p].peak_slots, (unsigned long long)last[p].credit_returns);
+               (unsigned long long)last[p].peak_slots, (unsigned long long)last[p].credit_returns,
+               tool_median(cpu[p], o.trials), tool_median(cpu_mib[p], o.trials));
         fflush(stdout);
     }
     if (csv != NULL) fclose(csv);

@@ -110,10 +110,11 @@ sweep_jobs() {
     grep -E "^mailrail_incast|elsewhere" "$tmp/job.out" | sed 's/^/  /'
     # policy,trial,ranks,nodes,victims,bytes,messages_per_rank,seconds,goodput_gbps,
     # victim_peak_recv_slots,victim_peak_rss_kb,credit_returns,deferred_sends,verified,
-    # port_bytes,port_packets,port_drops
+    # port_bytes,port_packets,port_drops,cpu_s,cpu_s_per_mib (the last two are empty from
+    # an incast tool older than them)
     awk -F, -v e="$exp" -v s="$substrate" -v buf="$buffer" -v r="$ratio" 'NR > 1 {
-        printf "%s,%s,%s,%d,%d,%d,%d,%s,%d,%.6f,%.2f,%.2f,%d,%d,%d,%d,%d\n", e, s, buf, r,
-            $5, $7, $6, $1, $2 + 1, $8, $9 * 1000, $15 * 8 / $8 / 1e6, $17, $10, $11, $12, $3
+        printf "%s,%s,%s,%d,%d,%d,%d,%s,%d,%.6f,%.2f,%.2f,%d,%d,%d,%d,%d,%s\n", e, s, buf, r,
+            $5, $7, $6, $1, $2 + 1, $8, $9 * 1000, $15 * 8 / $8 / 1e6, $17, $10, $11, $12, $3, $19
     }' "$tmp/incast.csv" >>"$results"
 }
 if [ "${1:-}" = "--jobs" ]; then
@@ -172,7 +173,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-header="experiment,substrate,buffer,ratio,victims,messages_per_sender,bytes,policy,trial,seconds,goodput_mbps,port_mbps,port_drops,victim_peak_recv_slots,victim_peak_rss_kb,credit_returns,ranks"
+header="experiment,substrate,buffer,ratio,victims,messages_per_sender,bytes,policy,trial,seconds,goodput_mbps,port_mbps,port_drops,victim_peak_recv_slots,victim_peak_rss_kb,credit_returns,ranks,cpu_s_per_mib"
 
 # Runs one layout: RATIO senders per victim, VICTIMS victim hosts.
 layout() {
@@ -218,20 +219,23 @@ summarize() {
         if ($col["victim_peak_rss_kb"] > rss[k]) rss[k] = $col["victim_peak_rss_kb"]
         data[k] = $col["messages_per_sender"] * $col["bytes"] * $col["ratio"] / 1048576
         cr[k, n[k]] = $col["credit_returns"]
+        # CPU seconds of all ranks per MiB delivered; CSVs older than the column have none.
+        if (("cpu_s_per_mib" in col) && $col["cpu_s_per_mib"] != "") { nc[k]++; cpu[k, nc[k]] = $col["cpu_s_per_mib"] }
     }
     function sort(a, m,   i, j, t) { for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t } }
     function med(a, m) { return m % 2 ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2 }
     END {
-        print X ",policy,trials,goodput_median_mbps,goodput_min_mbps,goodput_max_mbps,seconds_median,seconds_min,seconds_max,speedup_over_" ps[1] ",port_drops_median,victim_peak_recv_slots,victim_peak_rss_kb,data_per_victim_mib,credit_returns_median"
+        print X ",policy,trials,goodput_median_mbps,goodput_min_mbps,goodput_max_mbps,seconds_median,seconds_min,seconds_max,speedup_over_" ps[1] ",port_drops_median,victim_peak_recv_slots,victim_peak_rss_kb,data_per_victim_mib,credit_returns_median,cpu_s_per_mib_median"
         for (i = 1; i <= nx; i++) for (j = 1; j <= np; j++) {
             k = xs[i] SUBSEP ps[j]; m = n[k]; if (!m) continue
             delete a; for (t = 1; t <= m; t++) a[t] = g[k, t]; sort(a, m); gm = med(a, m); glo = a[1]; ghi = a[m]
             delete b; for (t = 1; t <= m; t++) b[t] = s[k, t]; sort(b, m); sm[k] = med(b, m); slo = b[1]; shi = b[m]
             delete c; for (t = 1; t <= m; t++) c[t] = d[k, t]; sort(c, m)
             delete f; for (t = 1; t <= m; t++) f[t] = cr[k, t]; sort(f, m); crm = med(f, m)
+            cm = ""; if (nc[k]) { delete h; for (t = 1; t <= nc[k]; t++) h[t] = cpu[k, t]; sort(h, nc[k]); cm = sprintf("%.4f", med(h, nc[k])) }
             base = xs[i] SUBSEP ps[1]
             if (!(base in sm)) { delete e; for (t = 1; t <= n[base]; t++) e[t] = s[base, t]; sort(e, n[base]); sm[base] = med(e, n[base]) }
-            printf "%s,%s,%d,%.1f,%.1f,%.1f,%.3f,%.3f,%.3f,%.2f,%d,%d,%d,%.1f,%d\n", xs[i], ps[j], m, gm, glo, ghi, sm[k], slo, shi, sm[base] / sm[k], med(c, m), slots[k], rss[k], data[k], crm
+            printf "%s,%s,%d,%.1f,%.1f,%.1f,%.3f,%.3f,%.3f,%.2f,%d,%d,%d,%.1f,%d,%s\n", xs[i], ps[j], m, gm, glo, ghi, sm[k], slo, shi, sm[base] / sm[k], med(c, m), slots[k], rss[k], data[k], crm, cm
         }
     }' "$out/$exp.csv" >"$out/${exp}_summary.csv"
     # The table, columns aligned (awk: `column` is not on every Debian machine).
