@@ -4,13 +4,17 @@
 # a plugin whose transport library is missing. Then the ops table's growth:
 # a plugin built with the first version's table (no fields added since) still
 # loads and carries a job, and a table shorter than that is refused, as is
-# one that names a job-wide setting its settings table lacks.
+# one that names a job-wide setting its settings table lacks. A table without
+# preconnect (ABI 8's fields): mr_connect() only synchronizes the ranks, says
+# so at debug level, and the job runs (tests/test_connect.c on 2 ranks).
 set -eu
 info=$1
 demo=$2
 bootstrap_dir=$3
 tcp_plugin=$4
 src=$5
+mpiexec=$6
+test_connect=$7
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 echo "not an ELF file" > "$dir/mailrail_substrate_broken.so"
@@ -84,4 +88,15 @@ if out=$(MAILRAIL_PLUGIN_PATH="$dir:$bootstrap_dir" MAILRAIL_SUBSTRATE=badwide t
     echo "FAIL: a job-wide setting outside the plugin's table was accepted"; exit 1
 fi
 printf '%s\n' "$out" | grep -q "job-wide setting MAILRAIL_TCP_NO_SUCH_SETTING is not in its settings table"
-echo "plugin load failures are reported; a first-version ops table ($min bytes) loads"
+# No preconnect: mr_connect() falls back to nothing but the collective.
+nopre=$(printf '#include "mr_substrate.h"\n#include <stdio.h>\nint main(void){printf("%%zu", offsetof(mr_substrate_ops_t, preconnect));}' |
+        cc -x c -I"$src/core/include" -I"$src/core/plugin" - -o "$dir/nopre" && "$dir/nopre")
+cc -shared -fPIC -I"$src/core/include" -I"$src/core/plugin" -DTCP_PLUGIN="\"$tcp_plugin\"" \
+    -DOPS_SIZE="$nopre" -DNAME="\"old$nopre\"" -o "$dir/mailrail_substrate_old$nopre.so" "$dir/old.c" -ldl
+if ! MAILRAIL_PLUGIN_PATH="$dir:$bootstrap_dir" MAILRAIL_SUBSTRATE=old$nopre MAILRAIL_LOG_LEVEL=debug \
+     timeout 60 "$mpiexec" -n 2 "$test_connect" > "$dir/nopre.log" 2>&1; then
+    tail -40 "$dir/nopre.log"; echo "FAIL: mr_connect() with an ops table without preconnect ($nopre bytes)"; exit 1
+fi
+grep -q "substrate cannot connect ahead" "$dir/nopre.log" || {
+    tail -40 "$dir/nopre.log"; echo "FAIL: no debug line for the missing preconnect"; exit 1; }
+echo "plugin load failures are reported; a first-version ops table ($min bytes) loads; without preconnect ($nopre bytes) mr_connect() only synchronizes"

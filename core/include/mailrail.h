@@ -303,10 +303,11 @@ MR_API mr_status_t mr_release(void *buffer);
  *     do { mr_poll(); } while (mr_quiesce() == MR_AGAIN);
  *
  * Where handlers run: in progress, that is in mr_poll(), mr_receive(),
- * mr_wait(), mr_quiesce() and mr_items_end_phase() and the item pulls, in
- * the order their messages arrived (FIFO per source, as for mr_send()). Over
- * UCX a handler runs inside UCX's own receive callback when nothing is
- * queued before its message, without a receive slot or a copy.
+ * mr_wait(), mr_quiesce(), mr_connect() and mr_items_end_phase() and the
+ * item pulls, in the order their messages arrived (FIFO per source, as for
+ * mr_send()). Over UCX a handler runs inside UCX's own receive callback
+ * when nothing is queued before its message, without a receive slot or a
+ * copy.
  *
  * What a handler may do: read `message` (data, length, source), valid only
  * until it returns; send, with mr_reserve(), mr_send(), mr_send_handler(),
@@ -407,6 +408,66 @@ MR_API mr_status_t mr_poll(void);
  * MR_ERR_NOT_INITIALIZED.
  */
 MR_API mr_status_t mr_quiesce(void);
+
+/*
+ * Connects this rank to the ranks in `dests` now, instead of when the first
+ * message to each of them leaves. Collective: every rank calls it, each with
+ * its own list (which may be empty: `dests` NULL and `count` 0), and it
+ * returns MR_OK on every rank once every rank's listed connections are
+ * established and usable both ways (over TCP the handshake with the job's
+ * secret is done, over UCX the endpoint is wired up). A timed phase that
+ * follows then measures its traffic, not the dialling: with a thousand ranks
+ * dialling inside the phase costs a lot. Typical use, at start-up of a job
+ * whose ranks talk to most others, or before a timed phase:
+ *
+ *     int *all = malloc(mr_size() * sizeof(int));
+ *     for (int r = 0; r < mr_size(); r++) all[r] = r;
+ *     mr_connect(all, mr_size());
+ *
+ * List only the ranks this rank will send to, or that it must hear from at
+ * once: a connection costs what the first message would have made anyway
+ * (over TCP one socket, a descriptor and about 17 KiB of buffers per peer,
+ * at both ends; over UCX an endpoint, and a pidfd for a peer on this host),
+ * and is kept until mr_finalize(). Under MAILRAIL_SUBSTRATE=mpi MailRail has
+ * nothing to dial (MPI keeps its own connections): only the collective runs.
+ * The list may name this rank (ignored) and a rank more than once.
+ *
+ * While it waits it makes progress like mr_quiesce(): other ranks' dials are
+ * accepted, messages that arrive wait for mr_receive(), and handlers run
+ * (register them first: a rank that returns sooner may send at once). It
+ * waits at most MAILRAIL_TIMEOUT seconds. Like any collective, every rank
+ * calls it in the same order relative to mr_quiesce(), and not while a
+ * quiescence is under way (after an mr_quiesce() that returned MR_AGAIN).
+ * Calling it again with connected ranks costs only the collective.
+ *
+ * Returns:
+ *   MR_OK                   every rank's listed connections are established.
+ *   MR_ERR_INVALID_PARAM    `count` is negative, `dests` is NULL with a
+ *                           `count` above 0, or a quiescence is under way; or
+ *                           another rank's arguments were invalid (its log
+ *                           names the value).
+ *   MR_ERR_INVALID_RANK     an entry of `dests` is not in [0, mr_size()) (the
+ *                           log names the entry and its value).
+ *   MR_ERR_PEER_FAILED      a listed rank has failed or could not be reached,
+ *                           here or on another rank, or any rank has failed
+ *                           (mr_failed_ranks() says which): the connections
+ *                           that were made stay, the rest are made on first send.
+ *   MR_ERR_TIMEOUT          not every rank had called it and connected within
+ *                           MAILRAIL_TIMEOUT. The collective stays pending: the
+ *                           next mr_connect(), mr_quiesce() or mr_finalize()
+ *                           completes it first, once the late ranks arrive.
+ *   MR_ERR_TRANSPORT, MR_ERR_NO_MEMORY, MR_ERR_BOOTSTRAP
+ *                           the substrate, memory or MPI failed (the log says how).
+ *   MR_ERR_IN_HANDLER       called inside an active-message handler.
+ *   MR_ERR_NOT_INITIALIZED  called before mr_init() or after mr_finalize().
+ * An error fails the call on every rank, so that none waits for another in
+ * vain: the rank at fault returns its own status, the others
+ * MR_ERR_INVALID_PARAM (bad arguments) or MR_ERR_PEER_FAILED (a connection
+ * failed). The exceptions: MR_ERR_TIMEOUT (a late rank may still see MR_OK),
+ * and the calls that return at once without joining the collective
+ * (MR_ERR_NOT_INITIALIZED, MR_ERR_IN_HANDLER, a quiescence under way).
+ */
+MR_API mr_status_t mr_connect(const int *dests, int count);
 
 /*
  * Counters of this rank since mr_init(). The struct only grows at the end;

@@ -28,7 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MR_SUBSTRATE_ABI_VERSION 8
+#define MR_SUBSTRATE_ABI_VERSION 9
 #define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
 #define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
 
@@ -275,8 +275,8 @@ typedef struct mr_substrate_ops {
      * `addr_len` bytes each (shorter ones zero-padded), indexed by rank; it
      * stays valid until close(). Returns once any rank can be sent to.
      * A substrate should connect to a peer only when the first message to it
-     * leaves (or in watch()), so that a rank holds nothing for the peers it
-     * never talks to; sends to a peer not connected yet wait in the substrate
+     * leaves (or in watch() or preconnect()), so that a rank holds nothing for
+     * the peers it never talks to; sends to a peer not connected yet wait in the substrate
      * (MR_OK) until it is, or fail it (peer_failed) after timeout_s.
      */
     mr_status_t (*connect)(mr_substrate_t *s, const void *addrs, size_t addr_len);
@@ -398,6 +398,23 @@ typedef struct mr_substrate_ops {
      * once, after open(). May be NULL. ABI 7.
      */
     bool (*recv_region)(mr_substrate_t *s, void **base, size_t *stride, uint32_t *count);
+
+    /*
+     * Connects to `rank` ahead of its first message, for mr_connect(): starts
+     * what the first send to `rank` would start (a dial, an endpoint), without
+     * blocking, and says how far it got. MR_OK: the connection is established
+     * and usable both ways, so that a message to `rank` pays for no dialling
+     * or wire-up (TCP: the handshake done and its ACCEPT written; UCX: the
+     * endpoint wired up, as a flush of it proves). MR_AGAIN: under way, ask
+     * again after a progress call, which moves it along. MR_ERR_PEER_FAILED:
+     * `rank` failed or cannot be reached (its failure is reported through
+     * peer_failed() as well); MR_ERR_INVALID_RANK for this rank or one outside
+     * the job; MR_ERR_NO_MEMORY and transport errors. Called after connect(),
+     * any number of times for the same rank; it may be asked of both ranks
+     * of a pair at once. A substrate with nothing to dial (MPI) returns MR_OK.
+     * May be NULL: mr_connect() then only synchronizes the ranks. ABI 9.
+     */
+    mr_status_t (*preconnect)(mr_substrate_t *s, int rank);
 } mr_substrate_ops_t;
 
 /* The smallest ops table the core accepts: the first version's fields. */

@@ -16,6 +16,11 @@ mr_status_t mr_quiesce(void)
         mr_error("mr_quiesce(): a peer has failed; quiescence cannot be reached.");
         return MR_ERR_PEER_FAILED;
     }
+    /* mr_connect()'s reduction, left pending for the timeout, completes before a wave starts. */
+    if (rt.connect_pending) {
+        status = rt_connect_settle();
+        if (status != MR_OK) return status;
+    }
     if (!rt.wave_pending) {
         /* Each wave sums messages sent and received over all ranks. */
         rt_reduce_in[0] = rt.stats.messages_sent;

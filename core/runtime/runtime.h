@@ -71,8 +71,13 @@ typedef struct rt_runtime {
     int notice_sent;       /* ... and how many were passed on around the ring (failures.c) ... */
     int notice_dest;       /* ... to this rank, the next live one when they were sent. */
 
-    /* Quiescence: whether a wave is pending (in rt_reduce_*) and the last completed one. */
+    /*
+     * Quiescence: whether a wave is pending (in rt_reduce_*) and the last completed one.
+     * wave_pending is also set while mr_connect()'s reduction is (connect_pending), so
+     * that mr_finalize() waits for whichever collective is pending before its barrier.
+     */
     bool wave_pending;
+    bool connect_pending;
     bool have_last_wave;
     uint64_t last_wave[2];
     bool unclean;          /* A collective was abandoned: MPI cannot be finalized. */
@@ -141,6 +146,14 @@ uint64_t rt_items_drop_arrivals(void);
 void rt_handlers_init(void);
 /* At finalize: handlers run no more; returns how many waiting messages were dropped. */
 uint64_t rt_handlers_stop(void);
+
+/* connect.c: mr_connect(), connections made ahead of the traffic. */
+/*
+ * Tests mr_connect()'s reduction when one was left pending (MAILRAIL_TIMEOUT):
+ * MR_OK once it completed (or when none is pending), MR_AGAIN while not yet,
+ * or the bootstrap's error. A collective call makes sure of it before its own.
+ */
+mr_status_t rt_connect_settle(void);
 
 /* job.c: what the ranks set up together at init, over the bootstrap. */
 mr_status_t rt_agree(mr_status_t local);

@@ -1,6 +1,6 @@
 /*
  * The MPI substrate's operations table, which the core loads through
- * mr_substrate_get_ops(), stats() and held().
+ * mr_substrate_get_ops(), stats(), held() and preconnect().
  */
 #include "mpi_substrate.h"
 
@@ -32,6 +32,23 @@ static bool mpi_recv_region(mr_substrate_t *s, void **base, size_t *stride, uint
     return true;
 }
 
+/*
+ * mr_connect() has nothing to dial here: the substrate makes no connection of
+ * its own, and MPI keeps its own (MPICH sets up shared memory within a host
+ * in MPI_Init). What MPICH may still connect on the first message between
+ * hosts (UCX's wire-up beneath it) is left alone: warming it would take a
+ * message that every rank receives, and so a receive that every progress
+ * call tests, which the data path does not pay for. A peer that failed is
+ * reported as such.
+ */
+static mr_status_t mpi_preconnect(mr_substrate_t *s, int rank)
+{
+    mr_status_t st = mr__send_target_check(s, rank);
+
+    if (st != MR_OK) return st;
+    return peer_usable(s, rank) ? MR_OK : MR_ERR_PEER_FAILED;
+}
+
 static const mr_substrate_ops_t mpi_ops = {
     MR__SUBSTRATE_OPS_HEAD,
     .name = "mpi",
@@ -54,6 +71,7 @@ static const mr_substrate_ops_t mpi_ops = {
     .held = mpi_held,
     .append_windows = mpi_append_windows,
     .recv_region = mpi_recv_region,
+    .preconnect = mpi_preconnect,
 };
 
 MR__SUBSTRATE_ENTRY(mpi_ops)

@@ -15,7 +15,7 @@
  *   mpi_progress.c   progress(): testing sends and receives together, delivering, failure upcalls
  *   mpi_ctrl.c       control receives: probed for (MPI_Improbe), never posted
  *   mpi_close.c      the bounded close()
- *   mpi_ops.c        the operations table, stats()
+ *   mpi_ops.c        the operations table, stats(), preconnect() (nothing to dial)
  * A function one file gives another is named mpi__*; the plugin is built
  * with hidden visibility and exports only mr_substrate_get_ops().
  */

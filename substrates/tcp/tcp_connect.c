@@ -1,9 +1,11 @@
 /*
- * connect() and watch(). connect() only reads the address table: a rank
- * connects to a peer when its first message or credit to it leaves
- * (tcp_connector.c), so that it holds a socket and buffers only for the
- * peers it talks to. watch() connects to a ring neighbour at once, so that
- * its death is seen (core/runtime/failures.c); of each pair, the lower rank dials.
+ * connect(), watch() and preconnect(). connect() only reads the address
+ * table: a rank connects to a peer when its first message or credit to it
+ * leaves (tcp_connector.c), so that it holds a socket and buffers only for
+ * the peers it talks to. watch() connects to a ring neighbour at once, so
+ * that its death is seen (core/runtime/failures.c); of each pair, the lower
+ * rank dials. preconnect() dials a peer for mr_connect() and says when the
+ * handshake is done.
  */
 #include "tcp_substrate.h"
 
@@ -43,4 +45,34 @@ mr_status_t tcp__watch(mr_substrate_t *s, int rank)
     /* The higher rank of the pair is asked too, and waits for our connection. */
     if (rank < s->base.rank) return MR_OK;
     return tcp__conn_dial(s, &s->conns[rank]);
+}
+
+/*
+ * Dials `rank` as its first message would, and says whether the connection
+ * is established: MR_OK once it is, the handshake done from this end (as the
+ * connector, the acceptor's ACCEPT checked; as the acceptor, its AUTH checked
+ * and the ACCEPT written), MR_AGAIN while the dial or the handshake is under
+ * way. When both ranks dial, the lower rank's connection is kept, as for
+ * sends (tcp_accept.c).
+ */
+mr_status_t tcp__preconnect(mr_substrate_t *s, int rank)
+{
+    mr_status_t st = mr__send_target_check(s, rank);
+    tcp_conn_t *c;
+
+    if (st != MR_OK) return st;
+    if (!s->connected) return MR_ERR_INVALID_PARAM;
+    c = &s->conns[rank];
+    switch (c->state) {
+    case C_ESTABLISHED:
+        return c->hs_off < c->hs_out ? MR_AGAIN : MR_OK;
+    case C_FAILED:
+    case C_CLOSED:
+        return MR_ERR_PEER_FAILED;
+    case C_NONE:
+        st = tcp__conn_dial(s, c);
+        return st == MR_OK ? MR_AGAIN : st;
+    default:
+        return MR_AGAIN;
+    }
 }

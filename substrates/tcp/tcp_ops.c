@@ -193,6 +193,7 @@ static const mr_substrate_ops_t tcp_ops = {
     .watch = tcp__watch,
     .wake_fd = tcp_wake_fd,
     .held = tcp__held,
+    .preconnect = tcp__preconnect,
 };
 
 MR__SUBSTRATE_ENTRY(tcp_ops)

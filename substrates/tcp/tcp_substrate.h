@@ -15,7 +15,7 @@
  *   tcp_settings.c   the settings table (MAILRAIL_TCP_*).
  *   tcp_open.c       open(): the address, the descriptor limit, the allocation,
  *                    epoll and the listener; get_address(), format_address().
- *   tcp_connect.c    connect() (the address table) and watch().
+ *   tcp_connect.c    connect() (the address table), watch() and preconnect().
  *   tcp_connector.c  outgoing connections: dialling on first use, at most
  *                    TCP_MAX_DIALS handshakes at once, one attempt, the
  *                    connector's side of the handshake (nonce in, AUTH out,
@@ -322,6 +322,7 @@ void tcp__format_address(const void *addr, size_t length, char *buf, size_t len)
 /* tcp_connect.c */
 mr_status_t tcp__connect(mr_substrate_t *s, const void *addrs, size_t addr_len);
 mr_status_t tcp__watch(mr_substrate_t *s, int rank);
+mr_status_t tcp__preconnect(mr_substrate_t *s, int rank);
 /* tcp_ops.c; tcp__open() calls it to undo a failed open. */
 void tcp__close(mr_substrate_t *s);
 

@@ -1,12 +1,13 @@
 /*
  * The UCX substrate's endpoints: made on first use, from the address table
  * that connect() checks and keeps, so that a rank holds an endpoint (and, for
- * a peer on this host, a pidfd) only for the peers it sends to or watches.
- * UCX wires an endpoint up while both ranks progress; a message sent before
- * that waits inside UCX. Receiving needs no endpoint: every message names its
- * sender. closing() flushes every endpoint, so that close() can release them
- * without a flush once all ranks are past finalize's last barrier
- * (ucx_substrate.h lists the other files).
+ * a peer on this host, a pidfd) only for the peers it sends to, watches or
+ * connects to ahead (preconnect(), for mr_connect()). UCX wires an endpoint
+ * up while both ranks progress; a message sent before that waits inside UCX.
+ * Receiving needs no endpoint: every message names its sender. closing()
+ * flushes every endpoint, so that close() can release them without a flush
+ * once all ranks are past finalize's last barrier (ucx_substrate.h lists the
+ * other files).
  */
 #include "ucx_substrate.h"
 
@@ -119,6 +120,52 @@ mr_status_t ucx__watch(mr_substrate_t *s, int rank)
     return ucx__peer_endpoint(s, &s->peers[rank]);
 }
 
+/*
+ * Creates the endpoint to `rank` as its first send would, and wires it up: a
+ * flush of an endpoint completes only once UCX has connected its lanes (its
+ * wire-up protocol runs while both ranks progress; shared memory needs none),
+ * so that the first message pays for nothing. MR_OK once the flush completed,
+ * MR_AGAIN while it runs.
+ */
+mr_status_t ucx__preconnect(mr_substrate_t *s, int rank)
+{
+    mr_status_t st = mr__send_target_check(s, rank);
+    ucs_status_t us = UCS_OK;
+    ucx_peer_t *p;
+
+    if (st != MR_OK) return st;
+    p = &s->peers[rank];
+    if (p->state == P_FAILED || p->state == P_CLOSED || mr__failq_queued(&s->failq, rank)) {
+        return MR_ERR_PEER_FAILED;
+    }
+    st = ucx__peer_endpoint(s, p);
+    if (st != MR_OK) return st;
+    if (p->wired) return MR_OK;
+    if (p->flush_req == NULL) {
+        ucp_request_param_t param;
+        ucs_status_ptr_t sp;
+
+        memset(&param, 0, sizeof(param));
+        sp = ucp_ep_flush_nbx(p->ep, &param);
+        if (UCS_PTR_IS_ERR(sp)) {
+            MR__LOG(s, MR_LOG_ERROR, "UCX substrate: cannot wire up the endpoint to rank %d: %s.",
+                    rank, ucs_status_string(UCS_PTR_STATUS(sp)));
+            return ucx__is_peer_gone_status(UCS_PTR_STATUS(sp)) ? MR_ERR_PEER_FAILED
+                                                                : MR_ERR_TRANSPORT;
+        }
+        p->flush_req = sp;
+    }
+    if (!ucx__req_done(&p->flush_req, &us)) return MR_AGAIN;
+    if (us != UCS_OK) {
+        /* The endpoint's error handler, or a dead process's pidfd, reports the failure too. */
+        MR__LOG(s, MR_LOG_DEBUG, "UCX substrate: wiring up the endpoint to rank %d failed: %s.",
+                rank, ucs_status_string(us));
+        return MR_ERR_PEER_FAILED;
+    }
+    p->wired = true;
+    return MR_OK;
+}
+
 void ucx__closing(mr_substrate_t *s)
 {
     unsigned flush_s = s->base.timeout_s < UCX_CLOSE_FLUSH_S ? s->base.timeout_s
@@ -142,6 +189,11 @@ void ucx__closing(mr_substrate_t *s)
         ucs_status_ptr_t sp;
 
         if (p->ep == NULL || p->state != P_OK || mr__failq_queued(&s->failq, p->rank)) continue;
+        if (p->flush_req != NULL) {
+            /* preconnect()'s flush still runs (mr_connect() timed out): it will do. */
+            left++;
+            continue;
+        }
         memset(&param, 0, sizeof(param));
         sp = ucp_ep_flush_nbx(p->ep, &param);
         if (UCS_PTR_IS_ERR(sp)) {

@@ -241,6 +241,7 @@ static const mr_substrate_ops_t ucx_ops = {
     .wake_fd = ucx_wake_fd,
     .held = ucx_held,
     .append_windows = ucx_append_windows,
+    .preconnect = ucx__preconnect,
 };
 
 MR__SUBSTRATE_ENTRY(ucx_ops)

@@ -12,7 +12,7 @@
  *   ucx_settings.c  the MAILRAIL_UCX_* settings, and telling UCX they are not its own
  *   ucx_host.c      host identity, and watching the processes of peers on this host
  *   ucx_open.c      open() (context, worker, address, queues, requests); the address
- *   ucx_connect.c   endpoints on first use, connect(), watch(), closing()'s flush
+ *   ucx_connect.c   endpoints on first use, connect(), watch(), preconnect(), closing()'s flush
  *   ucx_send.c      send(), send_control(), and sending batches of small messages
  *   ucx_sreq.c      the pool of send states, the send callback, batch completion
  *   ucx_am.c        the active-message handlers (set at open): headers, data, control
@@ -158,7 +158,8 @@ typedef struct ucx_peer {
     ucs_status_t fail_status;
     ucp_ep_h ep;
     void *close_req;
-    void *flush_req;           /* closing()'s flush of the endpoint. */
+    void *flush_req;           /* A flush of the endpoint: preconnect()'s or closing()'s. */
+    bool wired;                /* preconnect()'s flush completed: the endpoint is wired up. */
     uint32_t pid;
     int pidfd;
 } ucx_peer_t;
@@ -308,6 +309,8 @@ bool ucx__req_done(void **req, ucs_status_t *status);
 mr_status_t ucx__peer_endpoint(mr_substrate_t *s, ucx_peer_t *p);
 mr_status_t ucx__connect(mr_substrate_t *s, const void *addrs, size_t addr_len);
 mr_status_t ucx__watch(mr_substrate_t *s, int rank);
+/* preconnect(): the endpoint to `rank`, wired up (MR_AGAIN until it is). */
+mr_status_t ucx__preconnect(mr_substrate_t *s, int rank);
 /* closing(): flushes every endpoint, so that close() may release them without a flush. */
 void ucx__closing(mr_substrate_t *s);
 

@@ -67,10 +67,10 @@
  *              the request out of its receive slot and calls the handler again
  *              with it later, and the handler goes on after the records it sent.
  * A hub's owner pulls a vector per neighbour of the hub: it is the incast
- * victim. Each MailRail trial initializes MailRail afresh with its policy and
- * runs an untimed warm-up layer first (connections are made on first send);
- * the alltoallv trial also runs one. After each MailRail layer, untimed,
- * mr_quiesce() makes sure that nothing is left in flight.
+ * victim. Each MailRail trial initializes MailRail afresh with its policy,
+ * connects every pair of ranks (mr_connect) and runs a warm-up layer first,
+ * all untimed; the alltoallv trial also runs one. After each MailRail layer,
+ * untimed, mr_quiesce() makes sure that nothing is left in flight.
  *
  * Every layer, warm-up included, is checked: every sum and mean equals the
  * serial reference bit for bit (the owner computes it from the neighbour ids
@@ -994,6 +994,8 @@ static void gnn_trial(const gnn_options_t *o, gnn_local_t *l, const tool_contend
                 gnn_die(l, "mr_handler_register", st);
             }
         }
+        /* Owners are everywhere: every pair is connected now, untimed, the handlers registered. */
+        if (tool_connect_all("mailrail_gnn") != MR_OK) MPI_Abort(MPI_COMM_WORLD, 1);
         out->nodes = mr_node_count();
     } else {
         out->nodes = l->mpi_nodes;

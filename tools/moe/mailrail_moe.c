@@ -57,11 +57,11 @@
  *              message per pair (each receive slot and send buffer is that
  *              large: docs/workloads.md gives the memory).
  *   POLICY+h   the same through active-message handlers.
- * Each trial of a MailRail contender initializes MailRail afresh (untimed),
- * runs the warm-up steps and one timed step. A step is timed on every rank
- * from a common barrier to the moment its own k results of every token have
- * arrived; the step's time is the largest. Quiescence (mr_quiesce) and the
- * checks follow, untimed.
+ * Each trial of a MailRail contender initializes MailRail afresh and connects
+ * every pair of ranks (mr_connect, untimed), runs the warm-up steps and one
+ * timed step. A step is timed on every rank from a common barrier to the
+ * moment its own k results of every token have arrived; the step's time is
+ * the largest. Quiescence (mr_quiesce) and the checks follow, untimed.
  */
 #include "mailrail.h"
 #include "moe_model.h"
@@ -175,6 +175,11 @@ static bool moe_trial(moe_rank_t *r, const tool_contender_t *c, moe_trial_t *out
                     mr_status_string(st));
         }
         if (st != MR_OK) tool_abort();
+        /*
+         * Tokens go to experts everywhere: every pair is connected now, untimed, with
+         * the handlers registered, so that no step pays for dialling (--warmup 0 too).
+         */
+        if (tool_connect_all("mailrail_moe") != MR_OK) tool_abort();
         out->nodes = mr_node_count();
     }
     ran = moe_run_steps(r, c, &seconds, &verified, out->port);
