@@ -7,7 +7,8 @@
  * over TCP and UCX; MPI keeps its own connections and counts none), no
  * MailRail message was sent for it, and the traffic that follows arrives
  * exactly once. Bad arguments fail on every rank together, with the rank at
- * fault naming its own error; calls out of place return at once.
+ * fault naming its own error; calls out of place return at once; a rank that
+ * comes after the others' timeout finds them again in their next collective.
  */
 #include "mr_test.h"
 
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Whether the substrate makes connections of its own that peers_connected counts. */
 static bool counts_connections(void)
@@ -210,6 +212,44 @@ START_TEST(connect_bad_input)
 }
 END_TEST
 
+/*
+ * A rank that comes late, after the others' MAILRAIL_TIMEOUT: they return
+ * MR_ERR_TIMEOUT with the reduction pending, their next collective call
+ * (mr_quiesce()) completes it once the late rank has joined, and the late
+ * rank, whose own connections are made, returns MR_OK. The job goes on.
+ */
+START_TEST(connect_late_rank)
+{
+    int *all = all_ranks();
+    int late = world_size - 1;
+    const uint32_t per_dest = 5;
+    tally_t t;
+
+    setup_env(NULL, NULL, "512");
+    setenv("MAILRAIL_TIMEOUT", "3", 1);
+    init_on_world();
+    unsetenv("MAILRAIL_TIMEOUT");
+    if (world_rank == late) {
+        /* Away from MailRail: no progress, no dial accepted. */
+        struct timespec away = {.tv_sec = 5, .tv_nsec = 0};
+        nanosleep(&away, NULL);
+        ck_assert_int_eq(mr_connect(all, world_size), MR_OK);
+    } else {
+        ck_assert_int_eq(mr_connect(all, world_size), MR_ERR_TIMEOUT);
+    }
+    tally_init(&t, per_dest);
+    quiesce(&t);
+    exchange(all, world_size, per_dest, &t);
+    quiesce(&t);
+    expect_all_from(&t, all, world_size, per_dest);
+    /* The pending reduction is done: a new call is a collective like any other. */
+    ck_assert_int_eq(mr_connect(all, world_size), MR_OK);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
+    free(t.seen);
+    free(all);
+}
+END_TEST
+
 static Suite *connect_suite(void)
 {
     Suite *s = suite_create("connect");
@@ -220,6 +260,7 @@ static Suite *connect_suite(void)
     tcase_add_test(tc, connect_some_lists_empty);
     tcase_add_test(tc, connect_twice);
     tcase_add_test(tc, connect_bad_input);
+    tcase_add_test(tc, connect_late_rank);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -108,9 +108,8 @@ static mr_status_t connect_dial(const int *dests, int count, uint64_t deadline)
         ntodo = left;
         if (status != MR_OK || ntodo == 0) break;
         if (mr__now_ns() > deadline) {
-            mr_error("mr_connect(): %d of the listed ranks, rank %d first, were not connected "
-                     "within %u s (MAILRAIL_TIMEOUT).", ntodo, todo[0],
-                     (unsigned)rt.cfg.timeout_s);
+            mr_error("mr_connect(): %d listed rank(s), rank %d among them, not connected within "
+                     "%u s (MAILRAIL_TIMEOUT).", ntodo, todo[0], (unsigned)rt.cfg.timeout_s);
             status = MR_ERR_TIMEOUT;
             break;
         }
@@ -185,9 +184,14 @@ mr_status_t mr_connect(const int *dests, int count)
 
     local = connect_check_args(dests, count);
     if (local == MR_OK) local = connect_dial(dests, count, deadline);
-    /* Every rank joins the reduction, whatever went wrong here, so that none waits in vain. */
+    /*
+     * Every rank joins the reduction, whatever went wrong here, so that none
+     * waits in vain. A timeout is no failure of the others: a late rank whose
+     * own connections are made may still return MR_OK.
+     */
     rt_reduce_in[CONNECT_BAD_ARGS] = local == MR_ERR_INVALID_PARAM || local == MR_ERR_INVALID_RANK;
-    rt_reduce_in[CONNECT_FAILED] = local != MR_OK && !rt_reduce_in[CONNECT_BAD_ARGS];
+    rt_reduce_in[CONNECT_FAILED] = local != MR_OK && local != MR_ERR_TIMEOUT &&
+                                   !rt_reduce_in[CONNECT_BAD_ARGS];
     status = rt.bootstrap->iallreduce_sum(rt.bs, rt_reduce_in, rt_reduce_out, 2);
     if (status != MR_OK) return local != MR_OK ? local : status;
     /* Pending until it completes; mr_finalize() waits for a pending wave, and so for it. */
