@@ -13,7 +13,8 @@
 #
 # With a third argument "silent", 5 ranks and nobody talks to rank 1: the
 # survivors that never connected to it learn of its death from the failure
-# notices around the ring (test_peer_failure.c).
+# notices around the ring (test_peer_failure.c). With "connect", 3 ranks and
+# rank 1 dies as all are to call mr_connect(): the survivors leave it.
 set -u
 mpiexec=$1
 test=$2

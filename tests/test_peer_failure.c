@@ -279,6 +279,42 @@ START_TEST(survivors_learn_of_a_silent_death)
 }
 END_TEST
 
+/*
+ * A death during mr_connect() (`test_peer_failure connect`, 3 ranks): every
+ * pair is connected by a first call, then the victim dies as the ranks call
+ * it again. The survivors return MR_ERR_PEER_FAILED within seconds, not at
+ * MAILRAIL_TIMEOUT: their connections to the victim report its death while
+ * they wait for the others, and they stop waiting for a rank that will never
+ * join. (A rank that dies before anybody connected to it is known over TCP
+ * only when its dials give up, at MAILRAIL_TIMEOUT: a refused connection is
+ * retried until then.)
+ */
+START_TEST(survivors_leave_mr_connect)
+{
+    MPI_Comm comm = MPI_COMM_WORLD;
+    int all[3] = {0, 1, 2}, failed[4], n;
+    double start;
+
+    ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), MR_OK);
+    ck_assert_int_eq(mr_size(), 3);
+    ck_assert_int_eq(mr_connect(all, 3), MR_OK);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (mr_rank() == VICTIM) {
+        kill(getpid(), SIGKILL);
+        _exit(7);
+    }
+    start = now_s();
+    ck_assert_int_eq(mr_connect(all, 3), MR_ERR_PEER_FAILED);
+    printf("rank %d: mr_connect() failed after %.3f s\n", mr_rank(), now_s() - start);
+    ck_assert(now_s() - start < DETECT_LIMIT_S);
+    ck_assert(failed_includes(failed, 4, &n, VICTIM));
+    /* Every later collective fails at once the same way. */
+    ck_assert_int_eq(mr_connect(NULL, 0), MR_ERR_PEER_FAILED);
+    ck_assert_int_eq(mr_quiesce(), MR_ERR_PEER_FAILED);
+    ck_assert_int_eq(mr_finalize(), MR_ERR_PEER_FAILED);
+}
+END_TEST
+
 static pid_t pf_child;
 
 /* Passes a signal meant for the rank on to it. */
@@ -349,6 +385,8 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (argc > 1 && strcmp(argv[1], "silent") == 0) {
         tcase_add_test(tc, survivors_learn_of_a_silent_death);
+    } else if (argc > 1 && strcmp(argv[1], "connect") == 0) {
+        tcase_add_test(tc, survivors_leave_mr_connect);
     } else {
         tcase_add_test(tc, survivors_see_the_failure);
     }
