@@ -19,6 +19,8 @@
  * loop longer than half of it lengthens it. docs/incast.md has the numbers.
  */
 #define CREDIT_HORIZON_NS (2 * MR_NS_PER_MS)
+/* The median loop (mr_credit_window_t.recent_us) lengthens it up to this. */
+#define CREDIT_HORIZON_MAX_NS (50 * MR_NS_PER_MS)
 /* Arrivals are counted in intervals of at least this long to estimate the rate. */
 #define CREDIT_INTERVAL_NS (1 * MR_NS_PER_MS)
 /* The rate estimate loses 2% per interval, at most 50 intervals' worth at once. */
@@ -199,6 +201,25 @@ static void credit_owed_return(mr_credit_owed_t *o, int key)
 }
 
 /*
+ * The median of the latest loops (0 before MR_CREDIT_LOOPS were measured):
+ * robust to the few that a lost packet stretched by a retransmission timeout.
+ */
+static uint64_t credit_median_loop_ns(const mr_credit_window_t *w)
+{
+    uint32_t v[MR_CREDIT_LOOPS];
+
+    if (w->nrecent < MR_CREDIT_LOOPS) return 0;
+    memcpy(v, w->recent_us, sizeof(v));
+    for (int i = 1; i < MR_CREDIT_LOOPS; i++) {
+        uint32_t x = v[i];
+        int j = i;
+        for (; j > 0 && v[j - 1] > x; j--) v[j] = v[j - 1];
+        v[j] = x;
+    }
+    return (uint64_t)v[MR_CREDIT_LOOPS / 2] * 1000u;
+}
+
+/*
  * Sizes the window: the arrivals of one horizon at the receiver's best recent
  * rate, shared by the ranks that send to it (mr__credit_owed_window() applies
  * the floor of MR_CREDIT_INITIAL per holder).
@@ -209,6 +230,9 @@ static void credit_window_update(mr_credit_window_t *w, uint32_t limit)
                         ? w->loop_fresh_ns
                         : w->loop_ns;
     uint64_t horizon = 2 * loop > CREDIT_HORIZON_NS ? 2 * loop : CREDIT_HORIZON_NS;
+    uint64_t median = credit_median_loop_ns(w);
+
+    if (median > horizon) horizon = median > CREDIT_HORIZON_MAX_NS ? CREDIT_HORIZON_MAX_NS : median;
     double per = w->rate * (double)horizon / 1e9 / (double)credit_active(w);
 
     /* A new per_rank_q8: each key works its return threshold out again when next asked. */
@@ -242,6 +266,8 @@ static void credit_window_arrival(mr_credit_owed_t *o, mr_credit_key_t *k)
         uint64_t loop = now - k->probe_t0;
         k->probe_t0 = 0;
         if (w->loop_fresh_ns == 0 || loop < w->loop_fresh_ns) w->loop_fresh_ns = loop;
+        w->recent_us[w->nrecent++ % MR_CREDIT_LOOPS] =
+            loop / 1000u > UINT32_MAX ? UINT32_MAX : (uint32_t)(loop / 1000u);
     }
     if ((++w->interval_arrivals & 15) != 0) return;
     if (now == 0) now = mr__now_ns();

@@ -38,6 +38,14 @@
  */
 #define MR_CREDIT_SENDERS 4
 
+/*
+ * The window covers the median of this many latest credit loops too: where
+ * senders share their cores with hundreds of ranks, a loop is mostly the time
+ * they take to be scheduled, and a window sized by the shortest loop would
+ * let the rate, and with it the window, shrink round after round.
+ */
+#define MR_CREDIT_LOOPS 15
+
 typedef struct mr_credit_window {
     bool adaptive;
     uint64_t per_rank_q8;     /* Credits per active sending rank, in 1/256ths: a holder
@@ -45,6 +53,8 @@ typedef struct mr_credit_window {
     double rate;              /* Most arrivals per second lately (a decaying maximum). */
     uint64_t loop_ns;         /* Shortest credit loop of the last epoch, or 0. */
     uint64_t loop_fresh_ns;   /* Shortest of this epoch, or 0. */
+    uint32_t recent_us[MR_CREDIT_LOOPS]; /* The latest loops (us), a ring, */
+    uint32_t nrecent;         /* how many were measured (the ring holds the last ones). */
     uint64_t interval_start_ns;
     uint32_t interval_arrivals;
     uint64_t epoch_end_ns;

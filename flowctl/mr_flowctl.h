@@ -46,6 +46,8 @@ typedef struct mr_flowctl_params {
     void *core;
     /* Sends a control message (zero payload, `imm` only) to `dest`. */
     mr_status_t (*send_control)(void *core, int dest, uint32_t imm);
+    /* The messages this rank has deferred to `dest` now: sends waiting for credit. */
+    uint32_t (*deferred)(void *core, int dest);
     /* Blocks until every rank called it (for shared set-up at init only). */
     mr_status_t (*barrier)(void *core);
 } mr_flowctl_params_t;

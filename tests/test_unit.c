@@ -540,6 +540,15 @@ static mr_status_t stash_barrier_wait(void *core)
     return MR_OK;
 }
 
+/* The sends a rank of the stash tests has deferred per destination (rank_deferred). */
+static uint32_t stash_deferred[3];
+
+static uint32_t stash_deferred_to(void *core, int dest)
+{
+    (void)core;
+    return stash_deferred[dest];
+}
+
 static void *stash_init(void *arg)
 {
     stash_rank_t *r = arg;
@@ -567,7 +576,7 @@ static void stash_pair_open(stash_rank_t r[2], const mr_flowctl_ops_t *ops, cons
                        .host_of_rank = host_of, .recv_slots = recv_slots,
                        .return_threshold = 2, .piggyback = piggyback, .job_id = job,
                        .config = config, .core = calls, .send_control = credit_record,
-                       .barrier = stash_barrier_wait}};
+                       .deferred = stash_deferred_to, .barrier = stash_barrier_wait}};
         ck_assert_int_eq(pthread_create(&thread[i], NULL, stash_init, &r[i]), 0);
     }
     for (int i = 0; i < 2; i++) {
@@ -611,6 +620,61 @@ START_TEST(node_stash_goes_back_at_progress)
     ops->progress(r[1].fc);
     ck_assert(ops->acquire(r[0].fc, 2, &imm));
     ck_assert(!ops->acquire(r[1].fc, 2, &imm));
+    ck_assert_int_eq(calls.n, 0);
+
+    for (int i = 0; i < 2; i++) ops->finalize(r[i].fc);
+    pthread_barrier_destroy(&stash_barrier);
+    free(config);
+}
+END_TEST
+
+/*
+ * Credits that come back to a rank with sends of its own waiting for them
+ * stay with it (it runs now; a neighbour would have to be woken): rank 0,
+ * with 3 sends deferred to rank 2, gets 5 back and keeps 3, rank 1 finds the
+ * other 2 in the pool. Rank 0 keeps its 3 over progress calls while its sends
+ * wait, and puts back what they no longer need.
+ */
+START_TEST(node_deposit_keeps_what_it_can_send)
+{
+    const int host_of[3] = {0, 0, 0};
+    const mr_flowctl_ops_t *ops = mr__flowctl_find("node");
+    credit_calls_t calls = {.failed_rank = -1};
+    stash_rank_t r[2];
+    char job[64];
+    uint32_t imm;
+    void *config;
+    int got = 0;
+
+    ck_assert_ptr_nonnull(ops);
+    config = calloc(1, ops->config_size);
+    ck_assert_ptr_nonnull(config);
+    snprintf(job, sizeof(job), "unit-keep-%d", (int)getpid());
+    stash_pair_open(r, ops, host_of, 16, false, job, config, &calls);
+
+    /* Rank 1 takes the whole pool of 8 for rank 2 and puts nothing back. */
+    while (ops->acquire(r[1].fc, 2, &imm)) got++;
+    ck_assert_int_eq(got, 8);
+    stash_deferred[2] = 3;
+    ops->on_control(r[0].fc, 2, 5);
+    ops->progress(r[0].fc);
+    for (got = 0; ops->acquire(r[1].fc, 2, &imm); got++) continue;
+    ck_assert_int_eq(got, 2);
+    /* Its 3 sends go; nothing waits any more, and nothing is left. */
+    for (got = 0; got < 3; got++) ck_assert(ops->acquire(r[0].fc, 2, &imm));
+    stash_deferred[2] = 0;
+    ops->progress(r[0].fc);
+    ck_assert(!ops->acquire(r[1].fc, 2, &imm));
+
+    /* Kept, then no longer wanted: back in the pool at the next progress call. */
+    stash_deferred[2] = 4;
+    ops->on_control(r[0].fc, 2, 4);
+    ck_assert(!ops->acquire(r[1].fc, 2, &imm));
+    stash_deferred[2] = 1;
+    ops->progress(r[0].fc);
+    for (got = 0; ops->acquire(r[1].fc, 2, &imm); got++) continue;
+    ck_assert_int_eq(got, 3);
+    stash_deferred[2] = 0;
     ck_assert_int_eq(calls.n, 0);
 
     for (int i = 0; i < 2; i++) ops->finalize(r[i].fc);
@@ -903,6 +967,7 @@ static Suite *unit_suite(void)
     tcase_add_test(tc, credit_piggyback_from_half_a_return);
     tcase_add_test(tc, credit_thresholds_follow_the_window);
     tcase_add_test(tc, node_stash_goes_back_at_progress);
+    tcase_add_test(tc, node_deposit_keeps_what_it_can_send);
     tcase_add_test(tc, acquire_n_takes_what_acquire_would);
     suite_add_tcase(s, tc);
     tc = tcase_create("items_wire");

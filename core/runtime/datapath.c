@@ -418,6 +418,12 @@ mr_status_t rt_send_control(void *core, int dest, uint32_t imm)
     return status;
 }
 
+uint32_t rt_deferred_to(void *core, int dest)
+{
+    (void)core;
+    return dp.deferq.queued[dest];
+}
+
 /* ---- Sending ------------------------------------------------------------------------- */
 
 /*

@@ -47,6 +47,8 @@ void rt_datapath_stats(mr_stats_t *snapshot);
 extern const mr_substrate_upcalls_t rt_upcalls;
 /* Sends a credit return for flow control. */
 mr_status_t rt_send_control(void *core, int dest, uint32_t imm);
+/* The messages deferred to `dest` now, for flow control. */
+uint32_t rt_deferred_to(void *core, int dest);
 /* One round of progress: substrate, flow control, deferred sends. */
 int rt_progress(int timeout_ms);
 /*

@@ -158,6 +158,7 @@ static mr_flowctl_params_t rt_flowctl_params(void)
         .config = rt.flowctl_config,
         .core = &rt,
         .send_control = rt_send_control,
+        .deferred = rt_deferred_to,
         .barrier = rt_barrier,
     };
     return params;

@@ -72,6 +72,8 @@ struct mr_flowctl {
     int *local_rank;          /* The node's ranks, ascending. */
     int nblocked;             /* Receivers this rank's sends wait for credits of, */
     int blocked_hint;         /* the last of them to run out. */
+    void *core;
+    uint32_t (*deferred)(void *core, int dest); /* Sends this rank waits to make to `dest`. */
 };
 
 /*
@@ -80,11 +82,11 @@ struct mr_flowctl {
  */
 #define NODE_STASH_MAX 32
 
-static void node_stash_return(mr_flowctl_t *fc);
+static void node_stash_return(mr_flowctl_t *fc, bool keep_wanted);
 
 static void node_finalize(mr_flowctl_t *fc)
 {
-    if (fc->seg != NULL) node_stash_return(fc);
+    if (fc->seg != NULL) node_stash_return(fc, false);
     mr__node_wake_close(&fc->wake);
     free(fc->local_rank);
     mr__node_segment_unmap(fc->seg);
@@ -188,6 +190,8 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
     fc->per_node = per_node;
     fc->node_count = params->node_count;
     fc->piggyback = params->piggyback;
+    fc->core = params->core;
+    fc->deferred = params->deferred;
     fc->adaptive = ((const node_config_t *)params->config)->credits == 0;
     fc->local_return_at = mr__credit_return_at(per_node, params->return_threshold);
     /* Sending nodes on other hosts get adaptive grants, a share per rank; between
@@ -258,20 +262,43 @@ static bool node_stash_fill(mr_flowctl_t *fc, int dest)
     return true;
 }
 
-/* Puts every stashed credit back into the shared pools. */
-static void node_stash_return(mr_flowctl_t *fc)
+/* The sends to `dest` this rank waits to make beyond the credits in its stash. */
+static uint32_t node_demand(const mr_flowctl_t *fc, int dest)
 {
+    uint32_t queued = fc->deferred != NULL ? fc->deferred(fc->core, dest) : 0;
+
+    return queued > fc->stash[dest] ? queued - fc->stash[dest] : 0;
+}
+
+/*
+ * Puts stashed credits back into the shared pools: all of them, or, with
+ * keep_wanted, those beyond what this rank's deferred sends take right after
+ * this progress call (the core drains them then).
+ */
+static void node_stash_return(mr_flowctl_t *fc, bool keep_wanted)
+{
+    int kept = 0;
+
     for (int i = 0; i < fc->nstashed; i++) {
         int dest = fc->stashed[i];
-        if (fc->stash[dest] > 0) {
-            atomic_fetch_add_explicit(&fc->seg->credits[dest].n, fc->stash[dest],
-                                      memory_order_acq_rel);
-            mr__node_wake_others(&fc->wake, dest, fc->stash[dest]);
-            fc->stash[dest] = 0;
+        uint32_t keep = 0;
+        if (keep_wanted && fc->deferred != NULL) {
+            uint32_t queued = fc->deferred(fc->core, dest);
+            keep = queued < fc->stash[dest] ? queued : fc->stash[dest];
         }
-        fc->listed[dest] = false;
+        uint32_t back = fc->stash[dest] - keep;
+        if (back > 0) {
+            atomic_fetch_add_explicit(&fc->seg->credits[dest].n, back, memory_order_acq_rel);
+            mr__node_wake_others(&fc->wake, dest, back);
+            fc->stash[dest] = keep;
+        }
+        if (keep > 0) {
+            fc->stashed[kept++] = dest;
+        } else {
+            fc->listed[dest] = false;
+        }
     }
-    fc->nstashed = 0;
+    fc->nstashed = kept;
 }
 
 /*
@@ -342,9 +369,24 @@ static uint32_t node_acquire_n(mr_flowctl_t *fc, int dest, uint32_t want, uint32
     return node_acquire(fc, dest, imm) ? 1 : 0;
 }
 
-/* Puts credits for receiver `dest` into this node's shared pool. */
+/*
+ * Puts credits for receiver `dest` into this node's shared pool. Those that
+ * this rank's own deferred sends to `dest` can use go to its stash instead:
+ * it runs now, and the core drains its queue right after the upcall, while a
+ * sleeping neighbour would first have to be woken and scheduled. The rest
+ * wakes as many sleeping neighbours as it takes to use them.
+ */
 static void node_deposit(mr_flowctl_t *fc, int dest, uint32_t n)
 {
+    uint32_t keep = dest == fc->rank ? 0 : node_demand(fc, dest);
+
+    if (keep > n) keep = n;
+    if (keep > 0) {
+        fc->stash[dest] += keep;
+        node_stash_list(fc, dest);
+        n -= keep;
+        if (n == 0) return;
+    }
     uint32_t before = atomic_fetch_add_explicit(&fc->seg->credits[dest].n, n, memory_order_acq_rel);
 
     mr__node_wake_others(&fc->wake, dest, n);
@@ -432,7 +474,7 @@ static void node_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 
 __attribute__((noinline)) static int node_progress_slow(mr_flowctl_t *fc)
 {
-    if (fc->nstashed > 0) node_stash_return(fc);
+    if (fc->nstashed > 0) node_stash_return(fc, true);
     mr__node_wake_progress(&fc->wake);
     return mr__credit_owed_progress(&fc->owed);
 }
@@ -464,21 +506,26 @@ static int node_wake_fd(mr_flowctl_t *fc)
 }
 
 /*
- * Before a sleep: with sends waiting for credits of the shared pools, puts the
- * stash back (a neighbour may use it meanwhile) and asks to be woken when
- * credits for the receiver it waits for (or for any) come in. After: awake.
+ * Before a sleep: puts the stash back (a neighbour may use it meanwhile) and,
+ * with sends waiting for credits of the shared pools, asks to be woken when
+ * credits for the receiver it waits for (or for any) come in, saying how many
+ * it can use. After: awake.
  */
 static bool node_sleep(mr_flowctl_t *fc, bool sleeping)
 {
-    uint32_t waits_for;
+    uint32_t waits_for, want = 1;
 
-    if (!sleeping) return mr__node_wake_sleep(&fc->wake, false, 0);
+    if (!sleeping) return mr__node_wake_sleep(&fc->wake, false, 0, 0);
+    /* A sleeping rank keeps no credits: a neighbour may use them meanwhile. */
+    if (fc->nstashed > 0) node_stash_return(fc, false);
     if (fc->nblocked == 0) return false;
-    waits_for = fc->nblocked == 1 && fc->clock.since[fc->blocked_hint] != 0
-                    ? (uint32_t)fc->blocked_hint + 1
-                    : MR_NODE_WAIT_ANY;
-    if (fc->nstashed > 0) node_stash_return(fc);
-    return mr__node_wake_sleep(&fc->wake, true, waits_for);
+    if (fc->nblocked == 1 && fc->clock.since[fc->blocked_hint] != 0) {
+        waits_for = (uint32_t)fc->blocked_hint + 1;
+        want = node_demand(fc, fc->blocked_hint);
+    } else {
+        waits_for = MR_NODE_WAIT_ANY;
+    }
+    return mr__node_wake_sleep(&fc->wake, true, waits_for, want > 0 ? want : 1);
 }
 
 static int node_grants(mr_flowctl_t *fc, uint32_t *out, int count)

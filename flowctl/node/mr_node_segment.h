@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define MR_NODE_SEGMENT_MAGIC 0x31304e4f4e524d00ull /* "\0MRNON01" */
-#define MR_NODE_SEGMENT_VERSION 3
+#define MR_NODE_SEGMENT_VERSION 4
 #define MR_NODE_SEGMENT_PREFIX "mailrail-"
 
 /*
@@ -32,11 +32,13 @@ typedef struct mr_node_credit {
 /*
  * One per rank of the node (by its index among them): nonzero while the rank
  * sleeps in mr_wait() for credits, the receiving rank it waits for plus one, or
- * MR_NODE_WAIT_ANY. A rank that deposits credits wakes sleepers (node_wake.c).
+ * MR_NODE_WAIT_ANY, and how many credits it can use at once. A rank that
+ * deposits credits wakes sleepers until they can use them all (node_wake.c).
  */
 #define MR_NODE_WAIT_ANY UINT32_MAX
 typedef struct mr_node_sleeper {
     _Alignas(64) _Atomic uint32_t waits_for;
+    _Atomic uint32_t want;
 } mr_node_sleeper_t;
 
 typedef struct mr_node_segment {

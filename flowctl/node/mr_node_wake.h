@@ -31,16 +31,20 @@ void mr__node_wake_close(mr_node_wake_t *w);
 
 /*
  * Marks this rank as sleeping for credits of receiver `waits_for - 1` (or of
- * any, MR_NODE_WAIT_ANY), or, with sleeping = false, as awake again (and reads
- * the wake-ups that came). Returns true when marked: the caller must look at
- * the pools once more before it sleeps.
+ * any, MR_NODE_WAIT_ANY), of which it can use `want` (at least 1), or, with
+ * sleeping = false, as awake again (and reads the wake-ups that came).
+ * Returns true when marked: the caller must look at the pools once more
+ * before it sleeps.
  */
-bool mr__node_wake_sleep(mr_node_wake_t *w, bool sleeping, uint32_t waits_for);
+bool mr__node_wake_sleep(mr_node_wake_t *w, bool sleeping, uint32_t waits_for, uint32_t want);
 
 /* Reads a wake-up that came after the rank woke (cheap when none is expected). */
 void mr__node_wake_progress(mr_node_wake_t *w);
 
-/* Credits for receiver `dest` went into the pool: wakes up to `n` ranks that wait for them. */
+/*
+ * Credits for receiver `dest` went into the pool: wakes ranks that wait for
+ * them until those woken can use `n` (each as many as it said it wants).
+ */
 void mr__node_wake_others(mr_node_wake_t *w, int dest, uint32_t n);
 
 #endif /* MR_NODE_WAKE_H */

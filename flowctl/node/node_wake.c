@@ -6,7 +6,7 @@
  * the pool arrive on none of them. So a sleeper notes in the node's segment
  * which receiver it waits for (mr_node_sleeper_t), and a rank that deposits
  * credits for that receiver sends a one-byte datagram to as many sleepers as
- * it deposited credits, on a Unix datagram socket each rank binds to an
+ * its sleepers can use (each says how many it wants), on a Unix datagram socket each rank binds to an
  * abstract name of its job. The core adds the socket to what the substrate
  * waits on. Without it, hundreds of ranks per core had to poll the pool every
  * millisecond and left the cores no time for anything else (docs/incast.md).
@@ -92,7 +92,7 @@ void mr__node_wake_progress(mr_node_wake_t *w)
     if (w->expect) wake_drain(w);
 }
 
-bool mr__node_wake_sleep(mr_node_wake_t *w, bool sleeping, uint32_t waits_for)
+bool mr__node_wake_sleep(mr_node_wake_t *w, bool sleeping, uint32_t waits_for, uint32_t want)
 {
     _Atomic uint32_t *mine;
 
@@ -100,6 +100,8 @@ bool mr__node_wake_sleep(mr_node_wake_t *w, bool sleeping, uint32_t waits_for)
     mine = &mr__node_sleepers(w->seg)[w->me].waits_for;
     if (sleeping) {
         wake_drain(w); /* Stray wake-ups (late or foreign) must not end this sleep. */
+        /* Before the mark: a waker that sees the mark sees the want. */
+        atomic_store_explicit(&mr__node_sleepers(w->seg)[w->me].want, want, memory_order_relaxed);
         atomic_store(mine, waits_for);
         atomic_fetch_add(&w->seg->sleeping, 1);
         /* Pairs with the fence in mr__node_wake_others(): see the top of the file. */
@@ -145,7 +147,8 @@ void mr__node_wake_others(mr_node_wake_t *w, int dest, uint32_t n)
             w->send_error_logged = true;
         }
         w->woken++;
-        n--;
+        uint32_t takes = atomic_load_explicit(&sleepers[i].want, memory_order_relaxed);
+        n = takes >= n ? 0 : n - (takes > 0 ? takes : 1);
         w->cursor = (i + 1) % w->nlocal;
     }
 }
