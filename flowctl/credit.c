@@ -28,6 +28,16 @@
 #define CREDIT_DECAY_STEPS_MAX 50
 /* Active keys and the shortest loop are taken over epochs this long. */
 #define CREDIT_EPOCH_NS (250 * MR_NS_PER_MS)
+/*
+ * A cumulative return is said again when its key sent nothing for this long,
+ * or four median credit loops if that is longer (up to the maximum): well
+ * before TCP's retransmission timeout (200 ms at least) ends the wait. Each
+ * return is said at most MR_CREDIT_REPEATS more times, each time through the
+ * next of the key's senders.
+ */
+#define CREDIT_REPEAT_NS (5 * MR_NS_PER_MS)
+#define CREDIT_REPEAT_MAX_NS (100 * MR_NS_PER_MS)
+#define CREDIT_REPEATS 2
 /* A key that sent fewer messages than this in an epoch does not count as active. */
 #define CREDIT_ACTIVE_ARRIVALS 2
 
@@ -61,9 +71,10 @@ mr_status_t mr__credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit,
     o->threshold = params->return_threshold;
     o->key = calloc((size_t)nkeys, sizeof(*o->key));
     o->retry = calloc((size_t)nkeys, sizeof(*o->retry));
+    o->watch = calloc((size_t)nkeys, sizeof(*o->watch));
     o->core = params->core;
     o->send_control = params->send_control;
-    if (o->key == NULL || o->retry == NULL) {
+    if (o->key == NULL || o->retry == NULL || o->watch == NULL) {
         mr_error("Cannot allocate credit-return state for %d senders.", nkeys);
         mr__credit_owed_fini(o);
         return MR_ERR_NO_MEMORY;
@@ -104,23 +115,66 @@ void mr__credit_owed_fini(mr_credit_owed_t *o)
                  "shortest credit loop %.1f us.", (double)o->win.per_rank_q8 / 256.0, credit_active(&o->win),
                  o->win.rate, (double)o->win.loop_ns / 1e3);
     }
+    if (o->repeats > 0) mr_debug("Credit returns said again: %llu.", (unsigned long long)o->repeats);
     free(o->key);
     free(o->retry);
+    free(o->watch);
     memset(o, 0, sizeof(*o));
+}
+
+/*
+ * The mean of the latest loops (0 before MR_CREDIT_LOOPS were measured): by
+ * Little's law what a window must cover to keep the rate, the loops that a
+ * lost packet stretched by a retransmission included, since the credits of a
+ * stalled connection wait in it, not in front of the port.
+ */
+static uint64_t credit_mean_loop_ns(const mr_credit_window_t *w)
+{
+    uint64_t sum = 0;
+
+    if (w->nrecent < MR_CREDIT_LOOPS) return 0;
+    for (int i = 0; i < MR_CREDIT_LOOPS; i++) sum += w->recent_us[i];
+    return sum * 1000u / MR_CREDIT_LOOPS;
+}
+
+void mr__credit_owed_cumulative(mr_credit_owed_t *o)
+{
+    o->cumulative = true;
+}
+
+/* How long a key may send nothing with credits out before its total is said again. */
+static uint64_t credit_repeat_after(const mr_credit_owed_t *o)
+{
+    uint64_t t = 4 * credit_mean_loop_ns(&o->win);
+
+    if (t < CREDIT_REPEAT_NS) t = CREDIT_REPEAT_NS;
+    return t > CREDIT_REPEAT_MAX_NS ? CREDIT_REPEAT_MAX_NS : t;
 }
 
 /*
  * Notes that `n` credits went back to `key`. When the key held none, its next
  * message can only come on these: the time until it arrives is one credit
- * loop (the return's way, the sender's reaction, the message's way).
+ * loop (the return's way, the sender's reaction, the message's way). A
+ * cumulative return goes on the watch list, to be said again if it was lost.
  */
 static void credit_granted(mr_credit_owed_t *o, int key, uint32_t n)
 {
     mr_credit_key_t *k = &o->key[key];
+    uint64_t now = 0;
 
-    if (k->adaptive && k->held == 0 && k->probe_t0 == 0) k->probe_t0 = mr__now_ns();
+    if (k->adaptive && k->held == 0 && k->probe_t0 == 0) k->probe_t0 = now = mr__now_ns();
     k->owed -= n;
     k->held += n;
+    k->total += n;
+    if (!o->cumulative || k->nsenders < 2) return;
+    k->arrivals_seen = k->arrivals;
+    k->resend_at = (now != 0 ? now : mr__now_ns()) + credit_repeat_after(o);
+    k->resend_to = 0;
+    k->repeated = 0;
+    if (!k->watched) {
+        k->watched = 1;
+        o->watch[o->nwatch++] = key;
+    }
 }
 
 uint32_t mr__credit_owed_take(mr_credit_owed_t *o, int key)
@@ -139,7 +193,10 @@ uint32_t mr__credit_owed_take(mr_credit_owed_t *o, int key)
     if (k->owed < at) return 0;
     n = mr__credit_owed_returnable(o, key);
     if (n < at) return 0;
+    /* A total of 0 (mod 2^32) would read as no credits: those go with the next return. */
+    if (o->cumulative && k->total + n == 0) return 0;
     credit_granted(o, key, n);
+    k->last_take = n;
     return n;
 }
 
@@ -179,7 +236,7 @@ static mr_status_t credit_send(mr_credit_owed_t *o, int key, uint32_t n)
 
     if (n == 0 || k->nsenders == 0) return MR_OK;
     while (k->nsenders > 0) {
-        status = o->send_control(o->core, k->sender[0], n);
+        status = o->send_control(o->core, k->sender[0], o->cumulative ? k->total + n : n);
         if (status == MR_OK) {
             credit_granted(o, key, n);
             return MR_OK;
@@ -201,25 +258,6 @@ static void credit_owed_return(mr_credit_owed_t *o, int key)
 }
 
 /*
- * The median of the latest loops (0 before MR_CREDIT_LOOPS were measured):
- * robust to the few that a lost packet stretched by a retransmission timeout.
- */
-static uint64_t credit_median_loop_ns(const mr_credit_window_t *w)
-{
-    uint32_t v[MR_CREDIT_LOOPS];
-
-    if (w->nrecent < MR_CREDIT_LOOPS) return 0;
-    memcpy(v, w->recent_us, sizeof(v));
-    for (int i = 1; i < MR_CREDIT_LOOPS; i++) {
-        uint32_t x = v[i];
-        int j = i;
-        for (; j > 0 && v[j - 1] > x; j--) v[j] = v[j - 1];
-        v[j] = x;
-    }
-    return (uint64_t)v[MR_CREDIT_LOOPS / 2] * 1000u;
-}
-
-/*
  * Sizes the window: the arrivals of one horizon at the receiver's best recent
  * rate, shared by the ranks that send to it (mr__credit_owed_window() applies
  * the floor of MR_CREDIT_INITIAL per holder).
@@ -230,9 +268,9 @@ static void credit_window_update(mr_credit_window_t *w, uint32_t limit)
                         ? w->loop_fresh_ns
                         : w->loop_ns;
     uint64_t horizon = 2 * loop > CREDIT_HORIZON_NS ? 2 * loop : CREDIT_HORIZON_NS;
-    uint64_t median = credit_median_loop_ns(w);
+    uint64_t mean = credit_mean_loop_ns(w);
 
-    if (median > horizon) horizon = median > CREDIT_HORIZON_MAX_NS ? CREDIT_HORIZON_MAX_NS : median;
+    if (mean > horizon) horizon = mean > CREDIT_HORIZON_MAX_NS ? CREDIT_HORIZON_MAX_NS : mean;
     double per = w->rate * (double)horizon / 1e9 / (double)credit_active(w);
 
     /* A new per_rank_q8: each key works its return threshold out again when next asked. */
@@ -296,6 +334,7 @@ void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
 {
     mr_credit_key_t *k = &o->key[key];
 
+    k->arrivals++;
     if (k->held > 0) {
         k->held--;
     } else {
@@ -329,9 +368,57 @@ void mr__credit_owed_consume(mr_credit_owed_t *o, int key, int rank)
     if (mr__credit_owed_returnable(o, key) >= k->return_at) credit_owed_return(o, key);
 }
 
-int mr__credit_owed_retry(mr_credit_owed_t *o)
+/*
+ * Says the total of `key` again, through the next of its senders after the
+ * latest: the connection to the latest may be the one a lost packet holds up.
+ */
+static mr_status_t credit_repeat(mr_credit_owed_t *o, mr_credit_key_t *k)
+{
+    int to = k->resend_to + 1 < k->nsenders ? k->resend_to + 1 : 1;
+    mr_status_t status = o->send_control(o->core, k->sender[to], k->total);
+
+    if (status == MR_AGAIN) return status;
+    k->resend_to = (uint8_t)to;
+    k->repeated++;
+    if (status == MR_OK) o->repeats++;
+    return status;
+}
+
+/*
+ * The watch list: a key with credits out that sent nothing since a look one
+ * repeat interval ago gets its total said again, at most CREDIT_REPEATS times
+ * per return; one that sent something, or holds nothing, is fine.
+ */
+static int credit_watch_progress(mr_credit_owed_t *o)
 {
     int sent = 0, kept = 0;
+    uint64_t now = mr__now_ns();
+
+    for (int i = 0; i < o->nwatch; i++) {
+        int key = o->watch[i];
+        mr_credit_key_t *k = &o->key[key];
+
+        if (k->held == 0 || k->nsenders < 2 || k->repeated >= CREDIT_REPEATS) {
+            k->watched = 0;
+            continue;
+        }
+        if (k->arrivals != k->arrivals_seen) {
+            k->arrivals_seen = k->arrivals;
+            k->resend_at = now + credit_repeat_after(o);
+        } else if (now >= k->resend_at) {
+            mr_status_t status = credit_repeat(o, k);
+            if (status == MR_OK) sent++;
+            k->resend_at = now + credit_repeat_after(o);
+        }
+        o->watch[kept++] = key;
+    }
+    o->nwatch = kept;
+    return sent;
+}
+
+int mr__credit_owed_retry(mr_credit_owed_t *o)
+{
+    int sent = o->nwatch > 0 ? credit_watch_progress(o) : 0, kept = 0;
 
     for (int i = 0; i < o->nretry; i++) {
         int key = o->retry[i];

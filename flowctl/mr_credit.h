@@ -64,8 +64,8 @@ typedef struct mr_credit_window {
 } mr_credit_window_t;
 
 /*
- * One key's grant, as its receiver sees it (64 bytes). The fields that a
- * release, an arrival and a piggyback check read come first, together.
+ * One key's grant, as its receiver sees it. The fields that a release, an
+ * arrival and a piggyback check read come first, together.
  */
 typedef struct mr_credit_key {
     uint32_t owed;            /* Freed slots not yet granted back. */
@@ -87,6 +87,15 @@ typedef struct mr_credit_key {
     uint32_t epoch;           /* The last epoch it sent in, and how much: */
     uint32_t epoch_arrivals;
     uint64_t probe_t0;        /* When credits went to it with none held, or 0. */
+    /* Cumulative returns (mr_credit_owed_t.cumulative): */
+    uint32_t total;           /* credits granted back so far, mod 2^32: what a return says; */
+    uint32_t last_take;       /* the last mr__credit_owed_take(), for a put-back; */
+    uint32_t arrivals;        /* messages that came, mod 2^32; */
+    uint32_t arrivals_seen;   /* as of the last look at the watch list; */
+    uint64_t resend_at;       /* while credits are out: when to say the total again, or 0; */
+    uint8_t watched;          /* on the watch list; */
+    uint8_t resend_to;        /* the sender[] index the last repeat went to, */
+    uint8_t repeated;         /* and how many times the last return was said again. */
 } mr_credit_key_t;
 
 typedef struct mr_credit_owed {
@@ -100,6 +109,16 @@ typedef struct mr_credit_owed {
     int *retry;           /* Keys with a return to send from progress. */
     int nretry;
     mr_credit_window_t win;
+    /*
+     * Returns say the total granted back so far instead of the count of this
+     * one (`node`): a return said twice, or late, adds nothing, so a return
+     * that a lost packet holds up is said again, after a few credit loops
+     * without arrivals, through another of the key's senders (credit.c).
+     */
+    bool cumulative;
+    int *watch;           /* Keys with credits out since their last return. */
+    int nwatch;
+    uint64_t repeats;     /* Returns said again. */
     void *core;
     mr_status_t (*send_control)(void *core, int dest, uint32_t imm);
 } mr_credit_owed_t;
@@ -182,6 +201,15 @@ static inline uint32_t mr__credit_key_return_at(const mr_credit_owed_t *o, mr_cr
     return k->return_at;
 }
 
+/* Makes returns cumulative (mr_credit_owed_t.cumulative); right after init. */
+void mr__credit_owed_cumulative(mr_credit_owed_t *o);
+
+/* What a return of `n` credits just taken for `key` says: the total under cumulative, else n. */
+static inline uint32_t mr__credit_owed_wire(const mr_credit_owed_t *o, int key, uint32_t n)
+{
+    return o->cumulative && n != 0 ? o->key[key].total : n;
+}
+
 /* A data message of `key`, sent by `rank`, arrived on one of the key's credits. */
 void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank);
 
@@ -209,6 +237,7 @@ static inline bool mr__credit_owed_arrived_fast(mr_credit_owed_t *o, int key)
 
     if (k->held == 0 || k->adaptive) return false;
     k->held--;
+    k->arrivals++;
     return true;
 }
 
@@ -238,11 +267,19 @@ static inline bool mr__credit_owed_take_none(const mr_credit_owed_t *o, int key)
            (k->return_at_q8 == o->win.per_rank_q8 && k->owed < (k->return_at + 1) / 2);
 }
 
-/* Puts back credits taken with mr__credit_owed_take() that did not travel. */
-static inline void mr__credit_owed_put_back(mr_credit_owed_t *o, int key, uint32_t n)
+/*
+ * Puts back credits taken with mr__credit_owed_take() that did not travel,
+ * given what their message said (mr__credit_owed_wire()); returns how many.
+ */
+static inline uint32_t mr__credit_owed_put_back(mr_credit_owed_t *o, int key, uint32_t wire)
 {
-    o->key[key].owed += n;
-    o->key[key].held -= n;
+    mr_credit_key_t *k = &o->key[key];
+    uint32_t n = o->cumulative && wire != 0 ? k->last_take : wire;
+
+    k->owed += n;
+    k->held -= n;
+    k->total -= n;
+    return n;
 }
 
 /* Copies up to `count` keys' outstanding credits into `out`; returns the number of keys. */
@@ -254,7 +291,7 @@ int mr__credit_owed_retry(mr_credit_owed_t *o);
 /* Sends returns that were refused or came due outside a release. Returns how many. */
 static inline int mr__credit_owed_progress(mr_credit_owed_t *o)
 {
-    return o->nretry == 0 ? 0 : mr__credit_owed_retry(o);
+    return o->nretry == 0 && o->nwatch == 0 ? 0 : mr__credit_owed_retry(o);
 }
 
 typedef struct mr_credit_clock {

@@ -521,6 +521,61 @@ START_TEST(credit_thresholds_follow_the_window)
 }
 END_TEST
 
+/*
+ * Cumulative returns (the node policy): a return says the total granted back
+ * so far, a piggyback too, and one put back is taken off it. A key that sends
+ * nothing while it holds credits has its total said again after the repeat
+ * interval, through its next senders, twice at most; an arrival in between
+ * puts it off.
+ */
+START_TEST(credit_cumulative_returns_are_said_again)
+{
+    credit_calls_t calls = {.failed_rank = -1};
+    mr_flowctl_params_t params = {.return_threshold = 2, .core = &calls,
+                                  .send_control = credit_record};
+    const uint32_t weight[1] = {4};
+    mr_credit_owed_t o;
+
+    ck_assert_int_eq(mr__credit_owed_init(&o, 1, 64, false, weight, &params), MR_OK);
+    mr__credit_owed_cumulative(&o);
+    /* Static: 64 held; 32 freed make a return of 32, to the latest of 3 senders. */
+    for (int i = 0; i < 32; i++) mr__credit_owed_arrived(&o, 0, 10 + i % 3);
+    for (int i = 0; i < 32; i++) mr__credit_owed_consume(&o, 0, 10 + i % 3);
+    ck_assert_int_eq(calls.n, 1);
+    ck_assert_int_eq(calls.dest[0], 11);
+    ck_assert_uint_eq(calls.credits[0], 32);
+    /* A piggyback says 32 + what it takes; put back, the total is 32 again. */
+    for (int i = 0; i < 16; i++) mr__credit_owed_arrived(&o, 0, 11);
+    for (int i = 0; i < 16; i++) mr__credit_owed_consume_fast(&o, 0, 11) ||
+                                  (mr__credit_owed_consume(&o, 0, 11), true);
+    uint32_t n = mr__credit_owed_take(&o, 0);
+    ck_assert_uint_eq(n, 16);
+    ck_assert_uint_eq(mr__credit_owed_wire(&o, 0, n), 48);
+    ck_assert_uint_eq(mr__credit_owed_put_back(&o, 0, 48), 16);
+    ck_assert_uint_eq(o.key[0].total, 32);
+    /* Nothing arrives: within the interval nothing is said, after it twice at most. */
+    ck_assert_int_eq(mr__credit_owed_progress(&o), 0);
+    o.key[0].resend_at = 1;
+    ck_assert_int_eq(mr__credit_owed_progress(&o), 1);
+    ck_assert_int_eq(calls.n, 2);
+    ck_assert_uint_eq(calls.credits[1], 32);
+    ck_assert_int_ne(calls.dest[1], 11);
+    o.key[0].resend_at = 1;
+    mr__credit_owed_arrived(&o, 0, 11);
+    ck_assert_int_eq(mr__credit_owed_progress(&o), 0);
+    ck_assert_uint_gt(o.key[0].resend_at, 1);
+    o.key[0].resend_at = 1;
+    ck_assert_int_eq(mr__credit_owed_progress(&o), 1);
+    o.key[0].resend_at = 1;
+    ck_assert_int_eq(mr__credit_owed_progress(&o), 0);
+    ck_assert_int_eq(calls.n, 3);
+    ck_assert_uint_eq(calls.credits[2], 32);
+    ck_assert_int_ne(calls.dest[2], calls.dest[1]);
+    ck_assert_uint_eq(o.repeats, 2);
+    mr__credit_owed_fini(&o);
+}
+END_TEST
+
 /* ---- Node credit stash ------------------------------------------------------------------- */
 
 /* One rank of a two-rank node, initialised on a thread of its own (init has barriers). */
@@ -655,6 +710,7 @@ START_TEST(node_deposit_keeps_what_it_can_send)
     /* Rank 1 takes the whole pool of 8 for rank 2 and puts nothing back. */
     while (ops->acquire(r[1].fc, 2, &imm)) got++;
     ck_assert_int_eq(got, 8);
+    /* Returns say the total granted so far: 5, then 9, and 9 again adds nothing. */
     stash_deferred[2] = 3;
     ops->on_control(r[0].fc, 2, 5);
     ops->progress(r[0].fc);
@@ -668,7 +724,9 @@ START_TEST(node_deposit_keeps_what_it_can_send)
 
     /* Kept, then no longer wanted: back in the pool at the next progress call. */
     stash_deferred[2] = 4;
-    ops->on_control(r[0].fc, 2, 4);
+    ops->on_control(r[0].fc, 2, 9);
+    ops->on_control(r[1].fc, 2, 9);
+    ops->on_control(r[1].fc, 2, 7);
     ck_assert(!ops->acquire(r[1].fc, 2, &imm));
     stash_deferred[2] = 1;
     ops->progress(r[0].fc);
@@ -966,6 +1024,7 @@ static Suite *unit_suite(void)
     tcase_add_test(tc, credit_returns_go_whole_to_a_nodes_latest_sender);
     tcase_add_test(tc, credit_piggyback_from_half_a_return);
     tcase_add_test(tc, credit_thresholds_follow_the_window);
+    tcase_add_test(tc, credit_cumulative_returns_are_said_again);
     tcase_add_test(tc, node_stash_goes_back_at_progress);
     tcase_add_test(tc, node_deposit_keeps_what_it_can_send);
     tcase_add_test(tc, acquire_n_takes_what_acquire_would);

@@ -22,12 +22,14 @@
  *                   $FABRIC_PORT_COUNTERS), and each trial's differences go to the CSV
  *     -q            quiet: only the summary lines
  *
- * CPU cost: every rank measures the CPU seconds it spent in the timed part of
- * each trial (getrusage(RUSAGE_SELF), user + system, so that MPI's and UCX's
- * threads count too), from the barrier that starts the clock to the moment it
- * stops. Their sum over all ranks is reported as cpu_s, and per MiB delivered
- * to the victims as cpu_s_per_mib: in the summary lines and as the last two
- * CSV columns.
+ * CPU cost: every rank measures the CPU seconds it spent in each trial
+ * (getrusage(RUSAGE_SELF), user + system, so that MPI's and UCX's threads
+ * count too), from the barrier that starts the clock until global quiescence:
+ * the same span on every rank, waiting included. (A sender that handed its
+ * messages to the kernel early, as under `none`, would otherwise stop its
+ * count while it still woke every millisecond.) Their sum over all ranks is
+ * reported as cpu_s, and per MiB delivered to the victims as cpu_s_per_mib:
+ * in the summary lines and as the last two CSV columns.
  *
  * The policies are interleaved: trial 0 of every policy, then trial 1, and so
  * on, so that a slow phase of a shared machine does not fall on one policy.
@@ -335,7 +337,6 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         st = incast_idle(o, r, bytes);
     }
     *seconds = tool_now() - r->start;
-    *cpu = incast_cpu_s() - cpu0;
     if (run->period_s > 0) {
         r->next_sample = 0;
         incast_sample(r, tool_now());
@@ -348,6 +349,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         if (st == MR_OK) break;
         st = st == MR_AGAIN ? incast_idle(o, r, bytes) : st;
     }
+    *cpu = incast_cpu_s() - cpu0;
     return st;
 }
 

@@ -207,6 +207,7 @@ static mr_status_t node_init(const mr_flowctl_params_t *params, mr_flowctl_t **o
                             : mr__credit_owed_init(&fc->owed, params->node_count, per_node,
                                                   fc->adaptive, weight, params);
     free(weight);
+    if (status == MR_OK) mr__credit_owed_cumulative(&fc->owed);
     if (status == MR_OK) status = mr__credit_clock_init(&fc->clock, params->size);
     if (status == MR_OK) status = node_list_local(fc, params);
     if (status == MR_OK) {
@@ -324,8 +325,10 @@ __attribute__((noinline)) static bool node_acquire_slow(mr_flowctl_t *fc, int de
     if (fc->clock.since[dest] != 0) fc->nblocked--;
     mr__credit_clock_granted(&fc->clock, dest);
     /* Credits owed to the destination's node ride along (never to one's own node). */
-    *imm = fc->piggyback && dest_node != fc->node ? mr__credit_owed_take(&fc->owed, dest_node) : 0;
-    fc->piggybacked += *imm;
+    uint32_t n = fc->piggyback && dest_node != fc->node ? mr__credit_owed_take(&fc->owed, dest_node)
+                                                        : 0;
+    *imm = mr__credit_owed_wire(&fc->owed, dest_node, n);
+    fc->piggybacked += n;
     return true;
 }
 
@@ -400,13 +403,31 @@ static void node_deposit(mr_flowctl_t *fc, int dest, uint32_t n)
     }
 }
 
+/*
+ * A return from receiver `dest` that says it has granted this node `total`
+ * credits so far: deposits what this node has not had of them. Returns come
+ * to any rank of the node, over several connections, and may be said twice
+ * (credit.c repeats one a lost packet may hold up): the segment keeps the
+ * total applied, and only a larger one adds credits.
+ */
+static void node_deposit_total(mr_flowctl_t *fc, int dest, uint32_t total)
+{
+    _Atomic uint32_t *applied = &fc->seg->credits[dest].total;
+    uint32_t old = atomic_load_explicit(applied, memory_order_relaxed);
+
+    do {
+        if ((int32_t)(total - old) <= 0) return; /* Said before, or overtaken. */
+    } while (!atomic_compare_exchange_weak_explicit(applied, &old, total, memory_order_acq_rel,
+                                                    memory_order_relaxed));
+    node_deposit(fc, dest, total - old);
+}
+
 static void node_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
 {
     /* Into the stash: a substrate that refuses now (MPI's send window) is asked again soon. */
     fc->stash[dest]++;
     node_stash_list(fc, dest);
-    mr__credit_owed_put_back(&fc->owed, fc->node_of[dest], imm);
-    fc->piggybacked -= imm;
+    fc->piggybacked -= mr__credit_owed_put_back(&fc->owed, fc->node_of[dest], imm);
 }
 
 __attribute__((noinline)) static void node_on_arrival_slow(mr_flowctl_t *fc, int source,
@@ -415,7 +436,7 @@ __attribute__((noinline)) static void node_on_arrival_slow(mr_flowctl_t *fc, int
     int source_node = fc->node_of[source];
 
     if (source_node != fc->node) mr__credit_owed_arrived(&fc->owed, source_node, source);
-    if (imm != 0) node_deposit(fc, source, imm);
+    if (imm != 0) node_deposit_total(fc, source, imm);
 }
 
 static void node_on_arrival(mr_flowctl_t *fc, int source, uint32_t imm)
@@ -469,7 +490,7 @@ static void node_on_release(mr_flowctl_t *fc, int source)
 
 static void node_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 {
-    node_deposit(fc, source, imm);
+    node_deposit_total(fc, source, imm);
 }
 
 __attribute__((noinline)) static int node_progress_slow(mr_flowctl_t *fc)
