@@ -16,10 +16,11 @@
  * receiver that is not the bottleneck lets its senders run at full speed, and
  * short enough that what waits in a switch in front of a bottlenecked
  * receiver (2 ms at 200 Mbit/s is 50 KB) stays near a shallow buffer. A measured
- * loop longer than half of it lengthens it. docs/incast.md has the numbers.
+ * loop longer than half of it lengthens it, and so does a longer mean of the
+ * latest loops. docs/incast.md has the numbers.
  */
 #define CREDIT_HORIZON_NS (2 * MR_NS_PER_MS)
-/* The median loop (mr_credit_window_t.recent_us) lengthens it up to this. */
+/* The mean of the latest loops (mr_credit_window_t.recent_us) lengthens it up to this. */
 #define CREDIT_HORIZON_MAX_NS (50 * MR_NS_PER_MS)
 /* Arrivals are counted in intervals of at least this long to estimate the rate. */
 #define CREDIT_INTERVAL_NS (1 * MR_NS_PER_MS)
@@ -30,7 +31,7 @@
 #define CREDIT_EPOCH_NS (250 * MR_NS_PER_MS)
 /*
  * A cumulative return is said again when its key sent nothing for this long,
- * or four median credit loops if that is longer (up to the maximum): well
+ * or four mean credit loops if that is longer (up to the maximum): well
  * before TCP's retransmission timeout (200 ms at least) ends the wait. Each
  * return is said at most MR_CREDIT_REPEATS more times, each time through the
  * next of the key's senders.
