@@ -10,6 +10,7 @@
 #include "mr_flowctl.h"
 #include "mr_log.h"
 #include "mr_node_segment.h"
+#include "mr_node_wake.h"
 #include "mr_pool.h"
 
 #include <check.h>
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <grp.h>
 #include <sys/wait.h>
@@ -578,6 +580,61 @@ END_TEST
 
 /* ---- Node credit stash ------------------------------------------------------------------- */
 
+/* Whether a wake-up datagram waits on `fd` (and reads it). */
+static bool wake_came(int fd)
+{
+    char c;
+
+    return recv(fd, &c, 1, MSG_DONTWAIT) == 1;
+}
+
+/*
+ * No thundering herd: three ranks of a node, two asleep for credits of rank 0
+ * (one able to use 4, one 1), one asleep for another receiver. 3 credits wake
+ * the first only; 2 more wake the second; the third, which waits for rank 9,
+ * is never woken; a rank does not wake itself.
+ */
+START_TEST(node_wakes_as_many_as_can_use_the_credits)
+{
+    const int local_rank[4] = {0, 1, 2, 3};
+    size_t size = sizeof(mr_node_segment_t) + 10 * sizeof(mr_node_credit_t) +
+                  4 * sizeof(mr_node_sleeper_t);
+    mr_node_segment_t *seg = aligned_alloc(64, (size + 63) / 64 * 64);
+    mr_node_wake_t w[4];
+    char job[64];
+
+    ck_assert_ptr_nonnull(seg);
+    memset(seg, 0, size);
+    seg->ranks = 10;
+    seg->local_ranks = 4;
+    snprintf(job, sizeof(job), "unit-wake-%d", (int)getpid());
+    for (int i = 0; i < 4; i++) {
+        mr__node_wake_init(&w[i]);
+        ck_assert_int_eq(mr__node_wake_open(&w[i], seg, job, local_rank, 4, i), MR_OK);
+        ck_assert_int_ge(w[i].fd, 0);
+    }
+    ck_assert(mr__node_wake_sleep(&w[1], true, 0 + 1, 4));
+    ck_assert(mr__node_wake_sleep(&w[2], true, 0 + 1, 1));
+    ck_assert(mr__node_wake_sleep(&w[3], true, 9 + 1, 8));
+    ck_assert_uint_eq(atomic_load(&seg->sleeping), 3);
+
+    mr__node_wake_others(&w[0], 0, 3);
+    ck_assert(wake_came(w[1].fd));
+    ck_assert(!wake_came(w[2].fd));
+    ck_assert_uint_eq(atomic_load(&seg->sleeping), 2);
+    mr__node_wake_others(&w[0], 0, 2);
+    ck_assert(wake_came(w[2].fd));
+    ck_assert(!wake_came(w[3].fd));
+    mr__node_wake_others(&w[3], 9, 1); /* Its own receiver: nobody else waits for it. */
+    ck_assert(!wake_came(w[3].fd));
+    ck_assert_uint_eq(atomic_load(&seg->sleeping), 1);
+    ck_assert_uint_eq(w[0].woken, 2);
+
+    for (int i = 0; i < 4; i++) mr__node_wake_close(&w[i]);
+    free(seg);
+}
+END_TEST
+
 /* One rank of a two-rank node, initialised on a thread of its own (init has barriers). */
 typedef struct stash_rank {
     const mr_flowctl_ops_t *ops;
@@ -1026,6 +1083,7 @@ static Suite *unit_suite(void)
     tcase_add_test(tc, credit_thresholds_follow_the_window);
     tcase_add_test(tc, credit_cumulative_returns_are_said_again);
     tcase_add_test(tc, node_stash_goes_back_at_progress);
+    tcase_add_test(tc, node_wakes_as_many_as_can_use_the_credits);
     tcase_add_test(tc, node_deposit_keeps_what_it_can_send);
     tcase_add_test(tc, acquire_n_takes_what_acquire_would);
     suite_add_tcase(s, tc);
