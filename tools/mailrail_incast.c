@@ -20,6 +20,8 @@
  *     -P COMMAND    rank 0 runs COMMAND (with sh) before and after each trial; it prints
  *                   cumulative "bytes packets drops" of the bottleneck (tools/fabric's
  *                   $FABRIC_PORT_COUNTERS), and each trial's differences go to the CSV
+ *     -d            dial inside the timed run: leave out the mr_connect() to the victims
+ *                   that every trial makes before its clock starts (measures dialing)
  *     -q            quiet: only the summary lines
  *
  * CPU cost: every rank measures the CPU seconds it spent in each trial
@@ -76,6 +78,7 @@ typedef struct incast_options {
     double period_s;
     const char *stats_prefix;
     bool quiet;
+    bool dial_in_run;        /* -d: no mr_connect() before the clock. */
     bool wait;               /* -w: mr_wait() when idle, */
     int wait_ms;             /* for at most this long (-W). */
     const char *port_command; /* -P, or NULL. */
@@ -462,6 +465,13 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     }
     if (!r->is_victim || r->samples == NULL) r->nodes = 0;
     tool_reset_peak_rss();
+    /* Every connection a trial uses is made before its clock starts: it times flow control. */
+    if (!o->dial_in_run && (st = mr_connect(r->victims, o->victims)) != MR_OK) {
+        fprintf(stderr, "mailrail_incast: rank %d: mr_connect() to the victims: %s\n", r->rank,
+                mr_status_string(st));
+        mr_finalize();
+        return st;
+    }
 
     long long before[3] = {-1, -1, -1}, after[3] = {-1, -1, -1};
     bool probed = r->rank == 0 && o->port_command != NULL &&
@@ -532,7 +542,7 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
     o->seed = 1;
     o->stats_prefix = "incast_stats";
     o->wait_ms = 1;
-    while ((c = getopt(argc, argv, "v:V:b:m:t:p:s:c:i:o:P:W:qwh")) != -1) {
+    while ((c = getopt(argc, argv, "v:V:b:m:t:p:s:c:i:o:P:W:dqwh")) != -1) {
         switch (c) {
         case 'v': ok &= tool_parse_int(optarg, 1, INT_MAX, &o->victims); break;
         case 'V': o->victim_list = optarg; break;
@@ -546,6 +556,7 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
         case 'o': o->stats_prefix = optarg; break;
         case 'q': o->quiet = true; break;
         case 'w': o->wait = true; break;
+        case 'd': o->dial_in_run = true; break;
         case 'W': o->wait = true; ok &= tool_parse_int(optarg, 0, 60000, &o->wait_ms); break;
         case 'P': o->port_command = optarg; break;
         default: return -1;
@@ -578,7 +589,7 @@ int main(int argc, char **argv)
         if (r.rank == 0) {
             fprintf(stderr, "usage: mpiexec -n N mailrail_incast [-v victims<=N | -V rank,rank...] [-b bytes] "
                             "[-m messages] [-t trials] [-p none,rank,node] [-s seed] "
-                            "[-c file.csv] [-i period_ms] [-o stats_prefix] [-P command] [-w | -W ms] "
+                            "[-c file.csv] [-i period_ms] [-o stats_prefix] [-P command] [-w | -W ms] [-d] "
                             "[-q]\n");
         }
         MPI_Finalize();
