@@ -33,7 +33,7 @@
  * A cumulative return is said again when its key sent nothing for this long,
  * or four mean credit loops if that is longer (up to the maximum): well
  * before TCP's retransmission timeout (200 ms at least) ends the wait. Each
- * return is said at most MR_CREDIT_REPEATS more times, each time through the
+ * return is said at most CREDIT_REPEATS more times, each time through the
  * next of the key's senders.
  */
 #define CREDIT_REPEAT_NS (5 * MR_NS_PER_MS)
