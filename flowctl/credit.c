@@ -21,7 +21,7 @@
  */
 #define CREDIT_HORIZON_NS (2 * MR_NS_PER_MS)
 /* The mean of the latest loops (mr_credit_window_t.recent_us) lengthens it up to this. */
-#define CREDIT_HORIZON_MAX_NS (50 * MR_NS_PER_MS)
+#define CREDIT_HORIZON_MAX_NS (500 * MR_NS_PER_MS)
 /* Arrivals are counted in intervals of at least this long to estimate the rate. */
 #define CREDIT_INTERVAL_NS (1 * MR_NS_PER_MS)
 /* The rate estimate loses 2% per interval, at most 50 intervals' worth at once. */
@@ -109,20 +109,6 @@ static uint32_t credit_active(const mr_credit_window_t *w)
     return active > 0 ? active : 1;
 }
 
-void mr__credit_owed_fini(mr_credit_owed_t *o)
-{
-    if (o->win.adaptive && o->win.rate > 0) {
-        mr_debug("Credit window: %.2f per rank over %u active sending rank(s); peak rate %.0f messages/s, "
-                 "shortest credit loop %.1f us.", (double)o->win.per_rank_q8 / 256.0, credit_active(&o->win),
-                 o->win.rate, (double)o->win.loop_ns / 1e3);
-    }
-    if (o->repeats > 0) mr_debug("Credit returns said again: %llu.", (unsigned long long)o->repeats);
-    free(o->key);
-    free(o->retry);
-    free(o->watch);
-    memset(o, 0, sizeof(*o));
-}
-
 /*
  * The mean of the latest loops (0 before MR_CREDIT_LOOPS were measured): by
  * Little's law what a window must cover to keep the rate, the loops that a
@@ -136,6 +122,21 @@ static uint64_t credit_mean_loop_ns(const mr_credit_window_t *w)
     if (w->nrecent < MR_CREDIT_LOOPS) return 0;
     for (int i = 0; i < MR_CREDIT_LOOPS; i++) sum += w->recent_us[i];
     return sum * 1000u / MR_CREDIT_LOOPS;
+}
+
+void mr__credit_owed_fini(mr_credit_owed_t *o)
+{
+    if (o->win.adaptive && o->win.rate > 0) {
+        mr_debug("Credit window: %.2f per rank over %u active sending rank(s); peak rate %.0f messages/s, "
+                 "shortest credit loop %.1f us, mean of the latest %.1f us.",
+                 (double)o->win.per_rank_q8 / 256.0, credit_active(&o->win), o->win.rate,
+                 (double)o->win.loop_ns / 1e3, (double)credit_mean_loop_ns(&o->win) / 1e3);
+    }
+    if (o->repeats > 0) mr_debug("Credit returns said again: %llu.", (unsigned long long)o->repeats);
+    free(o->key);
+    free(o->retry);
+    free(o->watch);
+    memset(o, 0, sizeof(*o));
 }
 
 void mr__credit_owed_cumulative(mr_credit_owed_t *o)

@@ -26,7 +26,7 @@
  * ranks that send to it, shared evenly, at least MR_CREDIT_INITIAL per rank:
  * `rate` is its best recent arrival rate, `horizon` is 2 ms, twice the
  * shortest credit loop it measured, or the mean of its latest loops (up to
- * 50 ms), whichever is longest. A key that stands
+ * 500 ms), whichever is longest. A key that stands
  * for several ranks (a node) gets the shares of its ranks. docs/flowctl.md
  * explains it, docs/incast.md measures it. Static grants keep window = limit.
  */
