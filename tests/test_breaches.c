@@ -19,11 +19,11 @@
 static const char *const policies[] = {"rank", "node"};
 
 /* mr_init() over the double with `fault` on every `every`-th message, 4 static credits per
-   pair (8 per node). */
-static void init_faulty_every(const char *policy, const char *fault, const char *copies,
-                              const char *every)
+   pair (8 per node), and `slots` receive slots of `dgram` bytes. */
+static void init_faulty_pool(const char *policy, const char *fault, const char *copies,
+                             const char *every, const char *slots, const char *dgram)
 {
-    setup_env("8", SLOTS, "256");
+    setup_env("8", slots, dgram);
     setenv("MAILRAIL_FLOWCTL", policy, 1);
     setenv("MAILRAIL_RANK_CREDITS", "4", 1);
     setenv("MAILRAIL_NODE_CREDITS", "4", 1);
@@ -36,6 +36,12 @@ static void init_faulty_every(const char *policy, const char *fault, const char 
     if (strcmp(fault, "none") != 0 && world_rank == 0) fprintf(stderr, "breaches: %s, fault \"%s\" injected: the errors that follow are expected\n",
             policy, fault);
     init_on_world();
+}
+
+static void init_faulty_every(const char *policy, const char *fault, const char *copies,
+                              const char *every)
+{
+    init_faulty_pool(policy, fault, copies, every, SLOTS, "256");
 }
 
 static void init_faulty(const char *policy, const char *fault, const char *copies)
@@ -249,6 +255,39 @@ START_TEST(malformed_batches_are_dropped_and_their_credits_return)
 }
 END_TEST
 
+/*
+ * A pool larger than the grant (32 slots, 8 credits granted), and a substrate
+ * that delivers every message as a batch of 4 copies in one slot: the slots
+ * in use never exceed the grant, but the messages in them do, since each
+ * frame of a batch counts as one message; the pool bound reports it.
+ */
+START_TEST(batches_beyond_the_grant_count_per_frame)
+{
+    for (size_t p = 0; p < sizeof(policies) / sizeof(policies[0]); p++) {
+        /* 512 bytes: room for the 4 frames of 72 bytes of a message of 64. */
+        init_faulty_pool(policies[p], "fat_batch", "3", "1", "32", "512");
+        if (world_rank == 1) send_to_zero(SENDS);
+        mr_stats_t st = world_rank == 0 ? receive_on_zero(SENDS * 4, true) : (mr_stats_t){0};
+        if (world_rank == 0) {
+            fprintf(stderr, "%s: %llu messages in flight at most in %llu slots, %llu granted, "
+                    "%llu arrivals beyond the grant\n", policies[p],
+                    (unsigned long long)st.peak_recv_inflight,
+                    (unsigned long long)st.peak_recv_slots_in_use,
+                    (unsigned long long)st.recv_granted,
+                    (unsigned long long)st.breach_beyond_grant);
+            ck_assert_uint_eq(st.messages_received, SENDS * 4);
+            /* The pool could hold what was sent beyond the grant: the bound is not the pool's. */
+            ck_assert_uint_lt(st.recv_granted, 32);
+            ck_assert_uint_le(st.peak_recv_slots_in_use, st.recv_granted);
+            ck_assert_uint_gt(st.peak_recv_inflight, st.recv_granted);
+            ck_assert_uint_gt(st.breach_beyond_grant, 0);
+            expect_breach(&st, policies[p]);
+        }
+        finish();
+    }
+}
+END_TEST
+
 static Suite *breaches_suite(void)
 {
     Suite *s = suite_create("breaches");
@@ -261,6 +300,7 @@ static Suite *breaches_suite(void)
     tcase_add_test(tc, unacquired_slots_are_counted);
     tcase_add_test(tc, batches_break_nothing);
     tcase_add_test(tc, malformed_batches_are_dropped_and_their_credits_return);
+    tcase_add_test(tc, batches_beyond_the_grant_count_per_frame);
     suite_add_tcase(s, tc);
     return s;
 }

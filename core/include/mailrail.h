@@ -512,7 +512,8 @@ typedef struct mr_stats {
     uint64_t recv_granted;            /* Most messages this rank lets be in flight to it: the
                                          credits of all its holders under rank and node; the
                                          receive slots under none, which promises nothing. */
-    uint64_t recv_inflight;           /* Messages in flight to this rank now. */
+    uint64_t recv_inflight;           /* Messages in flight to this rank now, each frame of a
+                                         batch counted as one. */
     uint64_t peak_recv_inflight;      /* Most at once; above recv_granted only under none. */
     /* Breaches of the credit invariants: each must stay 0 (tests fail on any). */
     uint64_t breach_uncredited;       /* Messages that arrived beyond the credits this rank

@@ -148,6 +148,8 @@ static void dp_batch_arrived(uint32_t idx, int source)
     r->frames_left = (uint16_t)n;
     r->frames_held = 0;
     r->cursor = 0;
+    /* Each frame is a message in flight: the slot counts one, the others count here. */
+    dp.batch_frames += n - 1;
     dp_recvq_push(&dp.arrivals, idx);
 }
 
@@ -157,6 +159,7 @@ uint32_t dp_batch_drop(uint32_t idx)
     uint32_t left = r->frames_left;
 
     for (uint32_t i = left + r->frames_held; i-- > 0;) dp_fc_release(r->source);
+    if (left + r->frames_held > 0) dp.batch_frames -= left + r->frames_held - 1u;
     r->frames_left = 0;
     r->frames_held = 0;
     rt_recv_free(idx);
@@ -192,6 +195,7 @@ static inline mr_status_t dp_frame_release(void *buffer, size_t idx, size_t at)
     dp_set_le32(hdr, DP_FRAME_RELEASED | mark);
     int source = r->source;
     if (--r->frames_held == 0 && r->frames_left == 0) rt_recv_free((uint32_t)idx);
+    else dp.batch_frames--; /* The slot still holds other frames: this one leaves the count. */
     /* Last, with nothing kept across the call: the slot is free before its credit goes. */
     dp_fc_release(source);
     return MR_OK;
@@ -433,7 +437,7 @@ uint32_t rt_deferred_to(void *core, int dest)
  */
 static void rt_inflight_grew(uint64_t before)
 {
-    uint64_t now = mr__pool_in_use(&dp.recv_pool) + dp.held;
+    uint64_t now = dp_recv_messages();
 
     if (now <= before) return;
     if (now > rt.stats.peak_recv_inflight) rt.stats.peak_recv_inflight = now;
@@ -445,7 +449,7 @@ static void rt_inflight_grew(uint64_t before)
 /* Copies a message to oneself into a receive slot. */
 static mr_status_t rt_deliver_self(uint32_t idx)
 {
-    uint64_t before = mr__pool_in_use(&dp.recv_pool) + dp.held;
+    uint64_t before = dp_recv_messages();
     uint32_t r = rt_recv_take();
 
     if (r == MR_NIL) return MR_AGAIN;
@@ -654,7 +658,7 @@ static int rt_drain(void)
 
 int rt_progress(int timeout_ms)
 {
-    uint64_t before = mr__pool_in_use(&dp.recv_pool) + dp.held;
+    uint64_t before = dp_recv_messages();
     int events = rt.substrate->progress(rt.sub, timeout_ms);
 
     /* A substrate holds messages only once it found no slot: ask it only then, or while it holds. */

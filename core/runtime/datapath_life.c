@@ -125,7 +125,7 @@ void rt_datapath_stats(mr_stats_t *snapshot)
     snapshot->deferred_now = dp.deferq.depth;
     snapshot->recv_slots_in_use = mr__pool_in_use(&dp.recv_pool);
     snapshot->recv_granted = dp.recv_bound != 0 ? dp.recv_bound : rt.cfg.recv_slots;
-    snapshot->recv_inflight = snapshot->recv_slots_in_use + dp.held;
+    snapshot->recv_inflight = dp_recv_messages();
 }
 
 uint64_t rt_datapath_drop_arrivals(void)

@@ -113,10 +113,21 @@ typedef struct rt_datapath {
     uint64_t recv_bound;     /* Flow control's recv_bound(), or 0: it bounds nothing. */
     uint64_t (*sub_held)(mr_substrate_t *s); /* The substrate's held(), or NULL. */
     uint64_t held;           /* What it returned when last asked. */
+    uint64_t batch_frames;   /* Frames of batches in slots beyond each slot's first. */
     bool slot_refused;       /* A slot was asked for and none was free since then. */
 } rt_datapath_t;
 
 extern rt_datapath_t dp;
+
+/*
+ * Messages in flight to this rank (docs/reliability.md): one per receive slot
+ * in use, one more per further frame of a batch in a slot, not yet released,
+ * and what the substrate holds for want of a slot.
+ */
+static inline uint64_t dp_recv_messages(void)
+{
+    return mr__pool_in_use(&dp.recv_pool) + dp.batch_frames + dp.held;
+}
 
 /*
  * Message handles: a receive slot's index; with RT_MSG_LOCAL, a send slot kept

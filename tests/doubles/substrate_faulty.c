@@ -17,7 +17,11 @@
  *                substrate delivers it: no promise broken;
  *   bad_batch    every MAILRAIL_FAULTY_EVERY-th data message arrives as a
  *                batch whose frame claims 8 bytes more than follow: the core
- *                must drop it, and still give its credit back.
+ *                must drop it, and still give its credit back;
+ *   fat_batch    every MAILRAIL_FAULTY_EVERY-th data message arrives as a
+ *                batch of 1 + MAILRAIL_FAULTY_COPIES frames, copies of it, in
+ *                one receive slot: messages beyond the grant that take no
+ *                more slots than the senders' credits.
  *
  * Messages that find no receive slot wait in a queue of copies, counted by
  * held(), as a real substrate's arrival queue would be.
@@ -34,9 +38,9 @@
 #include <unistd.h>
 
 enum { FAULT_NONE, FAULT_DUPLICATE, FAULT_OVER_RETURN, FAULT_UNACQUIRED, FAULT_BATCH,
-       FAULT_BAD_BATCH };
+       FAULT_BAD_BATCH, FAULT_FAT_BATCH };
 static const char *const faulty_fault_names[] = {"none", "duplicate", "over_return", "unacquired",
-                                                 "batch", "bad_batch",
+                                                 "batch", "bad_batch", "fat_batch",
                                                  NULL};
 
 typedef struct faulty_config {
@@ -213,23 +217,31 @@ static void faulty_deliver_twice(mr_substrate_t *s, const faulty_hdr_t *h, const
     (void)s->base.up.deliver(s->base.core, h->source, h->kind, 0, slot, len, NULL);
 }
 
-/* Delivers a data message as a batch of one frame (mr_substrate.h), or a malformed one. */
+/*
+ * Delivers a data message as a batch of `frames` copies of it (mr_substrate.h),
+ * or as a malformed batch of one.
+ */
 static void faulty_arrive_batch(mr_substrate_t *s, const faulty_hdr_t *h, const void *data,
-                                size_t len, bool malformed)
+                                size_t len, bool malformed, uint64_t frames)
 {
     size_t size = mr_frame_size(len);
-    uint8_t *batch = calloc(1, size);
+    uint8_t *batch = size * frames <= s->base.datagram_size || frames == 1
+                         ? calloc(frames, size) : NULL;
     uint32_t claim = (uint32_t)len + (malformed ? 8 : 0);
     faulty_hdr_t bh = *h;
 
     if (batch == NULL) {
-        MR__LOG(s, MR_LOG_ERROR, "faulty substrate: out of memory; a message is lost.");
+        MR__LOG(s, MR_LOG_ERROR, "faulty substrate: no room for a batch of %llu frames of %zu "
+                "bytes; a message is lost.", (unsigned long long)frames, len);
         return;
     }
-    for (int i = 0; i < 4; i++) batch[i] = (uint8_t)(claim >> (8 * i));
-    memcpy(batch + MR_FRAME_HDR, data, len);
+    for (uint64_t f = 0; f < frames; f++) {
+        uint8_t *frame = batch + f * size;
+        for (int i = 0; i < 4; i++) frame[i] = (uint8_t)(claim >> (8 * i));
+        memcpy(frame + MR_FRAME_HDR, data, len);
+    }
     bh.kind = MR_KIND_BATCH;
-    faulty_arrive(s, &bh, batch, size);
+    faulty_arrive(s, &bh, batch, size * frames);
     free(batch);
 }
 
@@ -238,7 +250,11 @@ static void faulty_data(mr_substrate_t *s, const faulty_hdr_t *h, const void *da
     bool due = ++s->data_received % s->cfg.every == 0;
 
     if (due && (s->cfg.fault == FAULT_BATCH || s->cfg.fault == FAULT_BAD_BATCH)) {
-        faulty_arrive_batch(s, h, data, len, s->cfg.fault == FAULT_BAD_BATCH);
+        faulty_arrive_batch(s, h, data, len, s->cfg.fault == FAULT_BAD_BATCH, 1);
+        return;
+    }
+    if (due && s->cfg.fault == FAULT_FAT_BATCH) {
+        faulty_arrive_batch(s, h, data, len, false, 1 + s->cfg.copies);
         return;
     }
 
