@@ -38,6 +38,7 @@ done
 mismatch tcp MAILRAIL_SUBSTRATE tcp ucx
 # A substrate's own job-wide setting (mr_substrate_ops_t.job_wide_settings).
 mismatch ucx MAILRAIL_UCX_ERROR_MODE none peer
+mismatch ucx MAILRAIL_UCX_BARE_MAX_RANKS 1 11439
 
 # The same values on both ranks: the job runs.
 out=$(MAILRAIL_SUBSTRATE=tcp MAILRAIL_FLOWCTL=rank timeout -k 5 90 "$mpiexec" -disable-auto-cleanup \

@@ -443,7 +443,7 @@ mr_status_t ucx__set_handlers(mr_substrate_t *s)
         us = ucp_worker_set_am_recv_handler(s->worker, &hparam);
     }
     /* Header-less data from each peer, in jobs small enough to name them all. */
-    for (int r = 0; us == UCS_OK && s->base.size <= UCX_BARE_MAX_RANKS && r < s->base.size; r++) {
+    for (int r = 0; us == UCS_OK && s->bare_ids && r < s->base.size; r++) {
         hparam.arg = &s->peers[r];
         static const ucp_am_recv_callback_t cbs[UCX_BARE_KINDS] = {
             bare_data_am_cb, bare_items_am_cb, bare_handler_am_cb, bare_hfront_am_cb};

@@ -20,7 +20,9 @@ static void ucx_init_state(mr_substrate_t *s, const mr_substrate_params_t *p)
     s->efd = -1;
     s->epfd = -1;
     memcpy(&s->cfg, p->config, sizeof(s->cfg));
-    s->bare = s->cfg.bare && s->base.size <= UCX_BARE_MAX_RANKS;
+    /* Above MAILRAIL_UCX_BARE_MAX_RANKS (at most what 16-bit AM ids name), the large-job path. */
+    s->bare_ids = (uint64_t)s->base.size <= s->cfg.bare_max_ranks;
+    s->bare = s->cfg.bare && s->bare_ids;
     /* Not authentication: only keeps ranks of two jobs from taking each other for peers. */
     ucx__host_identity(&s->boot_hash, &s->pidns);
 }

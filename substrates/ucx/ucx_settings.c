@@ -15,8 +15,12 @@
 
 const char *const ucx__error_modes[] = {"auto", "none", "peer", NULL};
 
-/* The two ends of an endpoint must use the same error handling mode. */
-const char *const ucx__job_wide_settings[] = {"MAILRAIL_UCX_ERROR_MODE", NULL};
+/* The two ends of an endpoint must agree on whether header-less messages are taken. */
+const char *const ucx__job_wide_settings[] = {"MAILRAIL_UCX_ERROR_MODE",
+                                              "MAILRAIL_UCX_BARE_MAX_RANKS", NULL};
+
+/* The default of MAILRAIL_UCX_BARE_MAX_RANKS below: the most whose AM ids fit in 16 bits. */
+_Static_assert(UCX_BARE_MAX_RANKS == 11439, "MAILRAIL_UCX_BARE_MAX_RANKS's default is stale");
 
 const mr_config_entry_t ucx__config_table[] = {
     {.name = "MAILRAIL_UCX_ERROR_MODE",
@@ -56,6 +60,17 @@ const mr_config_entry_t ucx__config_table[] = {
      .doc = "Sends a message that carries no credits without MailRail's header, naming the "
             "sender and the kind by the active-message id, so that the receiver reads no header "
             "(jobs of at most 11439 ranks). Receivers take both forms either way."},
+    {.name = "MAILRAIL_UCX_BARE_MAX_RANKS",
+     .default_value = "11439",
+     .type = MR_CONFIG_UINT,
+     .offset = offsetof(ucx_config_t, bare_max_ranks),
+     .min = 0,
+     .max = UCX_BARE_MAX_RANKS,
+     .doc = "Jobs of more ranks than this take the large-job path: every message carries "
+            "MailRail's header and no rank registers the 4 header-less active-message ids per "
+            "rank (O(ranks) handlers at init). The default is the most ranks whose ids fit in 16 "
+            "bits; a lower value takes that path in a smaller job (the tests force it on 4 "
+            "ranks). Must be the same on every rank."},
     {.name = NULL},
 };
 

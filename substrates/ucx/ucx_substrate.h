@@ -83,6 +83,7 @@ typedef struct ucx_config {
     uint64_t zcopy_thresh;
     uint64_t spill_size;
     bool bare;
+    uint64_t bare_max_ranks;
 } ucx_config_t;
 
 /* ucx_settings.c: the settings table, its error mode names, and the job-wide settings. */
@@ -228,6 +229,7 @@ struct mr_substrate {
     uint64_t next_hinted_check;
     uint8_t failures_seen;     /* Peer failures found (saturating); sent in every header. */
     bool bare;                 /* Sends without a header when it has nothing to say. */
+    bool bare_ids;             /* The header-less ids are registered: not the large-job path. */
     uint64_t proto_errors;
     uint64_t spilled, spilled_heap, paused_calls, zcopy_delivered, rndv_received, held;
     uint64_t bare_received;
