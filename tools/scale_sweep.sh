@@ -18,6 +18,10 @@
 #
 # Every run is bounded by -T (timeout, then SIGKILL). Outputs: OUT/scale.csv
 # (mailrail_scale's rows), OUT/wall.csv, OUT/fit.md and OUT/scale_*.png.
+# Only complete series are fitted and plotted: a series with a failed run, or
+# without a row at some size of the sweep, is left out and named. The sweep
+# exits 1 when any run failed or any series was left out (the table and the
+# plots of the others are still written).
 set -euo pipefail
 
 usage() { sed -n '2,20p' "$0" >&2; exit 2; }
@@ -67,10 +71,29 @@ if [ "$replot" -eq 0 ]; then
 fi
 [ -s "$out/scale.csv" ] || { echo "scale_sweep: no rows in $out/scale.csv" >&2; exit 1; }
 
-# One long table: series, ranks, measure, value. MailRail's own memory and
-# descriptors are what mr_init() added to what MPI_Init left.
-awk -F, -v OFS=, '
+# The runs that failed, as "series,ranks", and every size of the sweep (from
+# wall.csv; with -r and no wall.csv, the sizes scale.csv has).
+incomplete=0
+if [ -s "$out/wall.csv" ]; then
+    awk -F, 'NR > 1 && $4 != 0 { print $1 "," $2 }' "$out/wall.csv" >"$out/failed.txt"
+    awk -F, 'NR > 1 { print $2 }' "$out/wall.csv" | sort -un >"$out/sizes.txt"
+else
+    : >"$out/failed.txt"
+    awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "ranks") r = i; next } { print $r }' \
+        "$out/scale.csv" | sort -un >"$out/sizes.txt"
+fi
+while IFS=, read -r series n; do
+    echo "scale_sweep: the $series run at $n ranks failed (see $out/runs.log)" >&2
+    incomplete=1
+done <"$out/failed.txt"
+
+# One long table: series, ranks, measure, value, for the runs that succeeded.
+# MailRail's own memory and descriptors are what mr_init() added to what
+# MPI_Init left.
+awk -F, -v OFS=, -v failed="$out/failed.txt" '
+BEGIN { while ((getline line < failed) > 0) bad[line] = 1 }
 NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; print "series,ranks,measure,value"; next }
+($c["substrate"] "," $c["ranks"]) in bad { next }
 $c["substrate"] == "mpich" {
     print "mpich", $c["ranks"], "init_s", $c["mpi_init_s_max"]
     if ("mpi_init_cpu_s_mean" in c) print "mpich", $c["ranks"], "init_cpu_s", $c["mpi_init_cpu_s_mean"]
@@ -90,7 +113,23 @@ $c["substrate"] == "mpich" {
     print s, $c["ranks"], "peers_end", $c["peers_end_max"]
     print s, $c["ranks"], "init_kb", $c["init_kb_mean"]
     print s, $c["ranks"], "init_collectives", $c["init_collectives_max"]
-}' "$out/scale.csv" >"$out/long.csv"
+}' "$out/scale.csv" >"$out/long_all.csv"
+
+# Complete series only: a row at every size of the sweep.
+nsizes=$(wc -l <"$out/sizes.txt")
+awk -F, 'NR > 1 && !seen[$1 "," $2]++ { count[$1]++ } END { for (s in count) print s "," count[s] }' \
+    "$out/long_all.csv" | sort >"$out/series.txt"
+: >"$out/partial.txt"
+while IFS=, read -r series count; do
+    if [ "$count" -ne "$nsizes" ]; then
+        echo "scale_sweep: series $series has rows at $count of $nsizes sizes; left out of the fit and the plots" >&2
+        echo "$series" >>"$out/partial.txt"
+        incomplete=1
+    fi
+done <"$out/series.txt"
+awk -F, -v partial="$out/partial.txt" '
+BEGIN { while ((getline line < partial) > 0) bad[line] = 1 }
+NR == 1 || !($1 in bad)' "$out/long_all.csv" >"$out/long.csv"
 
 # The fit: y = a P^b by least squares on log-log over the sizes measured, per
 # series and measure, and what it gives at 16,384 ranks.
@@ -131,3 +170,7 @@ plot fds "Descriptors mr_init() adds per rank (MPICH: after MPI_Init)" "descript
 plot init_kb "Bytes each rank puts into the bootstrap's collectives in mr_init()" "KiB (mean)"
 plot peers_end "Peers connected after the sparse exchange" "peers (most on one rank)"
 echo "tables: $out/scale.csv $out/wall.csv $out/fit.md   plots: $out/scale_*.png"
+if [ "$incomplete" -ne 0 ]; then
+    echo "scale_sweep: some runs failed or some series are incomplete (above)" >&2
+    exit 1
+fi
