@@ -34,9 +34,9 @@
 #include <unistd.h>
 
 enum { FAULT_NONE, FAULT_DUPLICATE, FAULT_OVER_RETURN, FAULT_UNACQUIRED, FAULT_BATCH,
-       FAULT_BAD_BATCH };
+       FAULT_BAD_BATCH, FAULT_DROP };
 static const char *const faulty_fault_names[] = {"none", "duplicate", "over_return", "unacquired",
-                                                 "batch", "bad_batch",
+                                                 "batch", "bad_batch", "drop",
                                                  NULL};
 
 typedef struct faulty_config {
@@ -237,6 +237,7 @@ static void faulty_data(mr_substrate_t *s, const faulty_hdr_t *h, const void *da
 {
     bool due = ++s->data_received % s->cfg.every == 0;
 
+    if (due && s->cfg.fault == FAULT_DROP) return;
     if (due && (s->cfg.fault == FAULT_BATCH || s->cfg.fault == FAULT_BAD_BATCH)) {
         faulty_arrive_batch(s, h, data, len, s->cfg.fault == FAULT_BAD_BATCH);
         return;
