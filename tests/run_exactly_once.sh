@@ -41,6 +41,11 @@ run()
           timeout -k 5 60 "$mpiexec" -n 2 "$tool" "$@" 2>&1)
     rc=$?
     elapsed=$(($(date +%s) - run_started))
+    # Under the sanitizers a failing run must still be clean: a report fails the test.
+    if printf '%s\n' "$out" | grep -qE "(Address|Leak|UndefinedBehavior)Sanitizer|runtime error:"; then
+        fail "$name ($run_policy, $run_fault): a sanitizer report"
+        printf '%s\n' "$out" | grep -E -A 12 "Sanitizer|runtime error:" | head -n 30
+    fi
 }
 
 # The arguments of a run in which each rank receives `messages` messages from the other.
