@@ -153,7 +153,7 @@ typedef struct incast_rank {
     unsigned seed;
 } incast_rank_t;
 
-/* The checksum of message `seq` from `source`: also the first 8 bytes of its payload. */
+/* The checksum of message `seq` from `source`, and the base of its payload words. */
 static uint64_t incast_tag(int source, uint64_t seq)
 {
     uint64_t state = ((uint64_t)source << 40) ^ (seq + 0x9E3779B97F4A7C15ull);
