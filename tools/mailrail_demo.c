@@ -54,14 +54,15 @@ typedef struct demo_state {
  */
 static void demo_die(const demo_state_t *st, const char *format, ...)
 {
+    char what[512];
     va_list ap;
 
-    fprintf(stderr, "mailrail_demo: rank %d: ", st->rank);
     va_start(ap, format);
-    vfprintf(stderr, format, ap);
+    vsnprintf(what, sizeof(what), format, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    /* One write, so that the launcher does not interleave it with other ranks' lines. */
     fflush(stdout);
+    fprintf(stderr, "mailrail_demo: rank %d: %s\n", st->rank, what);
     fflush(stderr);
     _exit(1);
 }

@@ -191,14 +191,15 @@ static void incast_fill(uint8_t *buf, size_t bytes, int source, uint64_t seq)
  */
 static void incast_fail(const incast_rank_t *r, const char *format, ...)
 {
+    char what[512];
     va_list ap;
 
-    fprintf(stderr, "mailrail_incast: rank %d: ", r->rank);
     va_start(ap, format);
-    vfprintf(stderr, format, ap);
+    vsnprintf(what, sizeof(what), format, ap);
     va_end(ap);
-    fprintf(stderr, " (%s, trial %d, seed %u: rerun with -s %u)\n", r->policy, r->trial, r->seed,
-            r->seed);
+    /* One write, so that the launcher does not interleave it with other ranks' lines. */
+    fprintf(stderr, "mailrail_incast: rank %d: %s (%s, trial %d, seed %u: rerun with -s %u)\n",
+            r->rank, what, r->policy, r->trial, r->seed, r->seed);
     tool_abort();
 }
 
