@@ -5,7 +5,8 @@
 #  - a hand-made graph whose answers are known (tests/graph/known.el), checked
 #    value by value and against the serial reference;
 #  - a small R-MAT graph against the serial reference, then written in the
-#    binary form and read back to the same result;
+#    binary form and read back to the same result: a fresh seed each run,
+#    printed (MR_TEST_SEED=SEED repeats it), the same for every run of the test;
 #  - malformed edge lists: every rank names the file and the line, the run
 #    fails, and nothing hangs.
 #
@@ -17,13 +18,15 @@ known=$3
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 export MPIEXEC_TIMEOUT=100
+seed=${MR_TEST_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
+echo "run_graph.sh: seed $seed (MR_TEST_SEED=$seed repeats this test)"
 
 # Runs the kernel; prints and fails on a non-zero exit.
 run() {
     np=$1
     shift
     timeout -k 5 120 "$mpiexec" -n "$np" "$graph" "$@" > "$dir/out" 2>&1 || {
-        cat "$dir/out"; echo "FAIL: mailrail_graph $*"; exit 1; }
+        cat "$dir/out"; echo "FAIL: mailrail_graph $* (seed $seed)"; exit 1; }
     cat "$dir/out"
 }
 
@@ -35,7 +38,7 @@ value() {
 expect() {
     got=$(value "$1")
     if [ "$got" != "$2" ]; then
-        echo "FAIL: $1 is '$got', expected $2"
+        echo "FAIL: $1 is '$got', expected $2 (seed $seed)"
         exit 1
     fi
 }
@@ -60,7 +63,7 @@ expect edges 15
 
 # Small datagrams: many messages per phase, deferred sends and credit returns.
 MAILRAIL_DATAGRAM_SIZE=256 MAILRAIL_RECV_SLOTS=16 MAILRAIL_SEND_SLOTS=8 \
-    run 4 -r 9 -e 8 -S 7 -V -p none,rank,node -c "$dir/graph.csv"
+    run 4 -r 9 -e 8 -S "$seed" -V -p none,rank,node -c "$dir/graph.csv"
 grep -q "the serial reference agrees" "$dir/out"
 triangles=$(value triangles)
 checksum=$(value checksum)
@@ -70,11 +73,11 @@ test "$(wc -l < "$dir/graph.csv")" -eq 10
 awk -F, '$1 == "rank" && $3 == "degree" { exit !($12 > 0) }' "$dir/graph.csv"
 
 # A session per phase (-P) gives the same result.
-run 3 -r 9 -e 8 -S 7 -P -p rank -q
+run 3 -r 9 -e 8 -S "$seed" -P -p rank -q
 expect triangles "$triangles"
 expect checksum "$checksum"
 
-run 2 -r 9 -e 8 -S 7 -o "$dir/rmat.bin"
+run 2 -r 9 -e 8 -S "$seed" -o "$dir/rmat.bin"
 test "$(stat -c %s "$dir/rmat.bin")" -eq $((16 + 16 * 4096))
 run 3 -f "$dir/rmat.bin" -q
 expect triangles "$triangles"

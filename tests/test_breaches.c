@@ -172,6 +172,31 @@ START_TEST(duplicates_are_uncredited_and_beyond_the_grant)
 }
 END_TEST
 
+/*
+ * Duplicates make the job receive more than it sent, so quiescence can never
+ * be reached: mr_quiesce() says so on every rank, in the same round, instead
+ * of returning MR_AGAIN forever.
+ */
+START_TEST(duplicates_fail_quiescence)
+{
+    for (size_t p = 0; p < sizeof(policies) / sizeof(policies[0]); p++) {
+        init_faulty(policies[p], "duplicate", "1");
+        if (world_rank == 1) send_to_zero(SENDS);
+        if (world_rank == 0) (void)receive_on_zero(SENDS * 2, false);
+        mr_status_t st;
+        mr_message_t m;
+        double start = now_s();
+        while ((st = mr_quiesce()) == MR_AGAIN) {
+            while (mr_receive(&m) == MR_OK) ck_assert_int_eq(mr_release(m.data), MR_OK);
+            ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "mr_quiesce() waited for %.0f s",
+                          now_s() - start);
+        }
+        ck_assert_int_eq(st, MR_ERR_TRANSPORT);
+        finish();
+    }
+}
+END_TEST
+
 /* A thousand credits too many on every return: the sender counts them. */
 START_TEST(over_returns_are_counted)
 {
@@ -296,6 +321,7 @@ static Suite *breaches_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, an_honest_double_breaks_nothing);
     tcase_add_test(tc, duplicates_are_uncredited_and_beyond_the_grant);
+    tcase_add_test(tc, duplicates_fail_quiescence);
     tcase_add_test(tc, over_returns_are_counted);
     tcase_add_test(tc, unacquired_slots_are_counted);
     tcase_add_test(tc, batches_break_nothing);

@@ -11,7 +11,7 @@
  *                   messaging, on the same cores at the same time
  *     -k            skewed indices, R-MAT-like: each index bit is 0 with probability 0.76,
  *                   so a few low owners become hot (default: uniform)
- *     -S SEED       seed (default 1)
+ *     -S SEED       seed (default: a fresh one each run, printed; -S SEED repeats a run)
  *     -c FILE       append one CSV row per trial, mode and policy to FILE
  *
  * Every rank draws INSERTS random bin indices before the timer starts, as
@@ -52,6 +52,7 @@ typedef struct hist_options {
     bool baseline;
     bool skewed;
     unsigned seed;
+    bool seed_given;         /* -S; else rank 0 draws a fresh seed. */
     const char *csv;
 } hist_options_t;
 
@@ -211,8 +212,8 @@ static bool hist_verify(const hist_options_t *o, const hist_state_t *h, int tria
     }
     if (wrong != 0) {
         fprintf(stderr, "mailrail_histogram: rank %d: %llu of its %llu bins differ from the "
-                "serial count\n", h->rank, (unsigned long long)wrong,
-                (unsigned long long)h->bins_per_rank);
+                "serial count (seed %u: rerun with -S %u)\n", h->rank, (unsigned long long)wrong,
+                (unsigned long long)h->bins_per_rank, o->seed, o->seed);
     }
     free(expect);
     MPI_Allreduce(&wrong, &wrong_all, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
@@ -229,7 +230,6 @@ static int hist_parse(int argc, char **argv, hist_options_t *o)
     o->scale = 20;
     o->inserts = 1000000;
     o->trials = 3;
-    o->seed = 1;
     while ((c = getopt(argc, argv, "s:i:t:p:bkS:c:h")) != -1) {
         switch (c) {
         case 's': ok &= tool_parse_int(optarg, 1, 40, &o->scale); break;
@@ -238,7 +238,7 @@ static int hist_parse(int argc, char **argv, hist_options_t *o)
         case 'p': policies = optarg; break;
         case 'b': o->baseline = true; break;
         case 'k': o->skewed = true; break;
-        case 'S': ok &= tool_parse_unsigned(optarg, &o->seed); break;
+        case 'S': ok &= tool_parse_unsigned(optarg, &o->seed); o->seed_given = true; break;
         case 'c': o->csv = optarg; break;
         default: return -1;
         }
@@ -294,7 +294,10 @@ static double hist_policy(const hist_options_t *o, hist_state_t *h, const char *
         if (o->baseline) {
             hist_baseline(o, h, &base);
             if (!hist_sums_up(o, h)) {
-                if (h->rank == 0) fprintf(stderr, "mailrail_histogram: the baseline is wrong\n");
+                if (h->rank == 0) {
+                    fprintf(stderr, "mailrail_histogram: the baseline is wrong (seed %u: rerun "
+                            "with -S %u)\n", o->seed, o->seed);
+                }
                 mr_finalize();
                 return -1;
             }
@@ -304,8 +307,10 @@ static double hist_policy(const hist_options_t *o, hist_state_t *h, const char *
         bool ok = st == MR_OK && hist_verify(o, h, k);
         if (!ok) {
             if (h->rank == 0) {
-                fprintf(stderr, "mailrail_histogram: %s trial %d failed: %s\n", policy, k,
-                        st != MR_OK ? mr_status_string(st) : "bins differ from the serial count");
+                fprintf(stderr, "mailrail_histogram: %s trial %d failed: %s (seed %u: rerun with "
+                        "-S %u)\n", policy, k,
+                        st != MR_OK ? mr_status_string(st) : "bins differ from the serial count",
+                        o->seed, o->seed);
             }
             mr_finalize();
             return -1;
@@ -318,7 +323,12 @@ static double hist_policy(const hist_options_t *o, hist_state_t *h, const char *
         }
     }
     mr_items_destroy(a);
-    if (!tool_invariants_hold("mailrail_histogram")) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (!tool_invariants_hold("mailrail_histogram")) {
+        fprintf(stderr, "mailrail_histogram: %s, seed %u (rerun with -S %u)\n", policy, o->seed,
+                o->seed);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     mr_finalize();
     median = tool_median(secs, o->trials);
     *ratio = tool_median(ratios, o->trials);
@@ -345,6 +355,9 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
+    /* A fresh seed unless -S gave one: rank 0's, since every rank recounts every rank's keys. */
+    if (!o.seed_given && h.rank == 0) o.seed = tool_fresh_seed();
+    MPI_Bcast(&o.seed, 1, MPI_UNSIGNED, 0, MPI_COMM_WORLD);
     h.bins_total = 1ull << o.scale;
     h.bins_per_rank = (h.bins_total + (uint64_t)h.size - 1) / (uint64_t)h.size;
     h.owner_shift = -1;
@@ -362,8 +375,8 @@ int main(int argc, char **argv)
     }
     if (h.rank == 0) {
         printf("# mailrail_histogram: %d ranks, 2^%d bins, %ld %s inserts per rank, 1 warm-up + "
-               "%d trial(s) per policy\n# %-6s %-8s %7s %10s %14s%s\n", h.size, o.scale,
-               o.inserts, o.skewed ? "skewed" : "uniform", o.trials, "policy", "mode", "trial",
+               "%d trial(s) per policy; seed %u\n# %-6s %-8s %7s %10s %14s%s\n", h.size, o.scale,
+               o.inserts, o.skewed ? "skewed" : "uniform", o.trials, o.seed, "policy", "mode", "trial",
                "seconds", "inserts/s", o.baseline ? "  vs limit" : "");
         if (o.csv != NULL) {
             csv = fopen(o.csv, "a");

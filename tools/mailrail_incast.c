@@ -9,7 +9,7 @@
  *     -m MESSAGES   messages sent by every rank (default 20000)
  *     -t TRIALS     trials per policy (default 3)
  *     -p POLICIES   comma-separated flow-control policies to compare (default: MAILRAIL_FLOWCTL)
- *     -s SEED       seed for the victims and the send orders (default 1)
+ *     -s SEED       seed for the victims and the send orders (default: a fresh one, printed)
  *     -c FILE       append one CSV row per trial and policy to FILE
  *     -i PERIOD_MS  sub-second statistics every PERIOD_MS milliseconds, written per rank
  *                   to STATS_PREFIX.<policy>.<trial>.<rank>.csv at the end of each trial
@@ -46,14 +46,25 @@
  * quiescence (mr_quiesce) follows, untimed, before the checks. Ranks wait in
  * the barrier and in quiescence with -w without spinning. Each trial
  * initializes MailRail afresh with the policy under test, so that counters and
- * peaks are per trial. Every victim checks that it received exactly what was
- * sent to it (count, bytes and a checksum of every message).
+ * peaks are per trial. Every message carries its source and its sequence
+ * number among those its source sends to that victim, and bytes derived from
+ * them; every victim checks each message as it arrives (source, sequence
+ * number due next from that source, length, every byte) and the first fault
+ * ends the job with an error that names the source and the sequence number
+ * ("message 42 from rank 3 arrived twice"). Each victim knows before the clock
+ * starts how many messages each rank will send it: when some are still due
+ * and nothing has arrived or left for MAILRAIL_TIMEOUT seconds, it names the
+ * first missing one. After quiescence, the totals (count, bytes and a
+ * checksum) are compared with what was sent, and MailRail's credit
+ * invariants are checked (tool_invariants_hold()).
  */
 #include "mailrail.h"
 #include "tool_common.h"
 #include "tool_mpi.h"
 
+#include <inttypes.h>
 #include <mpi.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -74,6 +85,7 @@ typedef struct incast_options {
     const char *policies[INCAST_MAX_POLICIES];
     int npolicies;
     unsigned seed;
+    bool seed_given;         /* -s; else rank 0 draws a fresh seed. */
     const char *csv;
     double period_s;
     const char *stats_prefix;
@@ -107,6 +119,12 @@ typedef struct incast_trial {
     long long port[3];       /* -P: bytes, packets, drops during the trial; -1 without. */
 } incast_trial_t;
 
+/* What every message starts with; bytes derived from it follow. */
+typedef struct incast_header {
+    uint64_t seq;            /* Among the messages its source sends to this victim. */
+    int64_t source;
+} incast_header_t;
+
 typedef struct incast_rank {
     int rank, size;
     bool is_victim;
@@ -125,13 +143,142 @@ typedef struct incast_rank {
     bool have_grants;        /* The policy grants credits. */
     double start, next_sample, last_send, last_recv, max_send_gap, max_recv_gap;
     uint64_t sent_total, sent_total_bytes;
+    /* Victims, per source: the sequence number due next, and how many will come. */
+    uint64_t *next, *due;
+    uint64_t missing;        /* Messages still due to this victim. */
+    double last_progress;    /* When a message last arrived or left. */
+    unsigned timeout_s;      /* MAILRAIL_TIMEOUT. */
+    const char *policy;      /* The trial under way, for the error messages. */
+    int trial;
+    unsigned seed;
 } incast_rank_t;
 
-/* The checksum of message `seq` from `source`: also the first 8 bytes of its payload. */
+/* The checksum of message `seq` from `source`, and the base of its payload words. */
 static uint64_t incast_tag(int source, uint64_t seq)
 {
     uint64_t state = ((uint64_t)source << 40) ^ (seq + 0x9E3779B97F4A7C15ull);
     return tool_random(&state);
+}
+
+/* The payload word `k` (k >= 2) of a message whose tag is `tag`. */
+static inline uint64_t incast_word(uint64_t tag, size_t k)
+{
+    return tag + (uint64_t)k * 0x9E3779B97F4A7C15ull;
+}
+
+/* Writes message `seq` of `source` to its victim into buf[0..bytes): header, then words. */
+static void incast_fill(uint8_t *buf, size_t bytes, int source, uint64_t seq)
+{
+    incast_header_t h = {.seq = seq, .source = source};
+    uint64_t tag = incast_tag(source, seq);
+    size_t k = sizeof(h) / 8;
+
+    memcpy(buf, &h, sizeof(h));
+    for (; (k + 1) * 8 <= bytes; k++) {
+        uint64_t w = incast_word(tag, k);
+        memcpy(buf + k * 8, &w, 8);
+    }
+    if (k * 8 < bytes) {
+        uint64_t w = incast_word(tag, k);
+        memcpy(buf + k * 8, &w, bytes - k * 8);
+    }
+}
+
+/*
+ * Names what broke exactly-once delivery, with the trial and the seed that
+ * reproduce it, and stops the job: the other ranks may wait for messages or
+ * a quiescence that cannot come.
+ */
+static void incast_fail(const incast_rank_t *r, const char *format, ...)
+{
+    char what[512];
+    va_list ap;
+
+    va_start(ap, format);
+    vsnprintf(what, sizeof(what), format, ap);
+    va_end(ap);
+    /* One write, so that the launcher does not interleave it with other ranks' lines. */
+    fprintf(stderr, "mailrail_incast: rank %d: %s (%s, trial %d, seed %u: rerun with -s %u)\n",
+            r->rank, what, r->policy, r->trial, r->seed, r->seed);
+    tool_abort();
+}
+
+/*
+ * Checks one message as it arrives: to a victim, from the source it claims,
+ * the sequence number due next from that source (each once, in order per
+ * source, as MailRail promises), the length and every byte.
+ */
+static void incast_check(incast_rank_t *r, const mr_message_t *m, size_t bytes)
+{
+    const uint8_t *p = m->data;
+    incast_header_t h;
+
+    if (!r->is_victim) {
+        incast_fail(r, "a message of %zu bytes from rank %d came to a rank that is no victim",
+                    m->length, m->source);
+    }
+    if (m->source < 0 || m->source >= r->size || m->length < sizeof(h)) {
+        incast_fail(r, "a message of %zu bytes from rank %d has no header", m->length, m->source);
+    }
+    memcpy(&h, p, sizeof(h));
+    if (h.source != m->source) {
+        incast_fail(r, "message %" PRIu64 " from rank %d says it comes from rank %" PRId64, h.seq,
+                    m->source, h.source);
+    }
+    uint64_t due = r->next[m->source];
+    if (h.seq < due) {
+        incast_fail(r, "message %" PRIu64 " from rank %d arrived twice", h.seq, m->source);
+    }
+    if (h.seq >= r->due[m->source]) {
+        incast_fail(r, "message %" PRIu64 " from rank %d is beyond the %" PRIu64 " it sends here",
+                    h.seq, m->source, r->due[m->source]);
+    }
+    if (h.seq > due) {
+        incast_fail(r, "message %" PRIu64 " from rank %d is missing: message %" PRIu64
+                    " arrived before it", due, m->source, h.seq);
+    }
+    if (m->length != bytes) {
+        incast_fail(r, "message %" PRIu64 " from rank %d has %zu bytes, not %zu", h.seq, m->source,
+                    m->length, bytes);
+    }
+    uint64_t tag = incast_tag(m->source, h.seq);
+    for (size_t k = sizeof(h) / 8; k * 8 < bytes; k++) {
+        uint64_t w = incast_word(tag, k), got = 0;
+        size_t n = bytes - k * 8 < 8 ? bytes - k * 8 : 8;
+        memcpy(&got, p + k * 8, n);
+        if (n < 8) w &= (1ull << (8 * n)) - 1;
+        if (got != w) {
+            incast_fail(r, "message %" PRIu64 " from rank %d: bytes %zu to %zu differ from what "
+                        "was sent", h.seq, m->source, k * 8, k * 8 + n - 1);
+        }
+    }
+    r->next[m->source]++;
+    r->missing--;
+}
+
+/*
+ * Bounds every wait of a trial: with messages still due to this victim and
+ * nothing arriving or leaving for MAILRAIL_TIMEOUT seconds, the first one
+ * missing is named (lost); with none due, nothing happening for three times
+ * as long means the job is stuck elsewhere. `what` is what this rank waits for.
+ */
+static void incast_watch(const incast_rank_t *r, const char *what)
+{
+    double idle = tool_now() - r->last_progress;
+
+    if (r->missing > 0 && idle > r->timeout_s) {
+        for (int s = 0; s < r->size; s++) {
+            if (r->next[s] == r->due[s]) continue;
+            incast_fail(r, "message %" PRIu64 " from rank %d never arrived: nothing came for %u s "
+                        "(MAILRAIL_TIMEOUT) while waiting for %s, with %" PRIu64
+                        " message(s) missing", r->next[s], s, r->timeout_s, what, r->missing);
+        }
+    }
+    if (idle > 3.0 * r->timeout_s) {
+        incast_fail(r, "nothing arrived or left for %u s (3 x MAILRAIL_TIMEOUT) while waiting "
+                    "for %s, with nothing due here: another rank is stuck or misses messages",
+                    3 * r->timeout_s, what);
+    }
 }
 
 /* The credits this victim has outstanding, summed per sending node, into row[nodes]. */
@@ -184,12 +331,13 @@ static mr_status_t incast_receive_all(incast_rank_t *r, size_t bytes)
     if (now - r->last_recv > r->max_recv_gap) r->max_recv_gap = now - r->last_recv;
     r->last_recv = now;
     while ((st = mr_receive(&m)) == MR_OK) {
-        uint64_t tag = 0;
-        if (m.length >= sizeof(tag)) memcpy(&tag, m.data, sizeof(tag));
+        incast_header_t h;
+        incast_check(r, &m, bytes);
+        memcpy(&h, m.data, sizeof(h));
         r->recv_count++;
         r->recv_bytes += m.length;
-        r->recv_sum += tag;
-        if (m.length != bytes) r->recv_sum ^= 0xBADull; /* Makes verification fail. */
+        r->recv_sum += incast_tag(m.source, h.seq);
+        r->last_progress = now;
         mr_release(m.data);
     }
     return st == MR_AGAIN ? MR_OK : st;
@@ -206,11 +354,13 @@ static double incast_cpu_s(void)
 }
 
 /* Nothing to do but wait: receive, and with -w sleep until news if nothing came. */
-static mr_status_t incast_idle(const incast_options_t *o, incast_rank_t *r, size_t bytes)
+static mr_status_t incast_idle(const incast_options_t *o, incast_rank_t *r, size_t bytes,
+                               const char *what)
 {
     uint64_t before = r->recv_count;
     mr_status_t st = incast_receive_all(r, bytes);
 
+    incast_watch(r, what);
     if (st != MR_OK || !o->wait || r->recv_count != before) return st;
     st = mr_wait(o->wait_ms);
     return st == MR_AGAIN ? MR_OK : st;
@@ -241,14 +391,19 @@ static void incast_allreduce(const void *in, void *out, int n, MPI_Datatype type
 
 /*
  * Draws every message's victim (never oneself) and tells each victim how many
- * will come, before the clock starts.
+ * will come from each rank, before the clock starts.
  */
 static void incast_draw(const incast_options_t *o, incast_rank_t *r, uint64_t *rng)
 {
     int others = o->victims - (r->is_victim ? 1 : 0);
     uint64_t *mine = calloc((size_t)o->victims, sizeof(uint64_t));
-    uint64_t *total = calloc((size_t)o->victims, sizeof(uint64_t));
+    uint64_t *all = calloc((size_t)o->victims * (size_t)r->size, sizeof(uint64_t));
+    MPI_Request req;
 
+    if (mine == NULL || all == NULL) {
+        fprintf(stderr, "mailrail_incast: rank %d: out of memory\n", r->rank);
+        tool_abort();
+    }
     for (long i = 0; others > 0 && i < o->messages; i++) {
         int k = (int)(tool_random(rng) % (uint64_t)others), v = 0;
         for (;; v++) {
@@ -258,13 +413,20 @@ static void incast_draw(const incast_options_t *o, incast_rank_t *r, uint64_t *r
         r->order[i] = v;
         mine[v]++;
     }
-    incast_allreduce(mine, total, o->victims, MPI_UINT64_T, MPI_SUM);
+    MPI_Iallgather(mine, o->victims, MPI_UINT64_T, all, o->victims, MPI_UINT64_T, MPI_COMM_WORLD,
+                   &req);
+    incast_wait(&req);
     r->expect = 0;
-    for (int v = 0; v < o->victims; v++) {
-        if (r->victims[v] == r->rank) r->expect = total[v];
+    for (int s = 0; s < r->size; s++) {
+        r->next[s] = r->due[s] = 0;
+        for (int v = 0; v < o->victims; v++) {
+            if (r->victims[v] == r->rank) r->due[s] = all[(size_t)s * (size_t)o->victims + v];
+        }
+        r->expect += r->due[s];
     }
+    r->missing = r->expect;
     free(mine);
-    free(total);
+    free(all);
 }
 
 /*
@@ -295,20 +457,19 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
     incast_draw(o, r, rng);
     incast_barrier();
     double cpu0 = incast_cpu_s();
-    r->start = r->last_send = r->last_recv = tool_now();
+    r->start = r->last_send = r->last_recv = r->last_progress = tool_now();
     r->next_sample = r->start;
     st = incast_receive_all(r, bytes);
     for (long i = 0; st == MR_OK && others > 0 && i < o->messages; i++) {
         int v = r->order[i];
         void *buf;
         while ((st = mr_reserve(&buf)) == MR_AGAIN) {
-            st = incast_idle(o, r, bytes);
+            st = incast_idle(o, r, bytes, "a send buffer");
             if (st != MR_OK) break;
         }
         if (st != MR_OK) break;
-        uint64_t tag = incast_tag(r->rank, r->sent_total);
-        memcpy(buf, &tag, bytes < sizeof(tag) ? bytes : sizeof(tag));
-        if (bytes < sizeof(tag)) tag = 0;
+        uint64_t seq = r->sent_count[v], tag = incast_tag(r->rank, seq);
+        incast_fill(buf, bytes, r->rank, seq);
         st = mr_send(buf, bytes, r->victims[v]);
         if (st != MR_OK) break;
         r->sent_count[v]++;
@@ -318,7 +479,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         r->sent_total_bytes += bytes;
         double now = tool_now();
         if (now - r->last_send > r->max_send_gap) r->max_send_gap = now - r->last_send;
-        r->last_send = now;
+        r->last_send = r->last_progress = now;
         st = incast_receive_all(r, bytes);
         if (run->period_s > 0 && now >= r->next_sample) {
             incast_sample(r, now);
@@ -337,7 +498,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         mr_stats_t stats = {.size = sizeof(stats)};
         st = mr_get_stats(&stats);
         if (st != MR_OK || (r->recv_count >= r->expect && stats.deferred_now == 0)) break;
-        st = incast_idle(o, r, bytes);
+        st = incast_idle(o, r, bytes, "the messages due");
     }
     *seconds = tool_now() - r->start;
     if (run->period_s > 0) {
@@ -350,7 +511,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         if (st != MR_OK) break;
         st = mr_quiesce();
         if (st == MR_OK) break;
-        st = st == MR_AGAIN ? incast_idle(o, r, bytes) : st;
+        st = st == MR_AGAIN ? incast_idle(o, r, bytes, "quiescence") : st;
     }
     *cpu = incast_cpu_s() - cpu0;
     return st;
@@ -438,6 +599,9 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     double seconds, cpu = 0;
     mr_status_t st;
 
+    r->policy = policy;
+    r->trial = trial;
+    r->seed = o->seed;
     setenv("MAILRAIL_FLOWCTL", policy, 1);
     st = mr_init_mpi(&comm, sizeof(comm));
     if (st != MR_OK) return st;
@@ -506,7 +670,11 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     out->peak_rss_kb = max[2];
     out->credit_returns = sum[3];
     out->deferred = sum[4];
-    if (!tool_invariants_hold("mailrail_incast")) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (!tool_invariants_hold("mailrail_incast")) {
+        fprintf(stderr, "mailrail_incast: %s trial %d, seed %u (rerun with -s %u)\n", policy,
+                trial, o->seed, o->seed);
+        tool_abort();
+    }
     return mr_finalize();
 }
 
@@ -539,7 +707,6 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
     o->victims = 1;
     o->messages = 20000;
     o->trials = 3;
-    o->seed = 1;
     o->stats_prefix = "incast_stats";
     o->wait_ms = 1;
     while ((c = getopt(argc, argv, "v:V:b:m:t:p:s:c:i:o:P:W:dqwh")) != -1) {
@@ -550,7 +717,7 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
         case 'm': ok &= tool_parse_long(optarg, 0, LONG_MAX, &o->messages); break;
         case 't': ok &= tool_parse_int(optarg, 1, INCAST_MAX_TRIALS, &o->trials); break;
         case 'p': policies = optarg; break;
-        case 's': ok &= tool_parse_unsigned(optarg, &o->seed); break;
+        case 's': ok &= tool_parse_unsigned(optarg, &o->seed); o->seed_given = true; break;
         case 'c': o->csv = optarg; break;
         case 'i': ok &= tool_parse_long(optarg, 0, 3600000, &period_ms); break;
         case 'o': o->stats_prefix = optarg; break;
@@ -603,6 +770,19 @@ int main(int argc, char **argv)
         if (d && (*end == 'K' || *end == 'k')) o.bytes <<= 10;
         if (d && (*end == 'M' || *end == 'm')) o.bytes <<= 20;
     }
+    if (o.bytes < sizeof(incast_header_t)) {
+        /* Every message carries its source and sequence number. */
+        if (r.rank == 0) {
+            fprintf(stderr, "mailrail_incast: -b %zu: messages need at least %zu bytes\n", o.bytes,
+                    sizeof(incast_header_t));
+        }
+        MPI_Finalize();
+        return 2;
+    }
+    /* A fresh seed unless -s gave one: rank 0's, so that every rank draws with the same. */
+    if (!o.seed_given && r.rank == 0) o.seed = tool_fresh_seed();
+    MPI_Bcast(&o.seed, 1, MPI_UNSIGNED, 0, MPI_COMM_WORLD);
+    r.timeout_s = tool_timeout_s();
 
     /* Rank 0 draws the victims with the seed (or reads -V); everybody learns them. */
     r.victims = calloc((size_t)o.victims, sizeof(int));
@@ -634,6 +814,13 @@ int main(int argc, char **argv)
     r.sent_bytes = calloc((size_t)o.victims, sizeof(uint64_t));
     r.sent_sum = calloc((size_t)o.victims, sizeof(uint64_t));
     r.order = calloc(o.messages > 0 ? (size_t)o.messages : 1, sizeof(int));
+    r.next = calloc((size_t)r.size, sizeof(*r.next));
+    r.due = calloc((size_t)r.size, sizeof(*r.due));
+    if (r.sent_count == NULL || r.sent_bytes == NULL || r.sent_sum == NULL || r.order == NULL ||
+        r.next == NULL || r.due == NULL) {
+        fprintf(stderr, "mailrail_incast: rank %d: out of memory\n", r.rank);
+        tool_abort();
+    }
     if (o.period_s > 0) {
         r.max_samples = 1 << 16;
         r.samples = calloc(r.max_samples, sizeof(*r.samples));
@@ -643,8 +830,8 @@ int main(int argc, char **argv)
         printf("# mailrail_incast: %d ranks, %d victim(s) (%s):", r.size, o.victims,
                o.victim_list != NULL ? "named" : "drawn with the seed");
         for (int v = 0; v < o.victims; v++) printf(" %d", r.victims[v]);
-        printf("; %ld messages of %zu bytes per rank; %d trial(s) per policy\n", o.messages,
-               o.bytes, o.trials);
+        printf("; %ld messages of %zu bytes per rank; %d trial(s) per policy; seed %u\n",
+               o.messages, o.bytes, o.trials, o.seed);
         if (o.csv != NULL) {
             csv = fopen(o.csv, "a");
             if (csv != NULL && ftell(csv) == 0) {
@@ -673,8 +860,10 @@ int main(int argc, char **argv)
             mr_status_t st = incast_trial(&o, &r, o.policies[p], k, &t);
             if (st != MR_OK || !t.verified) {
                 if (r.rank == 0) {
-                    fprintf(stderr, "mailrail_incast: %s trial %d failed: %s\n", o.policies[p],
-                            k, st != MR_OK ? mr_status_string(st) : "verification failed");
+                    fprintf(stderr, "mailrail_incast: %s trial %d failed: %s (seed %u: rerun "
+                            "with -s %u)\n", o.policies[p], k,
+                            st != MR_OK ? mr_status_string(st) : "verification failed", o.seed,
+                            o.seed);
                 }
                 status = 1;
                 break;
@@ -722,6 +911,8 @@ int main(int argc, char **argv)
     free(r.sent_bytes);
     free(r.sent_sum);
     free(r.order);
+    free(r.next);
+    free(r.due);
     free(r.samples);
     free(r.granted);
     free(r.holders);

@@ -21,7 +21,8 @@
  *     message ids from a counter stepping by RANKS, MPI send completions as
  *     second mpi_send records naming the request id (some not logged, some
  *     inside the barrier), and, on even ranks, two async messages sent inside
- *     every barrier. Prints the async events and bytes written.
+ *     every barrier. Prints the async events and bytes written, and the seed:
+ *     a fresh one each run unless -S gives it (-S SEED writes the same traces).
  *
  * Record real traces with YGM itself: run the application with
  * YGM_COMM_TRACE=1 (and YGM_MPI_TRACE=1 for MPI records) and
@@ -209,6 +210,7 @@ static int replay_generate(const replay_options_t *o)
             return 1;
         }
     }
+    printf("mailrail_replay: seed %u (-S %u writes these traces again)\n", o->seed, o->seed);
     printf("mailrail_replay: wrote %d traces (%s layout%s, %d epochs of %d async events) to %s: "
            "%llu async events, %llu bytes\n", o->gen_ranks, ygm_layout_name(layout),
            o->gen_ygm_ids ? " with YGM ids and send completions" : "", o->gen_epochs,
@@ -372,7 +374,7 @@ static int replay_parse(int argc, char **argv, replay_options_t *o)
     o->gen_events = 1000;
     o->gen_epochs = 3;
     o->gen_max_bytes = 16384;
-    o->seed = 1;
+    o->seed = tool_fresh_seed(); /* Unless -S gives one. */
     while ((c = getopt(argc, argv, "d:L:p:t:c:g:CR:e:E:z:S:h")) != -1) {
         switch (c) {
         case 'd': o->dir = optarg; break;

@@ -105,7 +105,17 @@ static double cpu_s(void)
 static void fail(const char *what)
 {
     fprintf(stderr, "mailrail_scale: rank %d: %s\n", rank, what);
+    fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/* fail() with the source and the sequence number of the message at fault. */
+static void fail_message(uint32_t seq, int source, const char *what)
+{
+    char text[160];
+
+    snprintf(text, sizeof(text), "message %u from rank %d %s", (unsigned)seq, source, what);
+    fail(text);
 }
 
 static void check(mr_status_t st, const char *what)
@@ -135,18 +145,22 @@ static void take(const mr_message_t *m, uint8_t *seen, int npeers, int step, uin
     header_t h;
     int k;
 
-    if (m->length != bytes) fail("a message has the wrong length");
+    if (m->length < sizeof(h)) fail("a message is shorter than its header");
     memcpy(&h, m->data, sizeof(h));
-    if (h.source != m->source) fail("a message names another source than the one it came from");
+    if (h.source != m->source) fail_message(h.seq, m->source, "names another source");
     for (k = 1; k <= npeers && source_of(rank, k, step) != m->source; k++) {
     }
-    if (k > npeers || h.seq >= messages) fail("a message came from a rank that sends us nothing");
+    if (k > npeers) fail_message(h.seq, m->source, "came from a rank that sends us nothing");
+    if (h.seq >= messages) fail_message(h.seq, m->source, "is beyond the messages it sends");
+    if (m->length != bytes) fail_message(h.seq, m->source, "has the wrong length");
     for (size_t i = sizeof(h); i < bytes; i++) {
-        if (((const uint8_t *)m->data)[i] != pattern(h.source, h.seq, i)) fail("corrupt payload");
+        if (((const uint8_t *)m->data)[i] != pattern(h.source, h.seq, i)) {
+            fail_message(h.seq, m->source, "is corrupt");
+        }
     }
     /* Two of our sources may be one rank in a small job: one tally per source rank. */
     uint8_t *slot = &seen[(size_t)m->source * messages + h.seq];
-    if (*slot) fail("a message arrived twice");
+    if (*slot) fail_message(h.seq, m->source, "arrived twice");
     *slot = 1;
     (*got)++;
 }
@@ -163,6 +177,20 @@ static uint64_t receive_all(uint8_t *seen, int npeers, int step, uint32_t messag
     }
     if (st != MR_AGAIN) check(st, "mr_receive");
     return got;
+}
+
+/* Names the first message due to this rank that has not arrived, if any, and fails. */
+static void fail_missing(const uint8_t *seen, int npeers, int step, uint32_t messages,
+                         const char *what)
+{
+    for (int k = 1; k <= npeers; k++) {
+        int src = source_of(rank, k, step);
+        if (src == rank) continue;
+        for (uint32_t seq = 0; seq < messages; seq++) {
+            if (!seen[(size_t)src * messages + seq]) fail_message(seq, src, "never arrived");
+        }
+    }
+    fail(what);
 }
 
 /* The sparse exchange, every message checked; fails the job on a missing or wrong one. */
@@ -192,7 +220,9 @@ static void traffic(int npeers, uint32_t messages, size_t bytes, double *v)
             if (dup) continue;
             while ((st = mr_reserve(&buf)) == MR_AGAIN) {
                 got += receive_all(seen, npeers, step, messages, bytes);
-                if (tool_now() > deadline) fail("no send buffer for 600 s");
+                if (tool_now() > deadline) {
+                    fail_missing(seen, npeers, step, messages, "no send buffer for 600 s");
+                }
             }
             check(st, "mr_reserve");
             header_t h = {rank, seq};
@@ -205,16 +235,13 @@ static void traffic(int npeers, uint32_t messages, size_t bytes, double *v)
         got += receive_all(seen, npeers, step, messages, bytes);
         st = mr_quiesce();
         if (st == MR_AGAIN) mr_wait(1);
-        if (tool_now() > deadline) fail("no quiescence within 600 s");
+        if (tool_now() > deadline) {
+            fail_missing(seen, npeers, step, messages, "no quiescence within 600 s");
+        }
     } while (st == MR_AGAIN);
     check(st, "mr_quiesce");
     got += receive_all(seen, npeers, step, messages, bytes);
-    if (got != expected) {
-        char text[128];
-        snprintf(text, sizeof(text), "received %llu messages, expected %llu",
-                 (unsigned long long)got, (unsigned long long)expected);
-        fail(text);
-    }
+    if (got != expected) fail_missing(seen, npeers, step, messages, "quiesced with messages missing");
     free(seen);
     v[M_TRAFFIC_S] = tool_now() - start;
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Seconds on the monotonic clock. */
 static inline double tool_now(void)
@@ -41,6 +42,41 @@ static inline uint64_t tool_random(uint64_t *state)
     x ^= x >> 27;
     *state = x;
     return x * 0x2545F4914F6CDD1Dull;
+}
+
+/*
+ * A fresh seed for a run that was given none (-s): from the wall clock's
+ * nanoseconds and the process id, so that every default run draws new
+ * numbers. The tools print it, so that `-s SEED` reproduces the run.
+ */
+static inline unsigned tool_fresh_seed(void)
+{
+    struct timespec ts;
+    uint64_t state;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    state = ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 42) ^
+            0x9E3779B97F4A7C15ull;
+    return (unsigned)(tool_random(&state) >> 32);
+}
+
+/*
+ * MAILRAIL_TIMEOUT as MailRail reads it (60 s unless set): how long a tool
+ * that checks delivery waits with nothing arriving before it names what is
+ * missing. mr_init() has refused a value outside its range already.
+ */
+static inline unsigned tool_timeout_s(void)
+{
+    const char *text = getenv("MAILRAIL_TIMEOUT");
+    uint64_t value = 60;
+
+    if (text != NULL) {
+        value = 0;
+        for (const char *p = text; *p >= '0' && *p <= '9' && value < 86400; p++) {
+            value = value * 10 + (uint64_t)(*p - '0');
+        }
+    }
+    return value >= 1 && value <= 86400 ? (unsigned)value : 60;
 }
 
 static inline int tool_compare_double(const void *a, const void *b)

@@ -404,7 +404,9 @@ MR_API mr_status_t mr_poll(void);
  * the next phase; they may reach a rank still waiting in this one.
  *
  * Returns MR_OK, MR_AGAIN, MR_ERR_PEER_FAILED (a peer failed: quiescence can
- * never be reached), MR_ERR_TRANSPORT, MR_ERR_BOOTSTRAP or
+ * never be reached), MR_ERR_TRANSPORT (also when the job received more
+ * messages than it sent, and nothing moves: a substrate duplicated some, and
+ * the counts can never meet; the log gives both sums), MR_ERR_BOOTSTRAP or
  * MR_ERR_NOT_INITIALIZED.
  */
 MR_API mr_status_t mr_quiesce(void);

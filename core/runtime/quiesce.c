@@ -38,10 +38,25 @@ mr_status_t mr_quiesce(void)
      * was in flight between them: every rank sees the same sums and stops in
      * the same round.
      */
-    if (rt_reduce_out[0] == rt_reduce_out[1] && rt.have_last_wave &&
-        rt.last_wave[0] == rt_reduce_out[0] && rt.last_wave[1] == rt_reduce_out[1]) {
+    bool settled = rt.have_last_wave && rt.last_wave[0] == rt_reduce_out[0] &&
+                   rt.last_wave[1] == rt_reduce_out[1];
+    if (settled && rt_reduce_out[0] == rt_reduce_out[1]) {
         rt.have_last_wave = false;
         return MR_OK;
+    }
+    /*
+     * Settled with more received than sent: every message received had been
+     * counted as sent by the previous wave, so some arrived more than once
+     * (a substrate duplicated them). The sums can never meet: say so rather
+     * than wait forever. Every rank sees the same sums and fails in the same round.
+     */
+    if (settled && rt_reduce_out[1] > rt_reduce_out[0]) {
+        rt.have_last_wave = false;
+        mr_error("mr_quiesce(): the job received %llu messages but sent %llu: %llu arrived more "
+                 "than once (a substrate delivered duplicates); quiescence cannot be reached.",
+                 (unsigned long long)rt_reduce_out[1], (unsigned long long)rt_reduce_out[0],
+                 (unsigned long long)(rt_reduce_out[1] - rt_reduce_out[0]));
+        return MR_ERR_TRANSPORT;
     }
     rt.last_wave[0] = rt_reduce_out[0];
     rt.last_wave[1] = rt_reduce_out[1];

@@ -21,7 +21,10 @@
  *   fat_batch    every MAILRAIL_FAULTY_EVERY-th data message arrives as a
  *                batch of 1 + MAILRAIL_FAULTY_COPIES frames, copies of it, in
  *                one receive slot: messages beyond the grant that take no
- *                more slots than the senders' credits.
+ *                more slots than the senders' credits;
+ *   drop         every MAILRAIL_FAULTY_EVERY-th data message is lost: the
+ *                core never sees it or its credit (exactly-once checks must
+ *                name it).
  *
  * Messages that find no receive slot wait in a queue of copies, counted by
  * held(), as a real substrate's arrival queue would be.
@@ -38,9 +41,9 @@
 #include <unistd.h>
 
 enum { FAULT_NONE, FAULT_DUPLICATE, FAULT_OVER_RETURN, FAULT_UNACQUIRED, FAULT_BATCH,
-       FAULT_BAD_BATCH, FAULT_FAT_BATCH };
+       FAULT_BAD_BATCH, FAULT_FAT_BATCH, FAULT_DROP };
 static const char *const faulty_fault_names[] = {"none", "duplicate", "over_return", "unacquired",
-                                                 "batch", "bad_batch", "fat_batch",
+                                                 "batch", "bad_batch", "fat_batch", "drop",
                                                  NULL};
 
 typedef struct faulty_config {
@@ -249,6 +252,7 @@ static void faulty_data(mr_substrate_t *s, const faulty_hdr_t *h, const void *da
 {
     bool due = ++s->data_received % s->cfg.every == 0;
 
+    if (due && s->cfg.fault == FAULT_DROP) return;
     if (due && (s->cfg.fault == FAULT_BATCH || s->cfg.fault == FAULT_BAD_BATCH)) {
         faulty_arrive_batch(s, h, data, len, s->cfg.fault == FAULT_BAD_BATCH, 1);
         return;

@@ -10,7 +10,7 @@
  *                  comments) or mailrail_graph -o's binary form, e.g. Debian's package
  *                  graph from tools/graph/apt_depgraph.sh; read in parallel slices
  *     -e FACTOR    R-MAT edge factor: edges = FACTOR x 2^SCALE (default 16)
- *     -S SEED      R-MAT seed (default 1)
+ *     -S SEED      R-MAT seed (default: a fresh one each run, printed; -S SEED repeats a run)
  *     -F FEATURES  floats per feature vector (default 128: 512 bytes)
  *     -p LIST      comma-separated contenders (default alltoallv,none,rank,node,node+h):
  *                  alltoallv (MPI collectives), a flow-control policy (MailRail's
@@ -113,6 +113,7 @@ typedef struct gnn_options {
     const char *file;
     graph_rmat_t rmat;
     bool use_rmat;
+    bool seed_given;         /* -S; else rank 0 draws a fresh R-MAT seed. */
     int features;
     tool_contender_t contenders[GNN_MAX_CONTENDERS];
     int ncontenders;
@@ -1069,7 +1070,6 @@ static int gnn_parse(int argc, char **argv, gnn_options_t *o, char *why, size_t 
     uint64_t scale = 0, factor = 16;
     int c;
 
-    o->rmat.seed = 1;
     o->features = 128;
     o->trials = 3;
     o->wait_ms = 1;
@@ -1090,6 +1090,7 @@ static int gnn_parse(int argc, char **argv, gnn_options_t *o, char *why, size_t 
             break;
         case 'S':
             ok = tool_parse_uint(optarg, 0, UINT64_MAX, &o->rmat.seed);
+            o->seed_given = true;
             what = "the seed must be an integer from 0 to 2^64-1";
             break;
         case 'F':
@@ -1259,6 +1260,14 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
+    /* A fresh R-MAT seed unless -S gave one: rank 0's, since every rank draws a slice. */
+    if (o.use_rmat && !o.seed_given) {
+        if (l.rank == 0) o.rmat.seed = tool_fresh_seed();
+        MPI_Bcast(&o.rmat.seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+        if (o.quiet && l.rank == 0) {
+            printf("# mailrail_gnn: R-MAT seed %llu\n", (unsigned long long)o.rmat.seed);
+        }
+    }
     l.features = o.features;
     l.vector_bytes = (size_t)o.features * sizeof(float);
     l.nap_ns = tool_mpi_nap_ns(o.wait, o.wait_ms);
@@ -1292,6 +1301,9 @@ int main(int argc, char **argv)
     if (ok) {
         gnn_summarize(&o, &l, secs, last);
         if (l.rank == 0) printf("mailrail_gnn: every aggregated vector matches the serial reference\n");
+    } else if (o.use_rmat && l.rank == 0) {
+        fprintf(stderr, "mailrail_gnn: failed on the R-MAT graph of seed %llu (rerun with -S %llu)\n",
+                (unsigned long long)o.rmat.seed, (unsigned long long)o.rmat.seed);
     }
     gnn_free(&l);
     MPI_Finalize();

@@ -10,7 +10,7 @@
  *     -r SCALE    generate an R-MAT graph of 2^SCALE vertices instead (Graph500
  *                 parameters a=0.57, b=0.19, c=0.19)
  *     -e FACTOR   R-MAT edge factor: edges = FACTOR x 2^SCALE (default 16)
- *     -S SEED     R-MAT seed (default 1)
+ *     -S SEED     R-MAT seed (default: a fresh one each run, printed; -S SEED repeats a run)
  *     -p POLICIES comma-separated flow-control policies (default: MAILRAIL_FLOWCTL or none)
  *     -t TRIALS   runs of the kernel per policy (default 1)
  *     -V          also compute the result serially on rank 0 and compare
@@ -77,6 +77,7 @@ typedef struct graph_options {
     const char *file;
     graph_rmat_t rmat;
     bool use_rmat;
+    bool seed_given;         /* -S; else rank 0 draws a fresh R-MAT seed. */
     const char *policies[GRAPH_MAX_POLICIES];
     int npolicies;
     int trials;
@@ -722,7 +723,6 @@ static int graph_parse(int argc, char **argv, graph_options_t *o)
     bool ok = true;
     int c;
 
-    o->rmat.seed = 1;
     while ((c = getopt(argc, argv, "f:r:e:S:p:t:Vc:o:qPHh")) != -1) {
         switch (c) {
         case 'f': o->file = optarg; break;
@@ -731,7 +731,10 @@ static int graph_parse(int argc, char **argv, graph_options_t *o)
             o->use_rmat = true;
             break;
         case 'e': ok &= tool_parse_uint(optarg, 1, 1024, &factor); break;
-        case 'S': ok &= tool_parse_uint(optarg, 0, UINT64_MAX, &o->rmat.seed); break;
+        case 'S':
+            ok &= tool_parse_uint(optarg, 0, UINT64_MAX, &o->rmat.seed);
+            o->seed_given = true;
+            break;
         case 'p': policies = optarg; break;
         case 't': ok &= tool_parse_uint(optarg, 1, GRAPH_MAX_TRIALS, &trials); break;
         case 'V': o->verify = true; break;
@@ -813,6 +816,15 @@ int main(int argc, char **argv)
         return 2;
     }
     g.handlers = o.handlers;
+    /* A fresh R-MAT seed unless -S gave one: rank 0's, since every rank draws a slice. */
+    if (o.use_rmat && !o.seed_given) {
+        if (g.rank == 0) o.rmat.seed = tool_fresh_seed();
+        MPI_Bcast(&o.rmat.seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+        if (o.quiet) {
+            graph_rank0_printf(&g, "# mailrail_graph: R-MAT seed %llu\n",
+                               (unsigned long long)o.rmat.seed);
+        }
+    }
     if (!graph_load(&o, &g)) {
         graph_edges_free(&g.input);
         MPI_Finalize();
@@ -879,6 +891,11 @@ int main(int argc, char **argv)
         }
         MPI_Bcast(&good, 1, MPI_INT, 0, MPI_COMM_WORLD);
         ok = good;
+    }
+    if (!ok && o.use_rmat) {
+        graph_rank0_printf(&g, "mailrail_graph: failed on the R-MAT graph of seed %llu (rerun "
+                               "with -S %llu)\n", (unsigned long long)o.rmat.seed,
+                           (unsigned long long)o.rmat.seed);
     }
     graph_edges_free(&g.input);
     graph_edges_free(&g.arcs);

@@ -18,7 +18,8 @@
  *                    alltoallv, a flow-control policy, or a policy with +h (handlers)
  *     -t TRIALS      trials per contender, interleaved (default 3)
  *     --warmup N     untimed steps before each timed one (default 1)
- *     -s SEED        seed of the tokens and the routing (default 1)
+ *     -s SEED        seed of the tokens and the routing (default: a fresh one each run,
+ *                    printed; -s SEED repeats a run)
  *     -c FILE        append one CSV row per contender and trial to FILE
  *     -P COMMAND     rank 0 runs COMMAND (with sh) before and after each timed step; it
  *                    prints "bytes packets drops" of the bottleneck (tools/fabric's
@@ -242,7 +243,10 @@ static bool moe_parse(int argc, char **argv, moe_options_t *o, int rank)
         case 'p': contenders = optarg; break;
         case 't': if (!tool_parse_int(optarg, 1, MOE_MAX_TRIALS, &o->trials)) what = "-t takes 1 to 64 trials"; break;
         case 'u': if (!tool_parse_int(optarg, 0, 100, &o->warmup)) what = "--warmup takes 0 to 100 steps"; break;
-        case 's': if (!tool_parse_uint(optarg, 0, UINT64_MAX, &o->seed)) what = "-s takes an unsigned seed"; break;
+        case 's':
+            if (!tool_parse_uint(optarg, 0, UINT64_MAX, &o->seed)) what = "-s takes an unsigned seed";
+            o->seed_given = true;
+            break;
         case 'c': o->csv = optarg; break;
         case 'P': o->port_command = optarg; break;
         case 'w': o->wait = true; break;
@@ -413,6 +417,10 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
+    /* A fresh seed unless -s gave one: rank 0's, so that the routing is the same everywhere. */
+    if (!o.seed_given && r.rank == 0) o.seed = tool_fresh_seed();
+    MPI_Bcast(&o.seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    moe_rank0_printf(&r, "# mailrail_moe: seed %llu\n", (unsigned long long)o.seed);
     unsigned *order = malloc(o.experts * sizeof(*order));
     if (!moe_route(&r, &o, order) || !moe_check_sizes(&o, r.size, r.rank)) {
         free(order);
@@ -474,7 +482,9 @@ int main(int argc, char **argv)
             moe_trial_t t = {0};
             const tool_contender_t *ct = &o.contenders[c];
             if (!moe_trial(&r, ct, &t)) {
-                moe_rank0_printf(&r, "mailrail_moe: %s trial %d failed the check\n", ct->name, k);
+                moe_rank0_printf(&r, "mailrail_moe: %s trial %d failed the check (seed %llu: "
+                                 "rerun with -s %llu)\n", ct->name, k,
+                                 (unsigned long long)o.seed, (unsigned long long)o.seed);
                 status = 1;
                 break;
             }

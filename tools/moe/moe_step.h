@@ -51,6 +51,7 @@ typedef struct moe_options {
     int ncontenders;
     int trials, warmup;
     uint64_t seed;
+    bool seed_given;         /* -s; else rank 0 draws a fresh seed. */
     const char *csv;
     const char *port_command;
     bool wait;
