@@ -23,9 +23,9 @@
 #
 #   run_local_security.sh MPIEXEC MAILRAIL_DEMO
 #
-# Exits 77 (skipped) without root, setpriv or ss, or when another user cannot
-# run the build (a build directory under /root, say); fails instead when
-# MR_TEST_STRICT=1 (-Dstrict_tests, CI).
+# A build directory that uid A cannot reach (under /root, say) is staged in
+# the job's directory first. Exits 77 (skipped) without root, setpriv or ss;
+# fails instead when MR_TEST_STRICT=1 (-Dstrict_tests, CI).
 set -u
 . "$(dirname "$0")/skip.sh"
 mpiexec=$1 demo=$2
@@ -66,9 +66,26 @@ trap 'exit 1' INT TERM
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
+# A build that uid A cannot reach (a checkout under /root, say) is staged: the
+# demo, libmailrail and the plugins copied to a directory every user can read,
+# found there through LD_LIBRARY_PATH (before the build's RUNPATH) and
+# MAILRAIL_PLUGIN_PATH.
+stage_env=()
+if ! as_a test -x "$demo"; then
+    build=$(cd "$(dirname "$demo")/.." && pwd)
+    stage=$tmp/stage
+    mkdir -p "$stage"
+    cp -L "$demo" "$build"/core/runtime/libmailrail.so.0 "$build"/substrates/*/mailrail_substrate_*.so \
+        "$build"/core/bootstrap/mailrail_bootstrap_*.so "$stage"/ ||
+        { echo "FAIL: cannot stage the build $build for uid $uid_a"; exit 1; }
+    chown -R "$uid_a:$uid_a" "$stage"
+    demo=$stage/$(basename "$demo")
+    stage_env=(LD_LIBRARY_PATH="$stage" MAILRAIL_PLUGIN_PATH="$stage")
+    echo "uid $uid_a cannot reach $build: the job runs a staged copy in $stage"
+fi
 for f in "$demo" "$mpiexec"; do
     as_a sh -c 'command -v "$1" >/dev/null && test -x "$(command -v "$1")"' sh "$f" ||
-        skip "uid $uid_a cannot run $f: the build directory and its parents must be readable by every user"
+        skip "uid $uid_a cannot run $f"
 done
 
 # MailRail's own ports, known in advance (rank r listens on base + r): MPICH's are
@@ -79,9 +96,10 @@ keep=()
 for v in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS; do
     [ -n "${!v:-}" ] && keep+=("$v=${!v}")
 done
-as_a env -i PATH="$PATH" HOME="$tmp" TMPDIR="$tmp" "${keep[@]}" MAILRAIL_SUBSTRATE=tcp MAILRAIL_FLOWCTL=node \
+as_a env -i PATH="$PATH" HOME="$tmp" TMPDIR="$tmp" "${keep[@]}" "${stage_env[@]}" MAILRAIL_SUBSTRATE=tcp MAILRAIL_FLOWCTL=node \
     MAILRAIL_LOG_LEVEL=warn MAILRAIL_TCP_PORT=$base MPIEXEC_TIMEOUT=120 \
-    sh -c 'exec timeout -k 5 150 "$1" -n 2 "$2" 500000 64 >"$3" 2>&1' sh "$mpiexec" "$demo" "$tmp/out" &
+    sh -c 'cd "$4" && exec timeout -k 5 150 "$1" -n 2 "$2" 500000 64 >"$3" 2>&1' sh "$mpiexec" "$demo" \
+    "$tmp/out" "$tmp" &
 job=$!
 ports="$base $((base + 1))"
 for ((i = 0; i < 200; i++)); do
