@@ -1,7 +1,7 @@
 /*
- * The datapath's interface to the rest of the runtime (datapath.c holds the
- * slot tables, the queues and the deferred sends, and nobody else touches
- * them). Above it, the item layer and init/finalize; below it, the substrate
+ * The datapath's interface to the rest of the runtime (the datapath_*.c
+ * files hold the slot tables, the queues and the deferred sends, and nobody
+ * else touches them). Above it, the item layer and init/finalize; below it, the substrate
  * and flow control.
  *
  * A layer that builds on datagrams (the item layer) registers as the

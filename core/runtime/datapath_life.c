@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The datapath's one state, shared by its files (datapath_state.h). */
+rt_datapath_t dp;
+
 void rt_datapath_fini(void)
 {
     free(dp.sends);
