@@ -114,7 +114,7 @@ typedef struct rt_consumer {
     bool (*waiting)(void);
     /*
      * Optional: consumes a message at once, in the transport's own receive
-     * callback, without a slot (the substrate's deliver_now() and
+     * callback, without a slot (the substrate's
      * deliver_handler_now()): handler `id` on a `length`-byte payload. MR_OK:
      * done, counted as received; MR_AGAIN: it is to be delivered the usual way.
      */

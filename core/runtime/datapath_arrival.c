@@ -219,7 +219,7 @@ static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t im
     return rt_arrived(idx, source, kind, imm, length);
 }
 
-/* A handler's message, its id apart, that its consumer may take at once, without a slot (ABI 8). */
+/* A handler's message that its consumer may take at once, without a slot. */
 static mr_status_t up_deliver_handler_now(void *core, int source, uint32_t imm, unsigned id,
                                           const void *data, size_t length)
 {
@@ -235,16 +235,7 @@ static mr_status_t up_deliver_handler_now(void *core, int source, uint32_t imm, 
     return MR_OK;
 }
 
-/* The same with the id as the message's last byte (ABI 4); without one, the usual way refuses it. */
-static mr_status_t up_deliver_now(void *core, int source, uint32_t imm, const void *data,
-                                  size_t length)
-{
-    if (length == 0) return MR_AGAIN;
-    return up_deliver_handler_now(core, source, imm, ((const uint8_t *)data)[length - 1], data,
-                                  length - 1);
-}
-
-/* deliver_now() of a batch's handler frames, as many as go (ABI 6). */
+/* deliver_handler_now() of a batch's handler frames, as many as go. */
 static unsigned up_deliver_now_frames(void *core, int source, const void *frames, size_t length,
                                       size_t *consumed)
 {
@@ -255,7 +246,7 @@ static unsigned up_deliver_now_frames(void *core, int source, const void *frames
     *consumed = 0;
     if (c == NULL || c->now_frames == NULL) return 0;
     n = c->now_frames(frames, length, source, consumed);
-    /* Each spent a credit, which comes back at once (up_deliver_now()). */
+    /* Each spent a credit, which comes back at once (up_deliver_handler_now()). */
     for (unsigned i = 0; dp.on_arrival != NULL && i < n; i++) {
         dp.on_arrival(dp.fc, source, 0);
         dp.on_release(dp.fc, source);
@@ -306,7 +297,6 @@ const mr_substrate_upcalls_t rt_upcalls = {
     .send_complete = up_send_complete,
     .control = up_control,
     .peer_failed = up_peer_failed,
-    .deliver_now = up_deliver_now,
     .deliver_now_frames = up_deliver_now_frames,
     .deliver_handler_now = up_deliver_handler_now,
 };
