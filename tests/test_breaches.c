@@ -8,15 +8,106 @@
 #include "mr_test.h"
 #include "tool_common.h"
 
+#include <fnmatch.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SENDS 8
 #define SLOTS "8"
 
 static const char *const policies[] = {"rank", "node"};
+
+/*
+ * What a case's log must say: on `rank`, lines matching `pattern` (fnmatch(3),
+ * the whole line) between `min` and `max` times. Every other line MailRail
+ * logs during the case fails it.
+ */
+typedef struct {
+    int rank;
+    const char *pattern;
+    int min, max;
+} expected_line_t;
+
+#define NONE_LOGGED NULL, 0 /* finish()'s arguments when nothing may be logged. */
+
+/* The case's stderr goes to a file from init to finalize, so that its log can be checked. */
+static struct {
+    int saved_fd; /* The real stderr, or -1 when not capturing. */
+    FILE *file;
+    char what[64];
+} capture = {.saved_fd = -1};
+
+/* Puts stderr back; what was captured stays in capture.file. */
+static void capture_stop(void)
+{
+    if (capture.saved_fd < 0) return;
+    fflush(stderr);
+    (void)dup2(capture.saved_fd, STDERR_FILENO);
+    close(capture.saved_fd);
+    capture.saved_fd = -1;
+}
+
+static void capture_start(const char *policy, const char *fault)
+{
+    /* A case that failed midway left its capture open: end it first. */
+    capture_stop();
+    if (capture.file != NULL) fclose(capture.file);
+    snprintf(capture.what, sizeof(capture.what), "%s, fault \"%s\"", policy, fault);
+    fflush(stderr);
+    capture.file = tmpfile();
+    ck_assert_ptr_nonnull(capture.file);
+    capture.saved_fd = dup(STDERR_FILENO);
+    ck_assert_int_ge(capture.saved_fd, 0);
+    ck_assert_int_ge(dup2(fileno(capture.file), STDERR_FILENO), 0);
+}
+
+/*
+ * Ends the capture and checks this rank's MailRail log lines against `want`:
+ * each line matches one expectation for this rank, and each expectation's
+ * count is within its bounds. One line on stderr says what was seen.
+ */
+static void capture_check(const expected_line_t *want, size_t nwant)
+{
+    char line[1024], prefix[32];
+    int seen[8] = {0}, total = 0;
+
+    capture_stop();
+    ck_assert_uint_le(nwant, sizeof(seen) / sizeof(seen[0]));
+    snprintf(prefix, sizeof(prefix), "mailrail[%d] ", world_rank);
+    rewind(capture.file);
+    while (fgets(line, sizeof(line), capture.file) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        if (strncmp(line, "mailrail", 8) != 0) continue; /* MPICH's or Check's, not MailRail's. */
+        size_t i = 0;
+        while (i < nwant && !(want[i].rank == world_rank && fnmatch(want[i].pattern, line, 0) == 0)) i++;
+        ck_assert_msg(i < nwant && strncmp(line, prefix, strlen(prefix)) == 0,
+                      "%s: rank %d logged a line no expectation allows: %s", capture.what, world_rank,
+                      line);
+        seen[i]++;
+        total++;
+    }
+    for (size_t i = 0; i < nwant; i++) {
+        if (want[i].rank != world_rank) continue;
+        ck_assert_msg(seen[i] >= want[i].min && seen[i] <= want[i].max,
+                      "%s: rank %d logged \"%s\" %d times, expected %d to %d", capture.what,
+                      world_rank, want[i].pattern, seen[i], want[i].min, want[i].max);
+    }
+    fprintf(stderr, "breaches: %s: rank %d logged %d error line%s, each one expected\n", capture.what,
+            world_rank, total, total == 1 ? "" : "s");
+    fclose(capture.file);
+    capture.file = NULL;
+}
+
+/* The receiver's line for a message that used no credit it granted. */
+#define UNCREDITED "mailrail\\[0\\] error: A message from rank 1 came without a credit this rank granted; *"
+/* The sender's lines for credits returned beyond those outstanding, per policy. */
+#define OVER_RETURNED_RANK "mailrail\\[1\\] error: Rank 0 returned * credits but only * were outstanding; ignoring the excess."
+/* mr_quiesce()'s line on rank R when the job received more than it sent. */
+#define QUIESCE_DUPLICATES(R) "mailrail\\[" R "\\] error: mr_quiesce(): the job received 16 messages but sent 8: 8 arrived more than once (a substrate delivered duplicates); quiescence cannot be reached."
+#define OVER_RETURNED_NODE "mailrail\\[1\\] error: Rank 0's credits for this node reached *, more than the 4 it grants; a peer returned credits it was not owed."
 
 /* mr_init() over the double with `fault` on every `every`-th message, 4 static credits per
    pair (8 per node), and `slots` receive slots of `dgram` bytes. */
@@ -32,9 +123,8 @@ static void init_faulty_pool(const char *policy, const char *fault, const char *
     setenv("MAILRAIL_FAULTY_COPIES", copies, 1);
     /* Two nodes of one rank: node credits cross nodes as rank credits do. */
     setenv("MAILRAIL_RANKS_PER_NODE", "1", 1);
-    /* The log's credit errors from here on are the fault's, on purpose: say so in it. */
-    if (strcmp(fault, "none") != 0 && world_rank == 0) fprintf(stderr, "breaches: %s, fault \"%s\" injected: the errors that follow are expected\n",
-            policy, fault);
+    /* The log's errors from here on are the fault's, on purpose: finish() checks them. */
+    capture_start(policy, fault);
     init_on_world();
 }
 
@@ -106,11 +196,12 @@ static mr_stats_t receive_on_zero(int expect, bool hold)
     return st;
 }
 
-/* Both ranks' stats side by side on rank 0, then finalize (the breach is the point). */
-static void finish(void)
+/* Finalize (the breach is the point), then check what each rank logged against `want`. */
+static void finish(const expected_line_t *want, size_t nwant)
 {
     MPI_Barrier(MPI_COMM_WORLD);
     ck_assert_int_eq(mr_finalize(), MR_OK);
+    capture_check(want, nwant);
     unsetenv("MAILRAIL_FAULTY_FAULT");
     unsetenv("MAILRAIL_RANK_CREDITS");
     unsetenv("MAILRAIL_NODE_CREDITS");
@@ -143,7 +234,7 @@ static void expect_nothing_broken(const char *fault)
             ck_assert_msg(tool_invariant_breach(&st, policies[p], why, sizeof(why)) == NULL, "%s", why);
             ck_assert_uint_le(st.peak_recv_inflight, st.recv_granted);
         }
-        finish();
+        finish(NONE_LOGGED);
     }
 }
 
@@ -167,7 +258,12 @@ START_TEST(duplicates_are_uncredited_and_beyond_the_grant)
             ck_assert_uint_gt(st.peak_recv_inflight, st.recv_granted);
             expect_breach(&st, policies[p]);
         }
-        finish();
+        /* Every copy is uncredited; the receiver returns credit for each, more than was sent. */
+        const expected_line_t want[] = {
+            {0, UNCREDITED, 1, SENDS * 3},
+            {1, p == 0 ? OVER_RETURNED_RANK : OVER_RETURNED_NODE, 0, SENDS * 3},
+        };
+        finish(want, 2);
     }
 }
 END_TEST
@@ -192,7 +288,14 @@ START_TEST(duplicates_fail_quiescence)
                           now_s() - start);
         }
         ck_assert_int_eq(st, MR_ERR_TRANSPORT);
-        finish();
+        /* Both ranks say why quiescence failed, with the sums, 8 sent and 16 received. */
+        const expected_line_t want[] = {
+            {0, UNCREDITED, 1, SENDS},
+            {1, p == 0 ? OVER_RETURNED_RANK : OVER_RETURNED_NODE, 0, SENDS},
+            {0, QUIESCE_DUPLICATES("0"), 1, 1},
+            {1, QUIESCE_DUPLICATES("1"), 1, 1},
+        };
+        finish(want, 4);
     }
 }
 END_TEST
@@ -216,7 +319,12 @@ START_TEST(over_returns_are_counted)
             ck_assert_uint_ge(st.breach_over_returned, 1000 - 8);
             expect_breach(&st, policies[p]);
         }
-        finish();
+        /* The sender detects the excess; what it then sends beyond the grant, the receiver does. */
+        const expected_line_t want[] = {
+            {1, p == 0 ? OVER_RETURNED_RANK : OVER_RETURNED_NODE, 1, SENDS * 4},
+            {0, UNCREDITED, 0, SENDS * 4},
+        };
+        finish(want, 2);
     }
 }
 END_TEST
@@ -235,7 +343,11 @@ START_TEST(unacquired_slots_are_counted)
             ck_assert_uint_eq(st.breach_uncredited, 0);
             expect_breach(&st, policies[p]);
         }
-        finish();
+        const expected_line_t want[] = {
+            {0, "mailrail\\[0\\] error: internal: substrate faulty delivered a buffer it did not acquire.",
+             SENDS, SENDS},
+        };
+        finish(want, 1);
     }
 }
 END_TEST
@@ -275,7 +387,11 @@ START_TEST(malformed_batches_are_dropped_and_their_credits_return)
             ck_assert_uint_eq(st.messages_received, SENDS * 2);
             ck_assert_msg(tool_invariant_breach(&st, policies[p], why, sizeof(why)) == NULL, "%s", why);
         }
-        finish();
+        const expected_line_t want[] = {
+            {0, "mailrail\\[0\\] error: Rank 1 sent a malformed batch of 72 bytes; it is dropped.",
+             SENDS * 2, SENDS * 2},
+        };
+        finish(want, 1);
     }
 }
 END_TEST
@@ -308,7 +424,12 @@ START_TEST(batches_beyond_the_grant_count_per_frame)
             ck_assert_uint_gt(st.breach_beyond_grant, 0);
             expect_breach(&st, policies[p]);
         }
-        finish();
+        /* Each frame spends a credit: the copies are uncredited, and their returns too many. */
+        const expected_line_t want[] = {
+            {0, UNCREDITED, 1, SENDS * 3},
+            {1, p == 0 ? OVER_RETURNED_RANK : OVER_RETURNED_NODE, 0, SENDS * 3},
+        };
+        finish(want, 2);
     }
 }
 END_TEST

@@ -108,7 +108,10 @@ static mr_status_t plugin_open(const mr_plugin_dirs_t *dirs, const char *kind, c
     return MR_ERR_PLUGIN;
 }
 
-/* Checks the common header of an ops table: version, size, name. */
+/*
+ * Checks the common header of an ops table: the version and the size are this
+ * library's (plugins are built with it), and the name is the file's.
+ */
 static bool plugin_header_valid(uint32_t abi_version, uint32_t expected_version,
                                 uint32_t ops_size, size_t expected_size, const char *ops_name,
                                 const char *name, char *why, size_t why_len)
@@ -118,9 +121,9 @@ static bool plugin_header_valid(uint32_t abi_version, uint32_t expected_version,
                  expected_version);
         return false;
     }
-    if (ops_size < expected_size) {
-        snprintf(why, why_len, "ops table of %u bytes, this library needs %zu", ops_size,
-                 expected_size);
+    if (ops_size != expected_size) {
+        snprintf(why, why_len, "ops table of %u bytes, this library needs %zu (built from "
+                 "another MailRail?)", ops_size, expected_size);
         return false;
     }
     if (ops_name == NULL || strcmp(ops_name, name) != 0) {
@@ -138,7 +141,7 @@ static bool plugin_substrate_valid(const mr_substrate_ops_t *ops, const char *na
         return false;
     }
     if (!plugin_header_valid(ops->abi_version, MR_SUBSTRATE_ABI_VERSION, ops->ops_size,
-                             MR_SUBSTRATE_OPS_MIN_SIZE, ops->name, name, why, why_len)) {
+                             sizeof(*ops), ops->name, name, why, why_len)) {
         return false;
     }
     if (!ops->open || !ops->get_address || !ops->connect || !ops->send || !ops->send_control ||
@@ -147,7 +150,7 @@ static bool plugin_substrate_valid(const mr_substrate_ops_t *ops, const char *na
         snprintf(why, why_len, "the ops table lacks a mandatory function");
         return false;
     }
-    if (MR_SUBSTRATE_OPS_HAS(ops, job_wide_settings) && ops->job_wide_settings != NULL) {
+    if (ops->job_wide_settings != NULL) {
         for (const char *const *n = ops->job_wide_settings; *n != NULL; n++) {
             if (mr__config_find(ops->config_table, *n) == NULL) {
                 snprintf(why, why_len, "job-wide setting %s is not in its settings table", *n);

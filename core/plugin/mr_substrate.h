@@ -1,19 +1,23 @@
 /*
  * The substrate plugin ABI. Internal: compiled into the core and into each
- * plugin under substrates/, never installed.
+ * plugin under substrates/, which are built with it, never installed.
  *
  * A substrate is a shared module named mailrail_substrate_<name>.so that
  * exports one function, mr_substrate_get_ops(), returning a constant ops
- * table. The table starts with its ABI version and its size so that it can
- * grow; the core validates both, the name and every mandatory function when
- * it loads the plugin.
+ * table. The table starts with the ABI version and its size; the core
+ * loads a plugin only when both are this header's (a plugin built from
+ * another MailRail is refused, by name), its name is the file's, and every
+ * op that may not be NULL is there. Any change to this header that a plugin
+ * would see raises MR_SUBSTRATE_ABI_VERSION.
  *
- * Data path. The core hands a substrate a message with a small header: a kind
- * and a 32-bit immediate field (flow control piggybacks credits in it). The
- * substrate reports progress through upcalls into the core: arrivals, send
- * completions, control messages and peer failures. Control messages carry no
- * payload, only an immediate, on a channel of their own so that they are not
- * queued behind data. Upcalls run only inside progress(), never inside send().
+ * The header holds, in order: the wire's message kinds and frames, the
+ * append windows through which the core packs messages without a call, the
+ * core's upcalls, the parameters of open(), and the ops table, grouped by
+ * role (settings, lifecycle, sending, progress, queries).
+ *
+ * Each message carries a kind and a 32-bit immediate (flow control
+ * piggybacks credits in it); control messages carry only an immediate, on a
+ * channel of their own. Upcalls run only inside progress().
  */
 #ifndef MR_SUBSTRATE_H
 #define MR_SUBSTRATE_H
@@ -28,7 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MR_SUBSTRATE_ABI_VERSION 9
+#define MR_SUBSTRATE_ABI_VERSION 10
 #define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
 #define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
 
@@ -41,19 +45,18 @@
 /*
  * What send() returns for a message the transport has already finished
  * with (UCX copied it out): the buffer is free again at once, and no
- * send_complete() follows. Positive, like MR_AGAIN: not an error. ABI 3.
+ * send_complete() follows. Positive, like MR_AGAIN: not an error.
  */
 #define MR_SUBSTRATE_SENT ((mr_status_t)2)
 
 /* Message kinds carried in the header. */
 enum {
     MR_KIND_DATA = 1,    /* Application payload; imm is owned by flow control. */
-    MR_KIND_ITEMS = 2,   /* An aggregator's datagram (mailrail_items.h); imm as for data.
-                            Every substrate carries both kinds (ABI version 2). */
+    MR_KIND_ITEMS = 2,   /* An aggregator's datagram (mailrail_items.h); imm as for data. */
     MR_KIND_HANDLER = 3, /* A message for an active-message handler, its id in the last
-                            byte (mailrail.h); imm as for data. ABI 4. */
+                            byte (mailrail.h); imm as for data. */
     MR_KIND_BATCH = 4    /* Data messages of one sender in one transport message, as
-                            frames (below); imm as for data. ABI 5. */
+                            frames (below); imm as for data. */
 };
 
 _Static_assert(MR_KIND_DATA == 1 && MR_KIND_ITEMS == 2 && MR_KIND_HANDLER == 3,
@@ -123,7 +126,7 @@ static inline size_t mr_frame_read(const uint8_t *p, size_t left, uint32_t *hdr)
 }
 
 /*
- * An append window (ABI 6): the batch a coalescing substrate is filling for
+ * An append window: the batch a coalescing substrate is filling for
  * one rank, open to the core, so that the common message of a stream is
  * packed without a call into the plugin (mr_substrate_ops_t.append_windows).
  * A message of `kind` without an immediate, of at most the max_frame bytes
@@ -171,64 +174,80 @@ static inline bool mr_append_window_put(mr_append_window_t *w, unsigned kind, co
 
 typedef struct mr_substrate mr_substrate_t; /* A plugin's own state. */
 
-/* Calls from a substrate back into the core. `core` is params->core. */
+/*
+ * ---- The core's upcalls ----------------------------------------------------
+ *
+ * Calls from a substrate into the core, made only from inside the
+ * substrate's progress() (a transport callback that progress() drives
+ * counts), on the one thread that calls MailRail; never from send() or any
+ * other op. `core` is params->core. An upcall may call the substrate's
+ * send() and send_control() (a handler answers, a return goes out), so a
+ * substrate keeps its state consistent across each one.
+ */
 typedef struct mr_substrate_upcalls {
     /*
-     * Takes a receive-pool slot of params->datagram_size bytes to copy an
-     * arriving payload into, or returns NULL when none is free. A substrate
-     * that gets NULL stops reading that message and tries again in a later
-     * progress call.
+     * Receive slots. recv_slot_acquire() takes a slot of
+     * params->datagram_size bytes to read an arriving payload into, or
+     * returns NULL when none is free: the substrate then stops reading that
+     * message (it stays in the transport, or is held: held()) and tries again
+     * in a later progress(). recv_slot_abandon() gives back a slot it took
+     * and did not deliver (a peer failed mid-message).
      */
     void *(*recv_slot_acquire)(void *core);
-    /* Gives back a slot taken with recv_slot_acquire() that was not delivered. */
     void (*recv_slot_abandon)(void *core, void *slot);
+
     /*
-     * One message arrived from `source`. `data` is a slot from
-     * recv_slot_acquire() when `handle` is NULL. Otherwise the bytes are owned
-     * by the substrate, which keeps them until the core calls release_recv()
-     * with `handle`; then the core returns MR_AGAIN when it has no slot to
-     * account for the message, and the substrate must deliver it again later.
+     * The one way a message reaches mr_receive() or its consumer, zero copy:
+     * `length` bytes from `source` of `kind`, with the immediate `imm` that
+     * flow control reads. With `handle` NULL, `data` is a slot from
+     * recv_slot_acquire(), now the core's. Otherwise the bytes stay the
+     * substrate's until the core calls release_recv(handle); the core returns
+     * MR_AGAIN when it has no slot to account for them, and the substrate
+     * delivers them again in a later progress(). A batch (MR_KIND_BATCH)
+     * comes only in a slot.
      */
     mr_status_t (*deliver)(void *core, int source, unsigned kind, uint32_t imm, void *data,
                            size_t length, void *handle);
     /*
-     * Copies `length` bytes at `data` into a fresh receive slot and delivers
-     * them, as recv_slot_acquire(), a copy and deliver() would, in one call.
-     * MR_AGAIN when no slot is free: nothing was taken. ABI 3.
+     * deliver() of a copy: takes a slot, copies `length` bytes at `data` into
+     * it and delivers them, in one call; the bytes are the substrate's again
+     * on return. MR_AGAIN when no slot is free: nothing was taken. For a
+     * transport that receives into buffers of its own that it must reuse at
+     * once (a batch's frames, an eager message in UCX's callback).
      */
     mr_status_t (*deliver_copy)(void *core, int source, unsigned kind, uint32_t imm,
                                 const void *data, size_t length);
-    /* A send accepted with MR_OK has left its buffer; the cookie is send()'s. */
-    void (*send_complete)(void *core, void *cookie);
-    /* A control message from `source` with its immediate. */
-    void (*control)(void *core, int source, uint32_t imm);
-    /* Rank `rank` is gone (EOF, reset, protocol error); `why` says which. */
-    void (*peer_failed)(void *core, int rank, mr_status_t why);
     /*
-     * Offers a message of kind MR_KIND_HANDLER to be consumed at once, from
-     * the transport's own receive callback, without a receive slot: MR_OK when
-     * the core consumed it (its bytes may be reused on return), MR_AGAIN when
-     * it must be delivered the usual way (earlier handler messages wait, or
-     * the handler asked to be called again later). Only from progress(). ABI 4.
-     */
-    mr_status_t (*deliver_now)(void *core, int source, uint32_t imm, const void *data,
-                               size_t length);
-    /*
-     * deliver_now() of a batch of frames, from its start: the core consumes
-     * frames of kind MR_KIND_HANDLER while it can, and returns how many, with
-     * the bytes they take in *consumed (whole frames). The substrate delivers
-     * the rest the usual way, from there. Only from progress(). ABI 6.
-     */
-    unsigned (*deliver_now_frames)(void *core, int source, const void *frames, size_t length,
-                                   size_t *consumed);
-    /*
-     * deliver_now() of a handler's message that carried its handler's id
-     * apart from its payload (not as its last byte): `length` bytes at `data`
-     * are the payload alone. Lets a substrate put the id where the receiver
-     * reads anyway, instead of in the payload's last cache line. ABI 8.
+     * A handler's message offered to its handler at once, without a slot:
+     * `length` payload bytes at `data` for handler `id` (mailrail.h). MR_OK:
+     * the handler ran and the bytes may be reused on return. MR_AGAIN: it
+     * must come the usual way (deliver or deliver_copy, kind
+     * MR_KIND_HANDLER, the id as the payload's last byte), because earlier
+     * handler messages wait, or the handler asked to be called again; do not
+     * offer the same message twice. mr__deliver_handler_trailer()
+     * (substrates/common) offers a message whose id is its last byte.
      */
     mr_status_t (*deliver_handler_now)(void *core, int source, uint32_t imm, unsigned id,
                                        const void *data, size_t length);
+    /*
+     * deliver_handler_now() of the frames of a batch, from its start, while
+     * they are handlers' messages that run: returns how many ran, and the
+     * bytes they took in *consumed (whole frames). The substrate delivers the
+     * rest the usual way, from there.
+     */
+    unsigned (*deliver_now_frames)(void *core, int source, const void *frames, size_t length,
+                                   size_t *consumed);
+
+    /* A send accepted with MR_OK is done with its buffer; `cookie` is send()'s. */
+    void (*send_complete)(void *core, void *cookie);
+    /* A control message from `source` (send_control()) with its immediate. */
+    void (*control)(void *core, int source, uint32_t imm);
+    /*
+     * Rank `rank` is gone (end of stream before closing(), a reset, a
+     * protocol error, no answer within timeout_s); `why` says which. Once per
+     * rank; sends to it fail with MR_ERR_PEER_FAILED from then on.
+     */
+    void (*peer_failed)(void *core, int rank, mr_status_t why);
 } mr_substrate_upcalls_t;
 
 /* What the core tells a substrate when it opens it. */
@@ -253,176 +272,168 @@ typedef struct mr_substrate_params {
                                          substrate may pack with others to the same rank. */
 } mr_substrate_params_t;
 
+/*
+ * ---- The ops table -----------------------------------------------------------
+ *
+ * Every op is called by the core (core/runtime/) on the one thread that
+ * calls MailRail, never concurrently and never from inside an upcall unless
+ * its contract says so (send() and send_control() may be). An op marked
+ * "may be NULL" is optional; the core checks the others when it loads the
+ * plugin. Statuses are mailrail.h's: MR_OK, MR_AGAIN (positive: try later),
+ * negative errors. An op that fails sets no output.
+ */
 typedef struct mr_substrate_ops {
+    /*
+     * The header, checked at load: the ABI version and the table's size must
+     * be this header's, and the name the file name's <name>.
+     */
     uint32_t abi_version;             /* MR_SUBSTRATE_ABI_VERSION. */
-    uint32_t ops_size;                /* sizeof(mr_substrate_ops_t) the plugin was built with. */
-    const char *name;                 /* Must match the file name's <name>. */
+    uint32_t ops_size;                /* sizeof(mr_substrate_ops_t). */
+    const char *name;
     const char *description;          /* One line for mailrail_info. */
-    const mr_config_entry_t *config_table; /* Plugin settings; may be NULL. */
+
+    /* ---- Settings: read by the core before open() ---- */
+
+    /* The plugin's MAILRAIL_<NAME>_* settings (mailrail_info lists them); may be NULL. */
+    const mr_config_entry_t *config_table;
     size_t config_size;               /* Size of the struct the table fills. */
-
     /*
-     * Creates the substrate's local state and its address. Does not talk to
-     * peers yet. Sets *out only on MR_OK.
-     */
-    mr_status_t (*open)(const mr_substrate_params_t *params, mr_substrate_t **out);
-
-    /* Copies this rank's address (at most MR_SUBSTRATE_ADDR_MAX bytes). */
-    mr_status_t (*get_address)(mr_substrate_t *s, void *addr, size_t *length);
-
-    /*
-     * Takes the address table: `addrs` holds params->size addresses of
-     * `addr_len` bytes each (shorter ones zero-padded), indexed by rank; it
-     * stays valid until close(). Returns once any rank can be sent to.
-     * A substrate should connect to a peer only when the first message to it
-     * leaves (or in watch() or preconnect()), so that a rank holds nothing for
-     * the peers it never talks to; sends to a peer not connected yet wait in the substrate
-     * (MR_OK) until it is, or fail it (peer_failed) after timeout_s.
-     */
-    mr_status_t (*connect)(mr_substrate_t *s, const void *addrs, size_t addr_len);
-
-    /*
-     * Starts sending `length` bytes at `data` to `dest` (never this rank).
-     * MR_OK: accepted; send_complete(cookie) follows in a later progress call
-     * and until then the bytes must stay untouched. MR_SUBSTRATE_SENT:
-     * accepted and done, the bytes are free now. MR_AGAIN: not accepted now;
-     * the core tries again only after the next progress call. Errors:
-     * MR_ERR_PEER_FAILED and transport errors.
-     */
-    mr_status_t (*send)(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
-                        const void *data, size_t length, void *cookie);
-
-    /*
-     * Sends a zero-payload control message on the control channel. MR_OK:
-     * accepted, no completion follows. MR_AGAIN: try again later.
-     */
-    mr_status_t (*send_control)(mr_substrate_t *s, int dest, uint32_t imm);
-
-    /*
-     * Makes progress, running upcalls. Waits up to `timeout_ms` for an event
-     * when nothing is ready (0: never waits). Returns the number of events
-     * handled (>= 0) or a negative status for a local failure.
-     */
-    int (*progress)(mr_substrate_t *s, int timeout_ms);
-
-    /* Releases a substrate-owned receive buffer passed to deliver(). May be NULL. */
-    void (*release_recv)(mr_substrate_t *s, void *handle);
-
-    /*
-     * Writes a printable form of an address obtained from get_address().
-     */
-    void (*format_address)(const void *addr, size_t length, char *buf, size_t len);
-
-    /*
-     * Every rank has finished sending and is about to close: from now on a
-     * peer's end-of-stream is expected and is not a failure. May be NULL.
-     */
-    void (*closing)(mr_substrate_t *s);
-
-    /* Adds the substrate's counters (connections_rejected, ...) to *stats. May be NULL. */
-    void (*stats)(mr_substrate_t *s, mr_stats_t *stats);
-
-    /*
-     * Closes every connection and frees everything. Called after all ranks
-     * agreed to finalize, so end-of-stream from peers is expected then.
-     */
-    void (*close)(mr_substrate_t *s);
-
-    /*
-     * Fields below were added after the first version of this table. The
-     * core reads one only when ops_size covers it, so that a plugin built
-     * against an older header still loads.
-     */
-
-    /*
-     * A prefix of MAILRAIL_* names that the plugin hands on to a library of
-     * its own, which checks them itself (the UCX plugin: "MAILRAIL_UCX_", for
-     * UCX). The core does not report names under it as unknown. May be NULL.
+     * A prefix of MAILRAIL_* names that the plugin hands on to a library that
+     * checks them itself (UCX: "MAILRAIL_UCX_"): the core does not call them
+     * unknown. May be NULL.
      */
     const char *settings_passthrough_prefix;
-
     /*
-     * Names of config_table entries whose value must be the same on every
-     * rank, NULL-terminated: mr_init() checks them with the core's job-wide
-     * settings and fails on every rank, naming the setting, when they differ.
-     * May be NULL.
+     * config_table names whose value must be the same on every rank,
+     * NULL-terminated: mr_init() compares them across ranks and fails on
+     * every rank, naming the setting, when they differ. May be NULL.
      */
     const char *const *job_wide_settings;
 
+    /* ---- Lifecycle: mr_init() and mr_finalize(), in this order ---- */
+
     /*
-     * Makes sure that the failure of `rank` is detected and reported through
-     * peer_failed() although this rank may never send to it. The core calls
-     * it after connect() for its two neighbours on a ring of all ranks and
-     * passes failure notices around that ring, so that every rank learns of
-     * every failure (core/runtime/failures.c). A substrate that connects on first
-     * send connects to `rank` here, or lets `rank` connect (both ends are
-     * asked). Does not block. May be NULL: the substrate detects no failures
-     * of ranks it does not talk to.
+     * mr_init(): creates the substrate's local state and address; talks to
+     * no peer yet. The parameters stay valid until close().
+     */
+    mr_status_t (*open)(const mr_substrate_params_t *params, mr_substrate_t **out);
+    /*
+     * mr_init(), once after open(): the receive region and the append
+     * windows, each may be NULL. recv_region(): the array at whose start lies
+     * every buffer passed to deliver() with a handle, `*count` buffers of
+     * `*stride` bytes from `*base`, valid until close(), so that the core
+     * finds such a buffer's slot by its index; false, setting nothing, when
+     * there is none. append_windows(): one window per rank (above) and in
+     * *max_frame the largest payload they take, valid until close(); NULL
+     * when the substrate packs nothing.
+     */
+    bool (*recv_region)(mr_substrate_t *s, void **base, size_t *stride, uint32_t *count);
+    mr_append_window_t *(*append_windows)(mr_substrate_t *s, size_t *max_frame);
+    /* mr_init(): this rank's address, at most MR_SUBSTRATE_ADDR_MAX bytes, for the bootstrap. */
+    mr_status_t (*get_address)(mr_substrate_t *s, void *addr, size_t *length);
+    /* mailrail_info and logs: a printable form of an address from get_address(). */
+    void (*format_address)(const void *addr, size_t length, char *buf, size_t len);
+    /*
+     * mr_init(): every rank's address, `addrs` holding size addresses of
+     * `addr_len` bytes (shorter ones zero-padded), by rank, valid until
+     * close(). Returns once any rank can be sent to. Connect to a peer only
+     * when the first message to it leaves (or in watch() or preconnect()), so
+     * that a rank holds nothing for peers it never talks to; sends to a peer
+     * not connected yet wait in the substrate (MR_OK) until it is, or fail it
+     * (peer_failed) after timeout_s.
+     */
+    mr_status_t (*connect)(mr_substrate_t *s, const void *addrs, size_t addr_len);
+    /*
+     * mr_init(), after connect(), for this rank's two neighbours on a ring of
+     * all ranks (core/runtime/failures.c passes failure notices around it):
+     * make sure a failure of `rank` is reported through peer_failed() although
+     * this rank may never send to it, by connecting or letting `rank` connect
+     * (both ends are asked). Does not block. May be NULL: the substrate then
+     * reports failures only of ranks it talks to.
      */
     mr_status_t (*watch)(mr_substrate_t *s, int rank);
-
     /*
-     * Adds descriptor `fd` to what a sleeping progress() waits on: when it is
-     * readable, progress() returns at least 1 without sleeping. The substrate
-     * reads nothing from it (its owner drains it) and does not close it. Lets
-     * flow control wake a rank that sleeps in mr_wait() for credits another
-     * process put in shared memory. May be NULL: such a rank then sleeps until
-     * its timeout.
+     * mr_init(), after open(): add descriptor `fd` to what a sleeping
+     * progress() waits on; when it is readable, progress() returns at least
+     * 1 without sleeping. The substrate neither reads nor closes it. Lets
+     * flow control wake a rank asleep in mr_wait() for credits another
+     * process put in shared memory. May be NULL: such a rank sleeps until its
+     * timeout.
      */
     mr_status_t (*wake_fd)(mr_substrate_t *s, int fd);
+    /*
+     * mr_connect(), any number of times per rank, both ranks of a pair
+     * perhaps at once: start what the first send to `rank` would (a dial, an
+     * endpoint) without blocking. MR_OK: established both ways, so that a
+     * message pays for no dialling or wire-up (TCP: handshake done and
+     * ACCEPT written; UCX: the endpoint flushed). MR_AGAIN: under way, ask
+     * again after a progress(). MR_ERR_PEER_FAILED (also reported through
+     * peer_failed()), MR_ERR_INVALID_RANK for this rank or one outside the
+     * job, MR_ERR_NO_MEMORY, transport errors. Nothing to dial (MPI): MR_OK.
+     * May be NULL: mr_connect() then only synchronizes the ranks.
+     */
+    mr_status_t (*preconnect)(mr_substrate_t *s, int rank);
+    /*
+     * mr_finalize(), once every rank finished sending: from now on a peer's
+     * end of stream is expected, not a failure. May be NULL.
+     */
+    void (*closing)(mr_substrate_t *s);
+    /*
+     * mr_finalize(), last, after all ranks agreed to finalize: closes every
+     * connection and frees everything. No upcall may follow.
+     */
+    void (*close)(mr_substrate_t *s);
+
+    /* ---- Sending: from the datapath, and from inside upcalls ---- */
 
     /*
-     * The messages this substrate took from the transport that wait for a
-     * receive slot now (held, spilled or read ahead): with the slots in use,
-     * what is in flight to this rank, which the core checks against what flow
-     * control granted (mr_stats_t.recv_inflight). Called after a progress()
-     * in which a slot was refused, and after every one while it returns more
-     * than 0. May be NULL: the substrate takes a message only into a slot.
+     * Starts sending `length` bytes at `data` (at most datagram_size, plus a
+     * handler's id byte) of `kind` with immediate `imm` to `dest`, never this
+     * rank. MR_OK: accepted; send_complete(cookie) follows in a later
+     * progress(), and the bytes stay untouched until then.
+     * MR_SUBSTRATE_SENT: accepted and done, the bytes are free now, no
+     * completion follows. MR_AGAIN: not accepted; the core tries `dest` again
+     * only after the next progress(). MR_ERR_PEER_FAILED, transport errors.
+     * A message taken from an append window instead never comes here.
+     */
+    mr_status_t (*send)(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
+                        const void *data, size_t length, void *cookie);
+    /*
+     * A control message, no payload, only `imm` (a credit return), on a
+     * channel of its own so that it does not queue behind data. MR_OK:
+     * accepted, no completion follows; MR_AGAIN: try later.
+     */
+    mr_status_t (*send_control)(mr_substrate_t *s, int dest, uint32_t imm);
+
+    /* ---- Progress: mr_receive(), mr_poll(), mr_wait() and every wait of the core ---- */
+
+    /*
+     * Moves the transport along and runs the upcalls. Waits up to
+     * `timeout_ms` for an event when nothing is ready (0: never waits).
+     * Returns the events handled (>= 0) or a negative status for a local
+     * failure.
+     */
+    int (*progress)(mr_substrate_t *s, int timeout_ms);
+    /*
+     * mr_release() of a buffer deliver() passed with `handle`: the substrate
+     * may reuse it. May be NULL when the substrate never passes a handle.
+     */
+    void (*release_recv)(mr_substrate_t *s, void *handle);
+    /*
+     * After a progress() in which a slot was refused, and after each one
+     * while it returns more than 0: the messages this substrate took from the
+     * transport that wait for a slot (held, spilled, read ahead). With the
+     * slots in use, what is in flight to this rank, which the core checks
+     * against what flow control granted (mr_stats_t.recv_inflight). May be
+     * NULL: the substrate takes a message only into a slot.
      */
     uint64_t (*held)(mr_substrate_t *s);
 
-    /*
-     * The substrate's append windows, one per rank (mr_append_window_t), which
-     * stay valid until close(), and in *max_frame the largest payload they
-     * take; NULL when it packs nothing. Called once, after open(). May be
-     * NULL. ABI 6.
-     */
-    mr_append_window_t *(*append_windows)(mr_substrate_t *s, size_t *max_frame);
+    /* ---- Queries ---- */
 
-    /*
-     * The array that every buffer this substrate passes to deliver() with a
-     * handle lies at the start of: `*count` buffers of `*stride` bytes from
-     * `*base`, valid until close(). The core then finds the receive slot of a
-     * buffer the application releases by its index, not by a hash. Returns
-     * false, setting nothing, when the substrate has no such array. Called
-     * once, after open(). May be NULL. ABI 7.
-     */
-    bool (*recv_region)(mr_substrate_t *s, void **base, size_t *stride, uint32_t *count);
-
-    /*
-     * Connects to `rank` ahead of its first message, for mr_connect(): starts
-     * what the first send to `rank` would start (a dial, an endpoint), without
-     * blocking, and says how far it got. MR_OK: the connection is established
-     * and usable both ways, so that a message to `rank` pays for no dialling
-     * or wire-up (TCP: the handshake done and its ACCEPT written; UCX: the
-     * endpoint wired up, as a flush of it proves). MR_AGAIN: under way, ask
-     * again after a progress call, which moves it along. MR_ERR_PEER_FAILED:
-     * `rank` failed or cannot be reached (its failure is reported through
-     * peer_failed() as well); MR_ERR_INVALID_RANK for this rank or one outside
-     * the job; MR_ERR_NO_MEMORY and transport errors. Called after connect(),
-     * any number of times for the same rank; it may be asked of both ranks
-     * of a pair at once. A substrate with nothing to dial (MPI) returns MR_OK.
-     * May be NULL: mr_connect() then only synchronizes the ranks. ABI 9.
-     */
-    mr_status_t (*preconnect)(mr_substrate_t *s, int rank);
+    /* mr_get_stats(): adds the substrate's counters (connections_rejected, ...). May be NULL. */
+    void (*stats)(mr_substrate_t *s, mr_stats_t *stats);
 } mr_substrate_ops_t;
-
-/* The smallest ops table the core accepts: the first version's fields. */
-#define MR_SUBSTRATE_OPS_MIN_SIZE offsetof(mr_substrate_ops_t, settings_passthrough_prefix)
-
-/* True when the plugin's ops table has `field` (it was built with a header that had it). */
-#define MR_SUBSTRATE_OPS_HAS(ops, field)                                                  \
-    ((ops)->ops_size >= offsetof(mr_substrate_ops_t, field) + sizeof((ops)->field))
 
 typedef const mr_substrate_ops_t *(*mr_substrate_entry_fn)(void);
 
@@ -451,7 +462,8 @@ static inline bool mr_substrate_params_valid(const mr_substrate_params_t *p, con
     if (p->size >= 1 && p->rank >= 0 && p->rank < p->size && p->max_sends > 0 &&
         p->datagram_size > 0 && p->datagram_size <= max_datagram &&
         (p->job_key != NULL || !needs_key) && u != NULL && u->recv_slot_acquire &&
-        u->recv_slot_abandon && u->deliver && u->send_complete && u->control && u->peer_failed) {
+        u->recv_slot_abandon && u->deliver && u->deliver_copy && u->deliver_handler_now &&
+        u->deliver_now_frames && u->send_complete && u->control && u->peer_failed) {
         return true;
     }
     if (p->log != NULL) {

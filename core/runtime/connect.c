@@ -68,7 +68,7 @@ static mr_status_t connect_dial(const int *dests, int count, uint64_t deadline)
     unsigned polls = 0;
     mr_status_t status = MR_OK;
 
-    if (!MR_SUBSTRATE_OPS_HAS(rt.substrate, preconnect) || rt.substrate->preconnect == NULL) {
+    if (rt.substrate->preconnect == NULL) {
         mr_debug("mr_connect(): the %s substrate cannot connect ahead (its ops table has no "
                  "preconnect): the ranks only synchronize, and connections are made on first "
                  "send.", rt.substrate->name);

@@ -1,7 +1,7 @@
 /*
- * The datapath's interface to the rest of the runtime (datapath.c holds the
- * slot tables, the queues and the deferred sends, and nobody else touches
- * them). Above it, the item layer and init/finalize; below it, the substrate
+ * The datapath's interface to the rest of the runtime (the datapath_*.c
+ * files hold the slot tables, the queues and the deferred sends, and nobody
+ * else touches them). Above it, the item layer and init/finalize; below it, the substrate
  * and flow control.
  *
  * A layer that builds on datagrams (the item layer) registers as the
@@ -114,7 +114,7 @@ typedef struct rt_consumer {
     bool (*waiting)(void);
     /*
      * Optional: consumes a message at once, in the transport's own receive
-     * callback, without a slot (the substrate's deliver_now() and
+     * callback, without a slot (the substrate's
      * deliver_handler_now()): handler `id` on a `length`-byte payload. MR_OK:
      * done, counted as received; MR_AGAIN: it is to be delivered the usual way.
      */

@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The datapath's one state, shared by its files (datapath_state.h). */
+rt_datapath_t dp;
+
 void rt_datapath_fini(void)
 {
     free(dp.sends);
@@ -66,7 +69,7 @@ static void rt_datapath_attach_region(void)
     size_t stride = 0;
     uint32_t count = 0;
 
-    if (!MR_SUBSTRATE_OPS_HAS(rt.substrate, recv_region) || rt.substrate->recv_region == NULL ||
+    if (rt.substrate->recv_region == NULL ||
         !rt.substrate->recv_region(rt.sub, &base, &stride, &count)) {
         return;
     }
@@ -97,7 +100,7 @@ void rt_datapath_attach(uint64_t recv_bound, uint64_t (*held)(mr_substrate_t *s)
     dp.fc = rt.fc;
     dp.send = rt.substrate->send;
     dp.sub = rt.sub;
-    if (MR_SUBSTRATE_OPS_HAS(rt.substrate, append_windows) && rt.substrate->append_windows) {
+    if (rt.substrate->append_windows) {
         dp.win = rt.substrate->append_windows(rt.sub, &dp.win_max);
     }
     dp.send_bytes = rt.cfg.send_bytes != 0 ? rt.cfg.send_bytes : UINT64_MAX;

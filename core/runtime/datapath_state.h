@@ -1,7 +1,9 @@
 /*
- * The datapath's state, private to datapath.c, datapath_life.c and
- * datapath_consumers.c (tests/check_layers.sh refuses it elsewhere): the
- * rest of the runtime goes through datapath.h.
+ * The datapath's state and what its files share, private to them
+ * (datapath_*.c; tests/check_layers.sh refuses it elsewhere): the rest of
+ * the runtime goes through datapath.h. The send path's core
+ * (rt_transmit_credited()) is here, inline, because sending and the
+ * deferred queue's drain both run it on every message.
  */
 #ifndef MR_DATAPATH_STATE_H
 #define MR_DATAPATH_STATE_H
@@ -158,13 +160,111 @@ static inline uint32_t dp_recvq_pop(rt_msgq_t *q)
     return idx;
 }
 
-/* datapath.c: returns a held or queued receive slot, and its credit, to MailRail. */
+/* datapath_arrival.c: returns a held or queued receive slot, and its credit, to MailRail. */
 void dp_recv_release(uint32_t idx);
 
 /*
- * datapath.c: gives back a batch slot with every frame in it, handed out or
+ * datapath_arrival.c: gives back a batch slot with every frame in it, handed out or
  * not, and their credits; returns how many were not handed out.
  */
 uint32_t dp_batch_drop(uint32_t idx);
+
+
+/* ---- What the datapath's files share ------------------------------------------------- */
+
+/* Flow control hears of an arrival, and of a slot the application gave back. */
+static inline void dp_fc_arrival(int source, uint32_t imm)
+{
+    if (dp.on_arrival != NULL) dp.on_arrival(dp.fc, source, imm);
+}
+
+static inline void dp_fc_release(int source)
+{
+    if (dp.on_release != NULL) dp.on_release(dp.fc, source);
+}
+
+/* The index of the buffer at `p` in the substrate's receive region, or MR_NIL. */
+static inline uint32_t dp_region_index(const void *p)
+{
+    uintptr_t off = (uintptr_t)p - dp.region_base;
+
+    if (off >= dp.region_bytes) return MR_NIL;
+    /* A power of two (the usual datagram size) spares a division. */
+    uintptr_t b = dp.region_shift >= 0 ? off >> dp.region_shift : off / dp.region_stride;
+    return b * dp.region_stride == off ? (uint32_t)b : MR_NIL;
+}
+
+
+/* datapath_arrival.c: takes a free receive slot (MR_NIL: none), and frees one. */
+uint32_t rt_recv_take(void);
+void rt_recv_free(uint32_t idx);
+
+/* datapath_arrival.c: counts a new peak, and arrivals beyond the grant, since `before`. */
+void rt_inflight_grew(uint64_t before);
+
+/* datapath_send.c: the pieces of rt_transmit_credited() out of line. */
+mr_status_t rt_deliver_self(uint32_t idx);
+mr_status_t rt_no_credit(int dest);
+mr_status_t rt_transmit_rest(uint32_t idx, uint32_t imm, mr_status_t status);
+
+/* datapath_send.c: the send slot of a reserved buffer the application passes in. */
+mr_status_t rt_reserved_slot(const char *fn, const void *buffer, uint32_t *out);
+
+/* datapath_progress.c: sends what the deferred queue can; returns how many left it. */
+int rt_drain(void);
+
+/*
+ * The message in send slot `idx` was packed into a batch: the slot is free
+ * again, and its `length` bytes at `data` are copied to `payload`, last, so
+ * that nothing is kept across the copy.
+ */
+__attribute__((always_inline)) static inline void rt_packed(uint32_t idx, uint8_t *payload,
+                                                            const void *data, size_t length)
+{
+    rt_send_t *s = &dp.sends[idx];
+
+    if (s->state == SEND_DEFERRED) dp.pending_bytes -= length;
+    s->state = SEND_FREE;
+    mr__pool_put(&dp.send_pool, idx);
+    if (length > 0) memcpy(payload, data, length);
+}
+
+/*
+ * Hands the message in send slot `idx`, whose credit flow control granted
+ * (with `imm`), to the substrate, or to oneself. Inlined: it is most of every
+ * send. The common case, a message the substrate is done with at once
+ * (packed into a batch through its window, say), frees its slot here; the
+ * slot's dest, kind and length must be set before.
+ */
+__attribute__((always_inline)) static inline mr_status_t rt_transmit_credited(uint32_t idx,
+                                                                              uint32_t imm)
+{
+    rt_send_t *s = &dp.sends[idx];
+    int dest = s->dest;
+    mr_status_t status;
+
+    if (__builtin_expect(dest == rt.rank, 0)) {
+        status = rt_deliver_self(idx);
+        if (status == MR_OK) return MR_OK;
+    } else {
+        void *data = mr__pool_slot(&dp.send_pool, idx);
+        uint8_t *payload;
+        /* The batch the substrate fills for `dest` takes it without a call (ABI 6). */
+        if (__builtin_expect(imm == 0 && dp.win != NULL && s->length <= dp.win_max, 1) &&
+            (payload = mr_append_window_take(&dp.win[dest], s->kind, s->length)) != NULL) {
+            rt_packed(idx, payload, data, s->length);
+            return MR_OK;
+        }
+        status = dp.send(dp.sub, dest, s->kind, imm, data, s->length, s);
+        if (__builtin_expect(status == MR_SUBSTRATE_SENT, 1)) {
+            /* Already copied out: the slot is free again, warm for the next reserve. */
+            if (s->state == SEND_DEFERRED) dp.pending_bytes -= s->length;
+            s->state = SEND_FREE;
+            mr__pool_put(&dp.send_pool, idx);
+            return MR_OK;
+        }
+    }
+    return rt_transmit_rest(idx, imm, status);
+}
 
 #endif /* MR_DATAPATH_STATE_H */

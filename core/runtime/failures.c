@@ -114,7 +114,7 @@ mr_status_t rt_watch_neighbours(void)
         mr_error("Cannot allocate the failure notices of %d ranks.", rt.size);
         return MR_ERR_NO_MEMORY;
     }
-    if (rt.size < 2 || !MR_SUBSTRATE_OPS_HAS(rt.substrate, watch) || rt.substrate->watch == NULL) {
+    if (rt.size < 2 || rt.substrate->watch == NULL) {
         return MR_OK;
     }
     status = rt.substrate->watch(rt.sub, next);

@@ -204,7 +204,7 @@ static void rt_register_wake(void)
 
     rt.wake_registered = false;
     if (fd < 0 || rt.flowctl->sleep == NULL) return;
-    if (!MR_SUBSTRATE_OPS_HAS(rt.substrate, wake_fd) || rt.substrate->wake_fd == NULL) {
+    if (rt.substrate->wake_fd == NULL) {
         mr_debug("The %s substrate cannot wake a sleeping rank for credits; such ranks sleep "
                  "until their mr_wait() timeout.", rt.substrate->name);
         return;
@@ -246,7 +246,7 @@ static mr_status_t rt_open_substrate(uint8_t *addr, size_t *len)
     if (status != MR_OK) return status;
     /* Flow control opened first: what it bounds, and what the substrate may hold. */
     rt_datapath_attach(rt.flowctl->recv_bound != NULL ? rt.flowctl->recv_bound(rt.fc) : 0,
-                       MR_SUBSTRATE_OPS_HAS(rt.substrate, held) ? rt.substrate->held : NULL);
+                       rt.substrate->held);
     status = rt.substrate->get_address(rt.sub, addr, len);
     if (status != MR_OK) {
         rt.substrate->close(rt.sub);

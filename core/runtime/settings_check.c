@@ -26,8 +26,7 @@ static void rt_find_setting(void *arg, const char *name, const char *path,
     for (const mr_config_entry_t *e = ops->config_table; e != NULL && e->name != NULL; e++) {
         q->found |= strcmp(e->name, q->name) == 0;
     }
-    if (MR_SUBSTRATE_OPS_HAS(ops, settings_passthrough_prefix) &&
-        ops->settings_passthrough_prefix != NULL) {
+    if (ops->settings_passthrough_prefix != NULL) {
         const char *prefix = ops->settings_passthrough_prefix;
         q->found |= strncmp(q->name, prefix, strlen(prefix)) == 0;
     }
@@ -79,9 +78,7 @@ void rt_warn_unknown_settings(void)
     size_t ntables = rt_setting_tables(tables, sizes, RT_SETTING_TABLES_MAX);
 
     tables[ntables++] = rt.substrate->config_table;
-    if (MR_SUBSTRATE_OPS_HAS(rt.substrate, settings_passthrough_prefix)) {
-        skip[0] = rt.substrate->settings_passthrough_prefix;
-    }
+    skip[0] = rt.substrate->settings_passthrough_prefix;
     mr__config_warn_unknown(tables, ntables, skip, rt_declared_by_other_substrate, NULL);
 }
 
@@ -144,8 +141,7 @@ mr_status_t rt_agree_settings(void)
          e++) {
         rt_agreed_add(&mine, e, rt.flowctl_config);
     }
-    if (MR_SUBSTRATE_OPS_HAS(rt.substrate, job_wide_settings) &&
-        rt.substrate->job_wide_settings != NULL) {
+    if (rt.substrate->job_wide_settings != NULL) {
         for (const char *const *n = rt.substrate->job_wide_settings; *n != NULL; n++) {
             rt_agreed_add(&mine, mr__config_find(rt.substrate->config_table, *n),
                           rt.substrate_config);

@@ -148,6 +148,20 @@ static inline void mr__done_push(mr__done_queue_t *q, mr__sreq_t *r)
  */
 int mr__done_drain(mr_substrate_t *s, mr__done_queue_t *q, mr__sreq_t **free_list);
 
+/*
+ * deliver_handler_now() of a handler's message whose id is its payload's last
+ * byte, as it travels when the id is not carried apart. MR_AGAIN for an
+ * empty one (it goes the usual way, and the core refuses it there).
+ */
+static inline mr_status_t mr__deliver_handler_trailer(const mr__substrate_base_t *b, int source,
+                                                      uint32_t imm, const void *data,
+                                                      size_t length)
+{
+    if (length == 0) return MR_AGAIN;
+    return b->up.deliver_handler_now(b->core, source, imm, ((const uint8_t *)data)[length - 1],
+                                     data, length - 1);
+}
+
 /* ------------------------------------------------------------------------ */
 /* The ops table.                                                            */
 

@@ -377,7 +377,7 @@ enum { DELIVERED_HELD = MR_AGAIN + 1, DELIVERED_DONE = MR_AGAIN + 2 };
 
 /*
  * Delivers a lone message from its staging buffer: a handler's message runs
- * at once if it can (deliver_now), and its buffer is free again
+ * at once if it can (deliver_handler_now), and its buffer is free again
  * (DELIVERED_DONE); anything else goes zero copy, the application holding the
  * buffer until release_recv() (DELIVERED_HELD). MR_AGAIN: no receive slot.
  */
@@ -389,8 +389,8 @@ static int deliver_one(mr_substrate_t *s, mpi_recv_t *e, int src, uint32_t tag, 
                                              : MR_KIND_DATA;
     uint32_t imm = tag & s->data_imm_ub;
 
-    if (kind == MR_KIND_HANDLER && s->base.up.deliver_now != NULL &&
-        s->base.up.deliver_now(s->base.core, src, imm, buf, length) == MR_OK) {
+    if (kind == MR_KIND_HANDLER &&
+        mr__deliver_handler_trailer(&s->base, src, imm, buf, length) == MR_OK) {
         return DELIVERED_DONE;
     }
     mr_status_t st = s->base.up.deliver(s->base.core, src, kind, imm, buf, length,

@@ -121,7 +121,7 @@ static ucs_status_t batch_recv(mr_substrate_t *s, int source, const uint8_t *dat
     }
     while ((r = mr__batch_frame_next(data, length, &off, &kind, &payload, &plen)) == 1) {
         if (direct && kind == MR_KIND_HANDLER &&
-            s->base.up.deliver_now(s->base.core, source, 0, payload, plen) == MR_OK) {
+            mr__deliver_handler_trailer(&s->base, source, 0, payload, plen) == MR_OK) {
             s->cb_events++;
             continue;
         }
@@ -172,7 +172,7 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
         if (!rndv) {
             /* A handler's message is consumed here, in UCX's callback, without a slot. */
             if (kind == MR_KIND_HANDLER && !now_tried &&
-                s->base.up.deliver_now(s->base.core, source, imm, data, length) == MR_OK) {
+                mr__deliver_handler_trailer(&s->base, source, imm, data, length) == MR_OK) {
                 s->cb_events++;
                 return UCS_OK;
             }
@@ -284,7 +284,7 @@ static ucs_status_t bare_handler_am_cb(void *arg, const void *header, size_t hea
                              (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0 &&
                              length <= s->base.datagram_size,
                          1)) {
-        if (s->base.up.deliver_now(s->base.core, p->rank, 0, data, length) == MR_OK) {
+        if (mr__deliver_handler_trailer(&s->base, p->rank, 0, data, length) == MR_OK) {
             s->bare_received++;
             s->cb_events++;
             return UCS_OK;

@@ -1,0 +1,108 @@
+/*
+ * Progress: the substrate's progress, then flow control's, the notices of
+ * failures, the deferred queue's drain (each destination's messages, oldest
+ * first, their credits taken together), and the consumers'.
+ */
+#include "datapath_state.h"
+
+/*
+ * Sends the messages deferred to `dest`, oldest first, while they go, their
+ * credits taken together when flow control can (acquire_n). Returns how many
+ * were sent; clears *all_refused when the first that stays waits for credit
+ * that may come any time, not for the next progress call.
+ */
+static int rt_drain_dest(int dest, bool *all_refused)
+{
+    int sent = 0;
+
+    while (mr__deferq_peek(&dp.deferq, dest) != MR_NIL) {
+        uint32_t imm = 0, n = 1;
+
+        /* The substrate refused this rank since the last progress call: it would again. */
+        if (dp.refused_epoch[dest] == dp.progress_epoch) return sent;
+        if (dp.acquire_n != NULL) {
+            n = dp.acquire_n(dp.fc, dest, dp.deferq.queued[dest], &imm);
+        } else if (dp.acquire != NULL) {
+            n = dp.acquire(dp.fc, dest, &imm) ? 1 : 0;
+        }
+        if (n == 0) {
+            rt_no_credit(dest);
+            if (dp.refused_epoch[dest] != dp.progress_epoch) *all_refused = false;
+            return sent;
+        }
+        /* Each message its credit, `imm` on the first: n <= the messages queued. */
+        for (; n > 0; n--, imm = 0) {
+            uint32_t idx = mr__deferq_peek(&dp.deferq, dest);
+            if (__builtin_expect(idx == MR_NIL, 0)) {
+                /* Emptied meanwhile (nothing does that today): the credits go back. */
+                for (; n > 0; n--, imm = 0) rt.flowctl->unacquire(rt.fc, dest, imm);
+                return sent;
+            }
+            mr_status_t status = rt_transmit_credited(idx, imm);
+
+            if (status == MR_OK) {
+                mr__deferq_pop(&dp.deferq, dest);
+                sent++;
+            } else if (status < 0) {
+                /* The substrate refused for good (peer failure): drop the message. */
+                mr__deferq_pop(&dp.deferq, dest);
+                rt_send_free(idx);
+            } else {
+                /* Refused (its credit went back, and so do the others'): until progress. */
+                while (--n > 0) rt.flowctl->unacquire(rt.fc, dest, 0);
+                if (dp.refused_epoch[dest] != dp.progress_epoch) *all_refused = false;
+                return sent;
+            }
+        }
+    }
+    return sent;
+}
+
+/*
+ * Visits every destination with deferred messages, sending its messages,
+ * oldest first, while it takes them, and repeats while that moved something
+ * (the paper's deferred queue tries on every send; this empties what can go).
+ * Returns the number of messages that left the queue.
+ */
+int rt_drain(void)
+{
+    int moved = 0, pass;
+
+    do {
+        int count = dp.deferq.ring_count;
+        int dest = mr__deferq_first(&dp.deferq);
+        bool all_refused = true;
+
+        pass = 0;
+        for (int i = 0; i < count && dest >= 0; i++) {
+            int next = mr__deferq_next(&dp.deferq, dest);
+
+            pass += rt_drain_dest(dest, &all_refused);
+            dest = next;
+        }
+        moved += pass;
+        /* Only progress can change the substrate's mind: no use trying before it. */
+        if (pass == 0 && all_refused) dp.drain_stuck_epoch = dp.progress_epoch;
+    } while (pass > 0 && dp.deferq.depth > 0);
+    return moved;
+}
+
+int rt_progress(int timeout_ms)
+{
+    uint64_t before = dp_recv_messages();
+    int events = rt.substrate->progress(rt.sub, timeout_ms);
+
+    /* A substrate holds messages only once it found no slot: ask it only then, or while it holds. */
+    if (dp.sub_held != NULL && (dp.slot_refused || dp.held != 0)) {
+        dp.slot_refused = false;
+        dp.held = dp.sub_held(rt.sub);
+    }
+    rt_inflight_grew(before);
+    dp.progress_epoch++;
+    if (events < 0) return events;
+    events += rt.flowctl->progress(rt.fc);
+    if (rt.notice_sent < rt.notice_count) events += rt_notices_forward();
+    if (dp.deferq.depth > 0) events += rt_drain();
+    for (int k = 0; k < dp.nconsumer_progress; k++) events += dp.consumer_progress[k]();
+    return events;
+}
