@@ -622,7 +622,8 @@ private:
         if (f.rank >= 0) {
             s->ring_[gen] = f;
             s->got_ring_[gen] = true;
-        } else if (!s->mismatch_[gen]) {
+        } else if (!s->mismatch_[gen] || f.rank > s->bad_[gen].rank) {
+            /* The lowest rank that found a mismatch: every rank names the same two. */
             s->mismatch_[gen] = true;
             s->bad_[gen] = f;
         }
