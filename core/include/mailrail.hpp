@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -307,6 +308,7 @@ public:
 
     ~session()
     {
+        pending_.clear();
         if (!finalized_) {
             mr_status_t st = mr_finalize();
             if (st != MR_OK) std::fprintf(stderr, "mailrail: mr_finalize: %s\n", mr_status_string(st));
@@ -318,6 +320,7 @@ public:
     {
         if (finalized_) return;
         finalized_ = true;
+        pending_.clear();
         detail::check(mr_finalize(), "mr_finalize");
     }
 
@@ -340,6 +343,11 @@ public:
     /* The oldest arrived message, or nothing now. Makes progress and runs handlers. */
     std::optional<message> receive()
     {
+        if (!pending_.empty()) {
+            message first = std::move(pending_.front());
+            pending_.pop_front();
+            return first;
+        }
         mr_message_t m;
         mr_status_t st = mr_receive(&m);
         rethrow_handler_error();
@@ -371,6 +379,10 @@ public:
     template <class F> void quiesce(F &&on_message)
     {
         mr_status_t st;
+        /* Those kept by quiesce() first (taken out: quiesce() puts them back). */
+        std::deque<message> kept;
+        kept.swap(pending_);
+        for (message &m : kept) on_message(std::move(m));
         do {
             for (;;) {
                 mr_message_t m;
@@ -384,14 +396,15 @@ public:
         } while (detail::check(st, "mr_quiesce") == MR_AGAIN);
     }
 
-    /* Quiescence for handlers' messages only: a plain message is an error. */
+    /*
+     * Quiescence when the application sends no plain messages: a plain
+     * message that arrives meanwhile (another rank's next phase may start
+     * before this rank's quiescence returns) is kept, holding its receive
+     * slot, and returned by the next receive() or quiesce(f).
+     */
     void quiesce()
     {
-        quiesce([](message m) {
-            throw error(MR_ERR_INVALID_PARAM, "mailrail::session::quiesce: a plain message from rank " +
-                                             std::to_string(m.source()) +
-                                             " arrived; pass quiesce() a callback for them");
-        });
+        quiesce([this](message m) { pending_.push_back(std::move(m)); });
     }
 
     /* This rank's counters (mr_get_stats()). */
@@ -645,6 +658,7 @@ private:
     }
 
     std::vector<std::unique_ptr<handler_base>> handlers_;
+    std::deque<message> pending_; /* Plain messages quiesce() took for receive(). */
     std::uint64_t hash_ = detail::fnv_basis;
     std::size_t checked_ = 0;
     bool finalized_ = false;

@@ -95,6 +95,15 @@ void check_send_buffers(mailrail::session &world)
     /* The destructor released it: releasing again is refused. */
     EXPECT(mr_release(const_cast<void *>(data)) == MR_ERR_BUFFER_STATE);
     world.quiesce();
+
+    /* A plain message that quiesce() meets is kept for receive(), not lost. */
+    b = world.reserve();
+    EXPECT(b.has_value());
+    b->write(point{100 + world.rank(), 1.0});
+    b->send(sizeof(point), next);
+    world.quiesce();
+    auto kept = world.receive();
+    EXPECT(kept.has_value() && kept->source() == prev && kept->as<point>().x == 100 + prev);
 }
 
 /* Typed items: every rank pushes k * size + rank to rank k % size, for k < 1000. */
