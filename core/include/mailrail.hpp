@@ -450,14 +450,14 @@ public:
     void check_handlers()
     {
         const unsigned gen = checks_ % 2;
-        fingerprint mine{hash_, static_cast<std::uint32_t>(handlers_.size()), rank(), checks_};
+        fingerprint mine{hash_, static_cast<std::uint32_t>(handlers_.size()), rank(), checks_, 0};
         /* Round 1: each rank sends its fingerprint to the next one around the ring. */
         send_check(mine, (rank() + 1) % size());
         quiesce();
         /* Round 2: a rank whose neighbour differs tells every rank, so that all fail together. */
         const fingerprint &prev = ring_[gen];
         if (!got_ring_[gen] || prev.hash != mine.hash || prev.count != mine.count) {
-            fingerprint bad{mine.count, prev.count, -1 - mine.rank, checks_};
+            fingerprint bad{mine.count, prev.count, -1 - mine.rank, checks_, 0};
             for (int r = 0; r < size(); r++) send_check(bad, r);
         }
         quiesce();
@@ -603,6 +603,7 @@ private:
         std::uint32_t count;
         std::int32_t rank;
         std::uint32_t gen;  /* Which check_handlers() call it belongs to. */
+        std::uint32_t zero; /* Padding made explicit, so that no byte sent is undefined. */
     };
 
     void send_check(const fingerprint &f, int dest)
@@ -666,7 +667,7 @@ private:
     std::exception_ptr handler_error_;
     /* check_handlers()' state, by the parity of the check it belongs to. */
     std::uint32_t checks_ = 0;
-    fingerprint ring_[2] = {}, bad_[2] = {};
+    fingerprint ring_[2]{}, bad_[2]{};
     bool got_ring_[2] = {false, false}, mismatch_[2] = {false, false};
 };
 
