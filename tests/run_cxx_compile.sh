@@ -1,9 +1,10 @@
 #!/bin/sh
-# mailrail.hpp and its examples compile without a warning under g++ and
-# clang++ (-std=c++17 -Wall -Wextra -pedantic -Werror), and a type that is not
-# trivially copyable is refused with a clear static_assert, for items and for
-# handler arguments. A compiler that is missing fails the test under
-# MR_TEST_STRICT=1 (CI) and skips it otherwise.
+# mailrail.hpp and its examples compile without a warning under clang++
+# (-std=c++17 -Wall -Wextra -pedantic -Werror; the meson build compiles them
+# with g++ and the same flags, tools/cxx/meson.build), and under both
+# compilers a type that is not trivially copyable is refused with a clear
+# static_assert, for items and for handler arguments. A compiler that is
+# missing fails the test under MR_TEST_STRICT=1 (CI) and skips it otherwise.
 #
 #   tests/run_cxx_compile.sh SOURCE_DIR
 set -eu
@@ -20,11 +21,13 @@ for cxx in g++ clang++; do
         continue
     fi
     compilers=$((compilers + 1))
-    for f in "$src"/tools/cxx/*.cpp; do
-        # shellcheck disable=SC2086
-        "$cxx" $flags $mpi_flags -fsyntax-only "$f" || { echo "FAIL: $cxx $f"; exit 1; }
-    done
-    echo "$cxx: mailrail.hpp and tools/cxx/*.cpp compile without a warning"
+    if [ "$cxx" = clang++ ]; then
+        for f in "$src"/tools/cxx/*.cpp; do
+            # shellcheck disable=SC2086
+            "$cxx" $flags $mpi_flags -fsyntax-only "$f" || { echo "FAIL: $cxx $f"; exit 1; }
+        done
+        echo "$cxx: mailrail.hpp and tools/cxx/*.cpp compile without a warning"
+    fi
     # Refusals: each snippet must fail with its static_assert's message.
     refuse() { # NAME MESSAGE CODE
         printf '#include <mailrail.hpp>\n#include <string>\nvoid f(mailrail::session &w) { %s }\n' \
