@@ -1,6 +1,7 @@
 #!/bin/sh
 # The C++ face (core/include/mailrail.hpp) on one substrate: its checks
-# (tools/cxx/test_cxx.cpp), a wrong handler order and count, the C++ histogram
+# (tools/cxx/test_cxx.cpp), a wrong handler order and count, handlers that
+# send under backpressure, the C++ histogram
 # and the C++ degree count, each on 2, 3 or 4 ranks (the three programs take
 # the three sizes in turn, shifted by the substrate) and each result checked
 # against a serial reference. Every run is bounded by a timeout.
@@ -52,6 +53,14 @@ want='rank 0 (4 handlers) and rank 2 (3) registered different handlers; register
     -e "test_cxx: rank 1: mailrail::session::check_handlers: $want" \
     -e "test_cxx: rank 2: mailrail::session::check_handlers: $want" "$dir/extra")" -eq 3 ] ||
     { cat "$dir/extra"; echo "FAIL: the extra handler was not refused on every rank"; exit 1; }
+
+# Handlers that forward with try_async() and return handled::again under
+# backpressure (2 send buffers): every relay must arrive once, 4 ranks on.
+MAILRAIL_SEND_SLOTS=2 run relay 3 "$bin/test_cxx" -relay
+[ "$(grep -c '^test_cxx: rank [0-9]*: 300 relays arrived, [0-9]* handler retries$' "$dir/relay")" -eq 3 ] &&
+    [ "$(grep -c '^test_cxx: rank [0-9]*: all checks passed$' "$dir/relay")" -eq 3 ] ||
+    { cat "$dir/relay"; echo "FAIL: relays"; exit 1; }
+grep 'relays arrived' "$dir/relay"
 
 # The histogram: every bin of every trial against the serial count.
 n=$(ranks 1)

@@ -444,12 +444,20 @@ public:
      * order and signatures, by a fingerprint of their types) and arms
      * async(). On a mismatch every rank throws mailrail::error
      * (MR_ERR_INVALID_PARAM) naming two ranks that differ and their handler
-     * counts. Two ring passes and two quiescences: O(ranks) messages. Messages
-     * sent with send_buffer::send() must not be in flight meanwhile.
+     * counts. One ring pass and two quiescences: O(ranks) messages. Plain
+     * messages that arrive meanwhile are kept for receive().
      */
     void check_handlers()
     {
         const unsigned gen = checks_ % 2;
+        /*
+         * async() is armed from the start: a rank that finished this check
+         * may send before this rank's last quiescence returns, and its
+         * messages may run handlers here that send. On a mismatch every rank
+         * throws, and nobody sends.
+         */
+        const std::size_t was_checked = checked_;
+        checked_ = handlers_.size();
         fingerprint mine{hash_, static_cast<std::uint32_t>(handlers_.size()), rank(), checks_, 0};
         /* Round 1: each rank sends its fingerprint to the next one around the ring. */
         send_check(mine, (rank() + 1) % size());
@@ -470,6 +478,7 @@ public:
         bool mismatch = mismatch_[gen];
         mismatch_[gen] = false;
         if (mismatch) {
+            checked_ = was_checked;
             const fingerprint &bad = bad_[gen];
             int at = -1 - bad.rank, before = at == 0 ? size() - 1 : at - 1;
             throw error(MR_ERR_INVALID_PARAM,
@@ -481,7 +490,6 @@ public:
                                                    : "different handlers") +
                             "; register the same ones in the same order on every rank");
         }
-        checked_ = handlers_.size();
     }
 
     /*

@@ -5,6 +5,8 @@
  *   mpiexec -n N test_cxx -swap    rank 1 registers its handlers in another order:
  *                                  every rank must fail check_handlers() with MR_ERR_INVALID_PARAM
  *   mpiexec -n N test_cxx -extra   rank 0 registers one handler more: the same
+ *   MAILRAIL_SEND_SLOTS=2 mpiexec -n N test_cxx -relay
+ *                                  handlers that forward with try_async() under backpressure
  */
 #include <mailrail.hpp>
 
@@ -201,6 +203,35 @@ void check_handlers(mailrail::session &world, const char *mode)
     world.quiesce(); /* The phase the exception left open ends. */
 }
 
+/*
+ * Handlers that send, under backpressure (run with MAILRAIL_SEND_SLOTS=2):
+ * each rank starts 300 relays of 4 hops around the ring; a relay handler
+ * forwards with try_async() and returns handled::again when no buffer is
+ * free, so that every relay arrives once at its last rank, 4 ranks on.
+ */
+void check_relays(mailrail::session &world)
+{
+    const int relays = 300;
+    int arrived = 0;
+    mailrail::handler<int, int> relay;
+    relay = world.add_handler([&](int origin, int hops) {
+        if (hops == 0) {
+            EXPECT((origin + 4) % world.size() == world.rank());
+            arrived++;
+            return mailrail::handled::done;
+        }
+        return world.try_async((world.rank() + 1) % world.size(), relay, origin, hops - 1)
+                   ? mailrail::handled::done
+                   : mailrail::handled::again;
+    });
+    world.check_handlers();
+    for (int k = 0; k < relays; k++) world.async((world.rank() + 1) % world.size(), relay, world.rank(), 3);
+    world.quiesce();
+    EXPECT(arrived == relays);
+    std::printf("test_cxx: rank %d: %d relays arrived, %llu handler retries\n", world.rank(), arrived,
+                static_cast<unsigned long long>(world.stats().handler_retries));
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -213,7 +244,8 @@ int main(int argc, char **argv)
             check_send_buffers(world);
             check_items(world);
         }
-        check_handlers(world, mode);
+        if (std::strcmp(mode, "-relay") == 0) check_relays(world);
+        else check_handlers(world, mode);
         if (failures == 0 && !mismatch_mode)
             std::printf("test_cxx: rank %d: all checks passed\n", world.rank());
     } catch (const std::exception &e) {
