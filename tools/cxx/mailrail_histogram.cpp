@@ -76,8 +76,12 @@ int main(int argc, char **argv)
         const std::uint64_t bins = 1ull << scale;
         const std::uint64_t per_rank = (bins + static_cast<std::uint64_t>(size) - 1) / size;
         const std::uint64_t base = per_rank * static_cast<std::uint64_t>(rank);
+        /* A shift when the bins per rank are a power of two, as the C histogram does. */
+        int shift = -1;
+        for (int b = 0; b < 63; b++) shift = per_rank == 1ull << b ? b : shift;
         auto owner = [&](std::uint64_t key) {
-            return static_cast<int>(std::min<std::uint64_t>(key / per_rank, size - 1));
+            std::uint64_t o = shift >= 0 ? key >> shift : key / per_rank;
+            return static_cast<int>(std::min<std::uint64_t>(o, size - 1));
         };
         std::vector<std::uint64_t> table(per_rank), keys(static_cast<std::size_t>(inserts));
         std::vector<double> secs;
