@@ -502,7 +502,10 @@ public:
     {
         static_assert(sizeof...(Args) == sizeof...(Given),
                       "mailrail::session::async: the argument count differs from the handler's");
-        if (h.id() < 0 || checked_ <= static_cast<std::size_t>(h.id()))
+        if (h.id() < 0)
+            throw error(MR_ERR_INVALID_PARAM, "mailrail::session::async: the handler object holds "
+                                              "no handler (assign it from add_handler())");
+        if (checked_ <= static_cast<std::size_t>(h.id()))
             throw error(MR_ERR_INVALID_PARAM, "mailrail::session::async: handler " + std::to_string(h.id()) +
                                            " was registered but not checked: call check_handlers() "
                                            "on every rank after the last add_handler()");
@@ -548,7 +551,6 @@ private:
         static_assert((std::is_trivially_copyable_v<Args> && ...),
                       "mailrail::session::add_handler: every handler argument must be trivially "
                       "copyable (it travels as bytes)");
-        static_assert(detail::packed_size<Args...>() > 0 || sizeof...(Args) == 0, "");
         if (handlers_.size() >= static_cast<std::size_t>(check_id))
             throw error(MR_ERR_LIMIT, "mailrail::session::add_handler: too many handlers");
         int id = static_cast<int>(handlers_.size());
