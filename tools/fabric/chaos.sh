@@ -22,7 +22,8 @@
 #   kill       the ranks of sender host 0 killed with SIGKILL once traffic flows
 #   blackout   (4 x MESSAGES each) every packet of sender host 0 dropped for 6 s (iptables DROP on INPUT
 #              and OUTPUT in its namespace), then let through again: shorter than
-#              MAILRAIL_TIMEOUT, so TCP retransmits and every message arrives once
+#              MAILRAIL_TIMEOUT (twice --silent-timeout), so TCP retransmits and
+#              every message arrives once, and no rank is named failed
 #   silent     (4 x MESSAGES each) sender host 0 lost silently: every packet dropped as above and its
 #              ranks frozen (SIGSTOP), no FIN or RST, for longer than MAILRAIL_TIMEOUT
 #              (--silent-timeout); every survivor must name its 4 ranks' failure
@@ -49,8 +50,8 @@
 #   --build DIR     the meson build directory (default build)
 #   --limit S       each job's time limit in seconds (default 90): MAILRAIL_TIMEOUT
 #                   and mailrail_chaos -T
-#   --silent-timeout S  MAILRAIL_TIMEOUT of the silent case (default 10; the job's
-#                   limit stays --limit)
+#   --silent-timeout S  MAILRAIL_TIMEOUT of the silent case (default 10), and twice it
+#                   that of the blackout (the jobs' limit stays --limit)
 set -uo pipefail
 
 # --- Inside fabric.sh (sourced by --script with --jobs): one case's jobs. ---
@@ -270,6 +271,9 @@ chaos_jobs() {
     esac
     # The survivors must name a silent host's failure within its MAILRAIL_TIMEOUT + 5 s.
     [ "$fault" = silent ] && mr_timeout=$silent_timeout bound=$((silent_timeout + 5))
+    # A blackout of 6 s must not count as a loss with twice that timeout (20 s by default):
+    # TCP's backoff may keep a connection quiet for up to about twice the outage.
+    [ "$fault" = blackout ] && mr_timeout=$((silent_timeout * 2))
     # Host 0 must fall silent while its ranks still send: 4 times the messages (a clean
     # job of 200 each lasts about 0.7 s, shorter than the time it takes to strike).
     case "$fault" in blackout | silent) messages=$((messages * 4)) ;; esac
