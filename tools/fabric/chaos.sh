@@ -296,6 +296,11 @@ chaos_jobs() {
         ip -n "$NS_SW" link set "p${VICTIMS[0]}" up 2>/dev/null
         while ip netns exec "$(host_ns 0)" iptables-legacy -D INPUT -j DROP 2>/dev/null; do :; done
         while ip netns exec "$(host_ns 0)" iptables-legacy -D OUTPUT -j DROP 2>/dev/null; do :; done
+        # shellcheck disable=SC2046
+        if [ "$fault" = silent ] && [ -n "$(ip netns pids "$(host_ns 0)")" ]; then
+            kill -KILL $(chaos_ranks_of 0) 2>/dev/null
+            kill -CONT $(ip netns pids "$(host_ns 0)") 2>/dev/null
+        fi
         chaos_rules_check "$fault"
         cat "$CHAOS_TMP/out"
         grep -i "fail\|error" "$CHAOS_TMP/err" | sort | uniq -c | sort -rn | head -5
