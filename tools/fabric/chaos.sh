@@ -262,7 +262,7 @@ chaos_fault_during() {
 }
 chaos_jobs() {
     local fault=$1 substrate=$2 messages=$3 policies=$4 results=$5 build=$6 limit=$7
-    local silent_timeout=$8 policy victim=$FABRIC_VICTIM_RANKS kill_list= rc line fault_epoch
+    local silent_timeout=$8 policy victim=$FABRIC_VICTIM_RANKS kill_list="" rc fault_epoch
     local bgpid evidence mr_timeout=$limit bound=0 i
     export CHAOS_TMP=$FABRIC_RUNDIR
     chaos_fault_before "$fault" || { echo "chaos: $fault could not be set up" >&2; return 1; }
@@ -316,7 +316,7 @@ chaos_jobs() {
         [ "$fault" != clean ] && ! grep -q "^ok" "$CHAOS_TMP/evidence" && evidence=FAIL
         case "$fault" in
         linkdown | kill | blackout | silent)
-            grep -qx done "$CHAOS_TMP/evidence" || evidence=FAIL ;;
+            grep -qx "done" "$CHAOS_TMP/evidence" || evidence=FAIL ;;
         esac
         fault_epoch=$(cat "$CHAOS_TMP/fault_epoch" 2>/dev/null || echo 0)
         # With ranks killed, hydra sometimes ends with "EXIT STRING: Hangup (signal 1)" and
