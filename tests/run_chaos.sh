@@ -2,9 +2,14 @@
 # Faults on the emulated fabric (tools/fabric/chaos.sh): random loss, the
 # victim's link down for 2 s, a sender host's ranks killed, over the TCP
 # substrate under rank and node; duplication and reordering over UCX's TCP
-# transport under none and node. Every job must deliver every message
-# exactly once with its bytes checked, or name the killed ranks' failure on
-# every survivor, whose messages all arrive; chaos.sh fails otherwise.
+# transport under none and node; a sender host silent for 6 s, and one lost
+# silently (every packet dropped, its ranks frozen) with MAILRAIL_TIMEOUT=10,
+# over TCP under node. Every job must deliver every message exactly once
+# with its bytes checked, or name the lost ranks' failure on every survivor
+# (the silent host's within 15 s), whose messages all arrive; and every job
+# must show that its fault struck (chaos.sh: the rules' packet counters, the
+# link's state and traffic). chaos.sh fails otherwise, and under
+# MR_TEST_STRICT=1 also when it cannot emulate a case.
 #
 #   run_chaos.sh CHAOS_SH BUILD_DIR
 #
@@ -24,6 +29,8 @@ status=0
     loss5 linkdown kill || status=1
 "$chaos" -o "$out/ucx" --build "$build" -m 200 -p none,node --substrates ucx --limit 60 \
     duplicate reorder || status=1
+"$chaos" -o "$out/silence" --build "$build" -m 200 -p node --substrates tcp --limit 60 \
+    --silent-timeout 10 blackout silent || status=1
 # The kill case over UCX is left out: UCX 1.13.1 sometimes aborts a survivor on an
 # assertion of its own (docs/reliability.md); chaos.sh runs it.
 exit $status

@@ -19,7 +19,8 @@
  * SIGKILL, the fault that chaos.sh injects; the rank's own status else).
  *
  * Each rank prints one line: "chaos rank R: sent S received X duplicated D
- * corrupt C lost L failures F first_failure_epoch T seconds S status ST verdict ok|FAIL"
+ * corrupt C lost L failures F first_failure_epoch T last_failure_epoch T2 seconds S status ST
+ * verdict ok|FAIL"
  * (ST: the mr_status_t of the run, 0 when it ended well).
  */
 #include "mailrail.h"
@@ -59,6 +60,7 @@ typedef struct chaos_opts {
 typedef struct chaos_tally {
     uint64_t sent, received, duplicated, corrupt, failures;
     double first_failure;   /* Wall clock, or 0. */
+    double last_failure;    /* Wall clock, or 0. */
     uint8_t *seen;          /* Victim: per (source, seq). */
     uint32_t *count;        /* Victim: per source. */
     bool done, go;          /* Sender: the victim's DONE and GO came. */
@@ -77,10 +79,11 @@ static void chaos_fill(uint8_t *buf, uint32_t length, uint32_t source, uint32_t 
     memcpy(buf, &h, sizeof(h));
 }
 
-/* Notes a failure reported by MailRail: the first one's time. */
+/* Notes a failure reported by MailRail: the first and the last one's time. */
 static void chaos_failed(chaos_tally_t *t)
 {
-    if (t->failures++ == 0) t->first_failure = tool_wall_now();
+    t->last_failure = tool_wall_now();
+    if (t->failures++ == 0) t->first_failure = t->last_failure;
 }
 
 /* Takes one arrived message apart: counted, a duplicate, corrupt, or the victim's done. */
@@ -218,10 +221,11 @@ static bool chaos_report(const chaos_opts_t *o, const chaos_tally_t *t, int rank
               t->failures == (uint64_t)o->killable;
 
     printf("chaos rank %d: sent %llu received %llu duplicated %llu corrupt %llu lost %llu "
-           "failures %llu first_failure_epoch %.3f seconds %.3f status %d verdict %s\n",
+           "failures %llu first_failure_epoch %.3f last_failure_epoch %.3f seconds %.3f status %d "
+           "verdict %s\n",
            rank, (unsigned long long)t->sent, (unsigned long long)t->received,
            (unsigned long long)t->duplicated, (unsigned long long)t->corrupt,
-           (unsigned long long)lost, (unsigned long long)t->failures, t->first_failure,
+           (unsigned long long)lost, (unsigned long long)t->failures, t->first_failure, t->last_failure,
            tool_now() - start, (int)st, ok ? "ok" : "FAIL");
     fflush(stdout);
     return ok;

@@ -68,8 +68,11 @@ const mr_config_entry_t mr__core_config_table[] = {
     {"MAILRAIL_TIMEOUT", "60", MR_CONFIG_UINT, offsetof(mr_core_config_t, timeout_s), 1, 86400,
      NULL,
      "Seconds that init may wait for the other ranks and finalize may wait for in-flight "
-     "sends, before giving up with MR_ERR_TIMEOUT; a peer whose host takes no connection "
-     "for this long after the first attempt has failed (MR_ERR_PEER_FAILED)."},
+     "sends, before giving up with MR_ERR_TIMEOUT. A peer has failed (MR_ERR_PEER_FAILED) "
+     "when its host takes no connection for this long after the first attempt, when it "
+     "takes none of the messages deferred to it (no credit, or its substrate takes "
+     "nothing) for this long, and over TCP when nothing at all arrives from its host "
+     "(keepalive) or it takes no data for this long."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 

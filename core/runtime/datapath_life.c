@@ -16,6 +16,7 @@ void rt_datapath_fini(void)
     free(dp.sends);
     free(dp.recvs);
     free(dp.refused_epoch);
+    free(dp.defer_since);
     for (uint32_t i = 0; i < dp.nparked_cap; i++) free(dp.parked[i]);
     free(dp.parked);
     free(dp.parked_next);
@@ -43,7 +44,8 @@ mr_status_t rt_datapath_init(void)
         dp.sends = calloc(rt.cfg.send_slots, sizeof(*dp.sends));
         dp.recvs = calloc(rt.cfg.recv_slots, sizeof(*dp.recvs));
         dp.refused_epoch = calloc((size_t)rt.size, sizeof(*dp.refused_epoch));
-        if (!dp.sends || !dp.recvs || !dp.refused_epoch) {
+        dp.defer_since = calloc((size_t)rt.size, sizeof(*dp.defer_since));
+        if (!dp.sends || !dp.recvs || !dp.refused_epoch || !dp.defer_since) {
             mr_error("Cannot allocate the slot tables.");
             status = MR_ERR_NO_MEMORY;
         }

@@ -4,6 +4,33 @@
  * first, their credits taken together), and the consumers'.
  */
 #include "datapath_state.h"
+#include "mr_time.h"
+
+/*
+ * After a drain left messages to `dest` deferred: when none has left for
+ * MAILRAIL_TIMEOUT (no credit came from it, or its substrate took nothing),
+ * `dest` took nothing for that long, stopped, stuck outside MailRail or
+ * lost; a live peer keeps returning credits and taking data as it receives.
+ * It has failed, as a peer that never answers a dial has: its messages are
+ * dropped and every rank hears of it. The clock starts at the first drain
+ * that leaves messages behind, so that deferring costs no clock read.
+ */
+static __attribute__((noinline)) void rt_deferred_overdue(int dest)
+{
+    uint64_t now = mr__now_ns(), since = dp.defer_since[dest];
+
+    if (rt.cfg.timeout_s == 0) return;
+    if (since == 0) {
+        dp.defer_since[dest] = now;
+        return;
+    }
+    if (now - since < rt.cfg.timeout_s * MR_NS_PER_S) return;
+    mr_error("Rank %d took none of the %u messages waiting for it for %u s (MAILRAIL_TIMEOUT): "
+             "no credit came from it, or its substrate took nothing; it is stalled or lost.",
+             dest, (unsigned)dp.deferq.queued[dest], (unsigned)rt.cfg.timeout_s);
+    dp.defer_since[dest] = 0;
+    rt_peer_down(dest, MR_ERR_TIMEOUT, -1);
+}
 
 /*
  * Sends the messages deferred to `dest`, oldest first, while they go, their
@@ -42,6 +69,7 @@ static int rt_drain_dest(int dest, bool *all_refused)
 
             if (status == MR_OK) {
                 mr__deferq_pop(&dp.deferq, dest);
+                dp.defer_since[dest] = 0;
                 sent++;
             } else if (status < 0) {
                 /* The substrate refused for good (peer failure): drop the message. */
@@ -78,6 +106,7 @@ int rt_drain(void)
             int next = mr__deferq_next(&dp.deferq, dest);
 
             pass += rt_drain_dest(dest, &all_refused);
+            if (mr__deferq_peek(&dp.deferq, dest) != MR_NIL) rt_deferred_overdue(dest);
             dest = next;
         }
         moved += pass;

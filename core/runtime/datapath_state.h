@@ -88,6 +88,12 @@ typedef struct rt_datapath {
      */
     uint32_t progress_epoch;
     uint32_t *refused_epoch;
+    /*
+     * Per rank: since when (mr__now_ns) none of the messages deferred to it
+     * left, or 0. A rank that takes none for MAILRAIL_TIMEOUT has failed
+     * (rt_deferred_overdue).
+     */
+    uint64_t *defer_since;
     /* The progress count when a pass over the deferred queue found only such refusals. */
     uint32_t drain_stuck_epoch;
     /*

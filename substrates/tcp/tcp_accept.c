@@ -92,6 +92,7 @@ void tcp__conn_established(mr_substrate_t *s, tcp_conn_t *c)
     c->rx_phase = RX_HEADER;
     c->rx_start = c->rx_end = 0;
     s->nestablished++;
+    tcp__conn_bound_silence(s, c);
     /* Until connect() returns, nothing is read: no upcall may run outside progress(). */
     if (s->connected) {
         tcp__conn_update_interest(s, c);

@@ -257,6 +257,8 @@ mr_status_t tcp__conn_dial(mr_substrate_t *s, tcp_conn_t *c)
     c->last_err = 0;
     c->dial_deadline = s->base.timeout_s ? mr__now_ns() + (uint64_t)s->base.timeout_s * MR_NS_PER_S
                                          : UINT64_MAX;
+    /* Its host fell silent (tcp_liveness.c): one attempt, given up at the next look. */
+    if (c->host_silent) c->dial_deadline = mr__now_ns();
     dial_list_push(s, c);
     if (s->ndials < TCP_MAX_DIALS) {
         connector_start(s, c);
@@ -283,11 +285,18 @@ static void connector_give_up(mr_substrate_t *s, tcp_conn_t *c)
 {
     char a[40];
 
-    MR__LOG(s, MR_LOG_ERROR, "TCP substrate: rank %d (%s) could not be reached within %u s "
-            "(MAILRAIL_TIMEOUT) in %u attempts%s%s.", c->rank,
-            tcp__sin_str(&c->addr, a, sizeof(a)), s->base.timeout_s, c->attempts,
-            c->last_err ? "; the last failed with: " : "",
-            c->last_err ? strerror(c->last_err) : "");
+    if (c->host_silent) {
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: rank %d (%s) is not dialled any longer: its "
+                "host answered nothing for %u s (MAILRAIL_TIMEOUT) on another rank's "
+                "connection.", c->rank, tcp__sin_str(&c->addr, a, sizeof(a)),
+                s->base.timeout_s);
+    } else {
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: rank %d (%s) could not be reached within %u s "
+                "(MAILRAIL_TIMEOUT) in %u attempts%s%s.", c->rank,
+                tcp__sin_str(&c->addr, a, sizeof(a)), s->base.timeout_s, c->attempts,
+                c->last_err ? "; the last failed with: " : "",
+                c->last_err ? strerror(c->last_err) : "");
+    }
     if (conn_handshaking(c)) dial_place_free(s);
     tcp__conn_fail(s, c, MR_ERR_PEER_FAILED);
 }

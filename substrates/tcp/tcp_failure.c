@@ -5,6 +5,7 @@
  */
 #include "tcp_substrate.h"
 
+#include <errno.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------------ */
@@ -54,6 +55,7 @@ void tcp__conn_fail_errno(mr_substrate_t *s, tcp_conn_t *c, int err, const char 
                 "TCP substrate: the connection to rank %d (%s) failed while %s: %s.", c->rank,
                 tcp__sin_str(&c->addr, a, sizeof(a)), what, strerror(err));
     }
+    if (err == ETIMEDOUT) tcp__conn_timed_out(s, c);
     tcp__conn_fail(s, c, MR_ERR_PEER_FAILED);
 }
 

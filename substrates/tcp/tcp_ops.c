@@ -112,6 +112,10 @@ static int tcp_progress(mr_substrate_t *s, int timeout_ms)
     tcp__listener_maybe_resume(s, now);
     next = tcp__pending_expire(s, now);
     if (s->listen_resume_at != 0 && s->listen_resume_at < next) next = s->listen_resume_at;
+    if (s->nestablished > 0) {
+        uint64_t silence = tcp__silence_check(s, now);
+        if (silence < next) next = silence;
+    }
     if (s->dial_head != NULL) {
         uint64_t dials = now >= s->dial_check_at ? tcp__dials_run(s, now) : s->dial_check_at;
         if (dials < next) next = dials;

@@ -29,6 +29,7 @@
  *   tcp_output.c     send requests and the writing of frames.
  *   tcp_input.c      the reading of frames and their delivery; the retry list.
  *   tcp_failure.c    failed connections: closed, queued, reported by progress().
+ *   tcp_liveness.c   a peer silent for MAILRAIL_TIMEOUT ends its connection.
  *   tcp_ops.c        send(), send_control(), progress(), close(), the ops table.
  *   tcp_wire.c       the bytes of the protocol (tcp_wire.h), a library of its own.
  */
@@ -140,6 +141,7 @@ typedef struct tcp_conn {
     int last_err;              /* errno of the last failed attempt, for the timeout log. */
     bool on_dial_list;
     struct tcp_conn *dial_next;
+    bool host_silent;          /* Its host answered nothing for MAILRAIL_TIMEOUT (tcp_liveness.c). */
 
     /* Output: data requests in FIFO order, and a ring of control frames. */
     tcp_req_t *sq_head, *sq_tail;
@@ -193,6 +195,7 @@ struct mr_substrate {
     tcp_conn_t *dial_head, *dial_tail;
     unsigned ndials;            /* Handshakes under way (C_CONNECTING to C_ACCEPT). */
     uint64_t dial_check_at;     /* When the list needs a look: a retry or deadline is due. */
+    uint64_t silence_check_at;  /* When the established connections' silence is checked next. */
     tcp_req_t *reqs;
     mr__sreq_t *free_reqs;
     mr__done_queue_t done;
@@ -280,6 +283,22 @@ void tcp__conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why);
 void tcp__conn_fail_errno(mr_substrate_t *s, tcp_conn_t *c, int err, const char *what);
 /* Reports queued failures and completes their sends; returns the upcalls made. */
 int tcp__drain_failed(mr_substrate_t *s);
+
+/* tcp_liveness.c: a host silent for MAILRAIL_TIMEOUT has failed, with all its ranks. */
+
+/* Keepalive and TCP_USER_TIMEOUT on a new connection (none without MAILRAIL_TIMEOUT). */
+void tcp__conn_bound_silence(mr_substrate_t *s, tcp_conn_t *c);
+/*
+ * Fails the established connections whose peer sent nothing, not even an
+ * acknowledgement, for MAILRAIL_TIMEOUT; once a second. Returns when to look next.
+ */
+uint64_t tcp__silence_check(mr_substrate_t *s, uint64_t now);
+/*
+ * After c's connection timed out: if its host was silent (not a peer that only
+ * took nothing), the other ranks of that address that are being dialled, or
+ * will be, fail at once instead of each after MAILRAIL_TIMEOUT of its own.
+ */
+void tcp__conn_timed_out(mr_substrate_t *s, tcp_conn_t *c);
 
 /* tcp_accept.c: the listener and incoming connections. */
 
