@@ -65,7 +65,17 @@ typedef struct chaos_tally {
     uint32_t *count;        /* Victim: per source. */
     bool done, go;          /* Sender: the victim's DONE and GO came. */
     int ready;              /* Victim: the senders' READY that came. */
+    char first_fault[160];  /* Victim: the first duplicate or corrupt message, named, ... */
+    char first_missing[96]; /* ... and the first from a surviving sender that never came. */
 } chaos_tally_t;
+
+/* Names the first message that broke exactly-once delivery (the report prints it). */
+static void chaos_fault(chaos_tally_t *t, const char *what, int source, uint32_t seq)
+{
+    if (t->first_fault[0] != '\0') return;
+    snprintf(t->first_fault, sizeof(t->first_fault), "message %u from rank %d %s", seq, source,
+             what);
+}
 
 static uint8_t chaos_byte(uint32_t source, uint32_t seq, size_t k)
 {
@@ -92,6 +102,7 @@ static void chaos_take(const chaos_opts_t *o, chaos_tally_t *t, const mr_message
     chaos_head_t h;
 
     if (m->length < sizeof(h)) {
+        chaos_fault(t, "is too short for its header", m->source, 0);
         t->corrupt++;
         return;
     }
@@ -105,18 +116,21 @@ static void chaos_take(const chaos_opts_t *o, chaos_tally_t *t, const mr_message
     }
     if ((int)h.source != m->source || h.length != m->length || h.seq >= o->messages ||
         m->source >= size) {
+        chaos_fault(t, "has a header that does not match its source or length", m->source, h.seq);
         t->corrupt++;
         return;
     }
     const uint8_t *b = m->data;
     for (size_t k = sizeof(h); k < m->length; k++) {
         if (b[k] != chaos_byte(h.source, h.seq, k)) {
+            chaos_fault(t, "has a corrupt byte", m->source, h.seq);
             t->corrupt++;
             return;
         }
     }
     uint8_t *slot = &t->seen[(size_t)h.source * o->messages + h.seq];
     if (*slot) {
+        chaos_fault(t, "arrived twice", m->source, h.seq);
         t->duplicated++;
         return;
     }
@@ -228,6 +242,13 @@ static bool chaos_report(const chaos_opts_t *o, const chaos_tally_t *t, int rank
            (unsigned long long)lost, (unsigned long long)t->failures, t->first_failure, t->last_failure,
            tool_now() - start, (int)st, ok ? "ok" : "FAIL");
     fflush(stdout);
+    if (t->first_fault[0] != '\0') {
+        fprintf(stderr, "mailrail_chaos: rank %d: %s\n", rank, t->first_fault);
+    }
+    if (t->first_missing[0] != '\0') {
+        fprintf(stderr, "mailrail_chaos: rank %d: %s (%llu lost in all)\n", rank, t->first_missing,
+                (unsigned long long)lost);
+    }
     return ok;
 }
 
@@ -264,7 +285,13 @@ static int chaos_rank(const chaos_opts_t *o, int rank, int size)
             if (tool_now() - start > o->limit_s) st = MR_ERR_TIMEOUT;
         }
         for (int r = 0; r < size; r++) {
-            if (r != o->victim && !o->may_die[r]) lost += o->messages - t.count[r];
+            if (r == o->victim || o->may_die[r]) continue;
+            lost += o->messages - t.count[r];
+            for (uint32_t q = 0; q < o->messages && t.first_missing[0] == '\0'; q++) {
+                if (t.seen[(size_t)r * o->messages + q]) continue;
+                snprintf(t.first_missing, sizeof(t.first_missing),
+                         "message %u from rank %d never arrived", q, r);
+            }
         }
         if (st == MR_OK) st = chaos_tell_all(o, &t, CHAOS_DONE_SEQ, size, start);
         if (st == MR_OK) st = chaos_until(o, &t, size, start, NULL, &t.ready,
