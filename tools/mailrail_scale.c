@@ -231,10 +231,20 @@ static void traffic(int npeers, uint32_t messages, size_t bytes, double *v)
             check(mr_send(buf, bytes, dest), "mr_send");
         }
     }
+    /* Messages still due while nothing arrives for MAILRAIL_TIMEOUT: the first missing is named. */
+    double last_arrival = tool_now(), quiet_s = tool_timeout_s();
     do {
-        got += receive_all(seen, npeers, step, messages, bytes);
+        uint64_t more = receive_all(seen, npeers, step, messages, bytes);
+        got += more;
+        if (more > 0) last_arrival = tool_now();
         st = mr_quiesce();
         if (st == MR_AGAIN) mr_wait(1);
+        if (got < expected && tool_now() - last_arrival > quiet_s) {
+            char why[96];
+            snprintf(why, sizeof(why),
+                     "nothing arrived for %.0f s (MAILRAIL_TIMEOUT) with messages due", quiet_s);
+            fail_missing(seen, npeers, step, messages, why);
+        }
         if (tool_now() > deadline) {
             fail_missing(seen, npeers, step, messages, "no quiescence within 600 s");
         }
