@@ -10,7 +10,7 @@
  * substrate or from a notice, passes a notice on to the next live rank of the
  * ring, once. The notice is a control message whose immediate has
  * RT_CTRL_NOTICE set (credits never reach that bit); it goes around the ring
- * in at most `size` hops. docs/architecture.md, "Failures", has the details.
+ * in at most `size` hops. docs/core.md, "Failures", has the details.
  */
 #include "datapath.h"
 

@@ -1,6 +1,6 @@
 /*
  * The runtime behind mailrail.h: its state, and what its files share.
- * Internal to libmailrail; docs/architecture.md describes the files.
+ * Internal to libmailrail; docs/runtime.md describes the files.
  *
  * One message's path: mr_reserve() takes a send-pool slot; mr_send() either
  * hands it to the substrate (after flow control granted a credit) or appends

@@ -1,7 +1,7 @@
 /*
  * Coalescing small messages into one transport message. Internal, shared by
- * the substrate plugins that use it (MPI, UCX). docs/architecture.md,
- * "Coalescing small messages" under the MPI substrate, has the why.
+ * the substrate plugins that use it (MPI, UCX). docs/substrate-mpi.md,
+ * "Coalescing small messages", has the why.
  *
  * The rule: the first message to a rank after a progress call leaves alone,
  * at once, so a lone message (a ping-pong, a request) is never held back.

@@ -307,7 +307,7 @@ mr_status_t mpi__connect(mr_substrate_t *s, const void *addrs, size_t addr_len)
         }
         /*
          * A larger datagram elsewhere would truncate receives here, which
-         * MPICH 4.0 turns into an abort of the job (see docs/architecture.md).
+         * MPICH 4.0 turns into an abort of the job (see docs/substrate-mpi.md).
          */
         if (w.datagram_size != s->base.datagram_size) {
             MR__LOG(s, MR_LOG_ERROR, "MPI substrate: rank %d has MAILRAIL_DATAGRAM_SIZE=%llu, "

@@ -3,7 +3,7 @@
  * credits in tags on a control communicator. Its send window, the splitting
  * of large immediates, the receive ring and its arrival order, the zero-copy
  * staging buffers, failures and teardown are described in
- * docs/architecture.md, "The MPI substrate" (#the-mpi-substrate).
+ * docs/substrate-mpi.md.
  *
  * This header is internal to the plugin. Its files, one job each:
  *   mpi_substrate.h  constants, the settings and state types, helpers the files share

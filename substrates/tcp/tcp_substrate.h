@@ -4,7 +4,7 @@
  * rank dials; when both do at once, the lower rank's connection is kept),
  * non-blocking sockets driven by one epoll instance. The protocol (address,
  * handshake, frames) and how failures are reported are described in
- * docs/architecture.md, "The TCP substrate" (#the-tcp-substrate); tcp_wire.c
+ * docs/substrate-tcp.md; tcp_wire.c
  * reads and writes every byte of it.
  *
  * This header is what the plugin's files share: the constants, the settings,

@@ -3,8 +3,8 @@
  * AUTH message of the connection handshake and the frame header. Everything
  * here is pure: no sockets, no allocation, no global state, so that the unit
  * tests and the libFuzzer target (tests/fuzz/fuzz_tcp_wire.c) run exactly the
- * code that reads bytes from the network. docs/architecture.md ("The TCP
- * substrate") describes the protocol; this module is its only parser.
+ * code that reads bytes from the network. docs/substrate-tcp.md
+ * describes the protocol; this module is its only parser.
  * Internal to the plugin.
  *
  * Decoders return MR_OK, MR_AGAIN when the input is too short to decide

@@ -2,7 +2,7 @@
  * The UCX substrate: UCP active messages over one worker per rank. Its
  * settings, endpoints made on first use, receive path (fast path, arrival queue, spill
  * area, backpressure), failure detection and closing are described in
- * docs/architecture.md, "The UCX substrate" (#the-ucx-substrate); ucx_wire.c
+ * docs/substrate-ucx.md; ucx_wire.c
  * reads and writes its address blob and message headers.
  *
  * This header is internal to the plugin: its constants, settings and state,

@@ -4,7 +4,7 @@
  * UCX calls, no sockets, no allocation, no global state, so that the unit
  * tests (tests/test_ucx_wire.c) and the libFuzzer target
  * (tests/fuzz/fuzz_ucx_wire.c) run exactly the code that reads a peer's
- * bytes. docs/architecture.md ("The UCX substrate") describes the protocol.
+ * bytes. docs/substrate-ucx.md describes the protocol.
  * Internal to the plugin.
  *
  * Decoders return MR_OK or a negative status with a ucx_wire_error_t that
@@ -60,7 +60,7 @@ enum {
  * at most _MAX (its id included) goes with the id in front, eager: an 8-byte
  * prefix, u8 handler id then 7 zero bytes, before the payload, which stays
  * 8-byte aligned. The receiver reads the id in the cache line UCX's own
- * header shares, not in the payload's last one (docs/architecture.md).
+ * header shares, not in the payload's last one (docs/substrate-ucx.md).
  */
 #define UCX_WIRE_HFRONT_LEN 8
 #define UCX_WIRE_HFRONT_MIN 64
