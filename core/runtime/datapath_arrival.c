@@ -182,6 +182,7 @@ static inline mr_status_t rt_arrived(uint32_t idx, int source, unsigned kind, ui
 
     r->source = source;
     r->length = (uint32_t)length;
+    dp.heard[source]++;
     if (__builtin_expect(kind != MR_KIND_DATA, 0)) {
         return rt_arrived_other(idx, source, kind, imm, length);
     }
@@ -233,6 +234,7 @@ static mr_status_t up_deliver_handler_now(void *core, int source, uint32_t imm, 
         return MR_AGAIN;
     }
     /* Its credit was spent and comes back at once, as if a slot had been taken and freed. */
+    dp.heard[source]++;
     dp_fc_arrival(source, imm);
     dp_fc_release(source);
     return MR_OK;
@@ -249,6 +251,7 @@ static unsigned up_deliver_now_frames(void *core, int source, const void *frames
     *consumed = 0;
     if (c == NULL || c->now_frames == NULL) return 0;
     n = c->now_frames(frames, length, source, consumed);
+    dp.heard[source] += n;
     /* Each spent a credit, which comes back at once (up_deliver_handler_now()). */
     for (unsigned i = 0; dp.on_arrival != NULL && i < n; i++) {
         dp.on_arrival(dp.fc, source, 0);
@@ -278,6 +281,7 @@ static void up_send_complete(void *core, void *cookie)
 static void up_control(void *core, int source, uint32_t imm)
 {
     (void)core;
+    dp.heard[source]++;
     if (rt_is_notice(imm)) {
         rt_notice_arrived(source, imm);
         return;

@@ -17,6 +17,8 @@ void rt_datapath_fini(void)
     free(dp.recvs);
     free(dp.refused_epoch);
     free(dp.defer_since);
+    free(dp.heard);
+    free(dp.defer_heard);
     for (uint32_t i = 0; i < dp.nparked_cap; i++) free(dp.parked[i]);
     free(dp.parked);
     free(dp.parked_next);
@@ -45,7 +47,10 @@ mr_status_t rt_datapath_init(void)
         dp.recvs = calloc(rt.cfg.recv_slots, sizeof(*dp.recvs));
         dp.refused_epoch = calloc((size_t)rt.size, sizeof(*dp.refused_epoch));
         dp.defer_since = calloc((size_t)rt.size, sizeof(*dp.defer_since));
-        if (!dp.sends || !dp.recvs || !dp.refused_epoch || !dp.defer_since) {
+        dp.heard = calloc((size_t)rt.size, sizeof(*dp.heard));
+        dp.defer_heard = calloc((size_t)rt.size, sizeof(*dp.defer_heard));
+        if (!dp.sends || !dp.recvs || !dp.refused_epoch || !dp.defer_since || !dp.heard ||
+            !dp.defer_heard) {
             mr_error("Cannot allocate the slot tables.");
             status = MR_ERR_NO_MEMORY;
         }

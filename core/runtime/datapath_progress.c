@@ -8,9 +8,10 @@
 
 /*
  * After a drain left messages to `dest` deferred: when none has left for
- * MAILRAIL_TIMEOUT (no credit came from it, or its substrate took nothing),
- * `dest` took nothing for that long, stopped, stuck outside MailRail or
- * lost; a live peer keeps returning credits and taking data as it receives.
+ * MAILRAIL_TIMEOUT (no credit came from it, or its substrate took nothing)
+ * and nothing at all came from `dest` meanwhile, it is stopped, stuck
+ * outside MailRail or lost; a live peer keeps returning credits and taking
+ * data as it receives, and a live peer that sends is heard (dp.heard).
  * It has failed, as a peer that never answers a dial has: its messages are
  * dropped and every rank hears of it. The clock starts at the first drain
  * that leaves messages behind, so that deferring costs no clock read.
@@ -20,13 +21,15 @@ static __attribute__((noinline)) void rt_deferred_overdue(int dest)
     uint64_t now = mr__now_ns(), since = dp.defer_since[dest];
 
     if (rt.cfg.timeout_s == 0) return;
-    if (since == 0) {
+    if (since == 0 || dp.heard[dest] != dp.defer_heard[dest]) {
+        /* The clock starts, or starts again: `dest` was heard from, so it is alive. */
         dp.defer_since[dest] = now;
+        dp.defer_heard[dest] = dp.heard[dest];
         return;
     }
     if (now - since < rt.cfg.timeout_s * MR_NS_PER_S) return;
-    mr_error("Rank %d took none of the %u messages waiting for it for %u s (MAILRAIL_TIMEOUT): "
-             "no credit came from it, or its substrate took nothing; it is stalled or lost.",
+    mr_error("Rank %d took none of the %u messages waiting for it, and sent nothing, for %u s "
+             "(MAILRAIL_TIMEOUT): it is stalled or lost.",
              dest, (unsigned)dp.deferq.queued[dest], (unsigned)rt.cfg.timeout_s);
     dp.defer_since[dest] = 0;
     rt_peer_down(dest, MR_ERR_TIMEOUT, -1);

@@ -94,6 +94,13 @@ typedef struct rt_datapath {
      * (rt_deferred_overdue).
      */
     uint64_t *defer_since;
+    /*
+     * Per rank: the messages and control messages that came from it, counted
+     * (wrapping), and the count when its defer_since clock started: a rank
+     * that was heard from since is alive, and its clock starts again.
+     */
+    uint32_t *heard;
+    uint32_t *defer_heard;
     /* The progress count when a pass over the deferred queue found only such refusals. */
     uint32_t drain_stuck_epoch;
     /*
