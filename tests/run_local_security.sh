@@ -102,12 +102,15 @@ as_a env -i PATH="$PATH" HOME="$tmp" TMPDIR="$tmp" "${keep[@]}" "${stage_env[@]}
     "$tmp/out" "$tmp" &
 job=$!
 ports="$base $((base + 1))"
-for ((i = 0; i < 200; i++)); do
+# Until both ranks listen: up to 60 s, since a loaded machine starts MPI slowly.
+started=$(date +%s)
+while [ $(($(date +%s) - started)) -lt 60 ] && kill -0 "$job" 2>/dev/null; do
     pids=$(pgrep -u "$uid_a" -f "^$demo 500000 64" | tr '\n' ' ')
     [ "$(ss -Hltn "( sport = :$base or sport = :$((base + 1)) )" | wc -l)" -eq 2 ] && break
+    pids=
     sleep 0.05
 done
-[ -n "$pids" ] || { cat "$tmp/out"; echo "FAIL: the job's ranks never started"; exit 1; }
+[ -n "$pids" ] || { cat "$tmp/out"; echo "FAIL: the job's ranks were never seen listening (after $(($(date +%s) - started)) s)"; exit 1; }
 echo "ranks: $pids; MailRail's TCP ports: $ports"
 
 # The checks below must be able to fail: B runs, and A, the owner, can read what B must not.
