@@ -288,9 +288,13 @@ START_TEST(duplicates_fail_quiescence)
                           now_s() - start);
         }
         ck_assert_int_eq(st, MR_ERR_TRANSPORT);
-        /* Both ranks say why quiescence failed, with the sums, 8 sent and 16 received. */
+        /*
+         * Both ranks say why quiescence failed, with the sums, 8 sent and 16
+         * received. Whether a copy finds the sender's credits all spent, and so
+         * is logged as uncredited, depends on timing here (one copy each).
+         */
         const expected_line_t want[] = {
-            {0, UNCREDITED, 1, SENDS},
+            {0, UNCREDITED, 0, SENDS},
             {1, p == 0 ? OVER_RETURNED_RANK : OVER_RETURNED_NODE, 0, SENDS},
             {0, QUIESCE_DUPLICATES("0"), 1, 1},
             {1, QUIESCE_DUPLICATES("1"), 1, 1},
