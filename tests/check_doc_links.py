@@ -29,9 +29,8 @@ FENCE = re.compile(r'^\s*(```|~~~)')
 HEADING = re.compile(r'^(#{1,6})\s+(.*?)\s*#*\s*$')
 
 
-def code_free_lines(path):
-    """Yields (line number, text) of the lines outside fenced blocks, with
-    inline code spans blanked out."""
+def unfenced_lines(path):
+    """Yields (line number, text) of the lines outside fenced blocks."""
     fence = None
     with open(path, encoding='utf-8') as f:
         for n, line in enumerate(f, 1):
@@ -43,7 +42,14 @@ def code_free_lines(path):
                     fence = None
                 continue
             if fence is None:
-                yield n, re.sub(r'`[^`]*`', lambda c: ' ' * len(c.group(0)), line)
+                yield n, line
+
+
+def code_free_lines(path):
+    """Yields (line number, text) of the lines outside fenced blocks, with
+    inline code spans blanked out."""
+    for n, line in unfenced_lines(path):
+        yield n, re.sub(r'`[^`]*`', lambda c: ' ' * len(c.group(0)), line)
 
 
 def slug(heading):
@@ -62,25 +68,14 @@ def anchors(path):
     if path not in anchor_cache:
         seen = {}
         result = set()
-        fence = None
-        with open(path, encoding='utf-8') as f:
-            for line in f:
-                m = FENCE.match(line)
-                if m:
-                    if fence is None:
-                        fence = m.group(1)
-                    elif m.group(1) == fence:
-                        fence = None
-                    continue
-                if fence is not None:
-                    continue
-                h = HEADING.match(line)
-                if not h:
-                    continue
-                base = slug(h.group(2))
-                count = seen.get(base, 0)
-                seen[base] = count + 1
-                result.add(base if count == 0 else f'{base}-{count}')
+        for _, line in unfenced_lines(path):
+            h = HEADING.match(line)
+            if not h:
+                continue
+            base = slug(h.group(2))
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            result.add(base if count == 0 else f'{base}-{count}')
         anchor_cache[path] = result
     return anchor_cache[path]
 
