@@ -3,6 +3,7 @@
  * injects them: loss, a link down, duplication, reordering, ranks killed).
  *
  *   mpiexec -n N mailrail_chaos -v VICTIM -m MESSAGES [-b BYTES] [-k RANKS] [-T SECONDS]
+ *                               [-s SPREAD]
  *
  * Every rank but VICTIM sends MESSAGES checked messages of BYTES bytes
  * (default 4096) to VICTIM, whose contents derive from (source, sequence);
@@ -10,6 +11,9 @@
  * (comma-separated) are the ranks the fault may kill: a survivor must then
  * get one MR_ERR_PEER_FAILED per killed rank, within SECONDS (default 60),
  * and go on; the victim waits for every message of every other sender.
+ * SPREAD (seconds, default 0) paces the senders: message i leaves no sooner
+ * than SPREAD * i / MESSAGES after the start, so that a fault struck in
+ * mid-run finds every sender still sending.
  * At the end the victim tells each surviving sender it is done (a message
  * of its own), so that no rank leaves while others still need its credits.
  *
@@ -53,6 +57,7 @@ typedef struct chaos_opts {
     uint32_t messages;
     uint32_t bytes;
     double limit_s;
+    double spread_s; /* Senders pace their messages over at least this. */
     bool may_die[CHAOS_MAX_RANKS];
     int killable;
 } chaos_opts_t;
@@ -265,7 +270,11 @@ static int chaos_rank(const chaos_opts_t *o, int rank, int size)
     if (t.seen == NULL || t.count == NULL) return 1;
     if (rank != o->victim) {
         for (uint32_t seq = 0; seq < o->messages && st == MR_OK; seq++) {
-            st = chaos_send(o, &t, o->victim, seq, o->bytes, size, start);
+            /* Paced: progress (receives and returns go on) until this message is due. */
+            while (st == MR_OK && tool_now() - start < o->spread_s * seq / o->messages) {
+                st = chaos_progress(o, &t, size, 1);
+            }
+            if (st == MR_OK) st = chaos_send(o, &t, o->victim, seq, o->bytes, size, start);
             if (st == MR_OK) t.sent++;
         }
         /* DONE (the victim may need this rank's credits until then), every killed rank's
@@ -323,7 +332,7 @@ static bool chaos_parse(int argc, char **argv, chaos_opts_t *o)
     o->victim = -1;
     o->bytes = 4096;
     o->limit_s = 60;
-    while ((c = getopt(argc, argv, "v:m:b:k:T:")) != -1) {
+    while ((c = getopt(argc, argv, "v:m:b:k:T:s:")) != -1) {
         switch (c) {
         case 'v': ok &= tool_parse_int(optarg, 0, CHAOS_MAX_RANKS - 1, &o->victim); break;
         case 'm': ok &= tool_parse_unsigned(optarg, &o->messages); break;
@@ -332,6 +341,12 @@ static bool chaos_parse(int argc, char **argv, chaos_opts_t *o)
             int s = 0;
             ok &= tool_parse_int(optarg, 1, 3600, &s);
             o->limit_s = s;
+            break;
+        }
+        case 's': {
+            int s = 0;
+            ok &= tool_parse_int(optarg, 0, 3600, &s);
+            o->spread_s = s;
             break;
         }
         case 'k':
@@ -359,7 +374,7 @@ int main(int argc, char **argv)
 
     if (!chaos_parse(argc, argv, &o)) {
         fprintf(stderr, "usage: mpiexec -n N mailrail_chaos -v VICTIM -m MESSAGES [-b BYTES] "
-                        "[-k RANKS] [-T SECONDS]\n");
+                        "[-k RANKS] [-T SECONDS] [-s SPREAD]\n");
         return 2;
     }
     /*

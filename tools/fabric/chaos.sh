@@ -20,13 +20,14 @@
 #              up to 100 packets queued: delayed by up to ~60 ms and overtaken
 #              by the rest), chosen by iptables -m statistic -j CLASSIFY
 #   kill       the ranks of sender host 0 killed with SIGKILL once traffic flows
-#   blackout   (4 x MESSAGES each) every packet of sender host 0 dropped for 6 s (iptables DROP on INPUT
-#              and OUTPUT in its namespace), then let through again: shorter than
+#   blackout   every packet of sender host 0 dropped for 6 s (iptables DROP on INPUT
+#              and OUTPUT in its namespace) while the senders pace their messages
+#              over 12 s (mailrail_chaos -s), then let through again: shorter than
 #              MAILRAIL_TIMEOUT (twice --silent-timeout), so TCP retransmits and
 #              every message arrives once, and no rank is named failed
-#   silent     (4 x MESSAGES each) sender host 0 lost silently: every packet dropped as above and its
-#              ranks frozen (SIGSTOP), no FIN or RST, for longer than MAILRAIL_TIMEOUT
-#              (--silent-timeout); every survivor must name its 4 ranks' failure
+#   silent     sender host 0 lost silently (sends paced as above): every packet
+#              dropped as above and its ranks frozen (SIGSTOP), no FIN or RST,
+#              for longer than MAILRAIL_TIMEOUT (--silent-timeout); every survivor must name its 4 ranks' failure
 #              within that timeout plus 5 s and get every live sender's messages.
 #              Then the frozen ranks are killed under the DROP rules.
 #
@@ -274,9 +275,11 @@ chaos_jobs() {
     # A blackout of 6 s must not count as a loss with twice that timeout (20 s by default):
     # TCP's backoff may keep a connection quiet for up to about twice the outage.
     [ "$fault" = blackout ] && mr_timeout=$((silent_timeout * 2))
-    # Host 0 must fall silent while its ranks still send: 4 times the messages (a clean
-    # job of 200 each lasts about 0.7 s, shorter than the time it takes to strike).
-    case "$fault" in blackout | silent) messages=$((messages * 4)) ;; esac
+    # Host 0 must fall silent while its ranks still send: the senders pace their messages
+    # over 12 s (a clean job of 200 each lasts about 0.7 s, and a loaded machine may take
+    # longer than that to start the job and strike).
+    local spread=""
+    case "$fault" in blackout | silent) spread="-s 12" ;; esac
     for policy in ${policies//,/ }; do
         rm -f "$CHAOS_TMP/fault_epoch" "$CHAOS_TMP/evidence"
         chaos_rules_zero "$fault"
@@ -285,7 +288,7 @@ chaos_jobs() {
         # shellcheck disable=SC2086
         # Hydra must let the others run on when the killed ranks' launchers exit.
         FABRIC_MPIEXEC_ARGS=-disable-auto-cleanup MAILRAIL_FLOWCTL=$policy MAILRAIL_TIMEOUT=$mr_timeout fabric_run "$fault-$substrate-$policy" \
-            "$build/tools/mailrail_chaos" -v "$victim" -m "$messages" -T "$limit" $kill_list \
+            "$build/tools/mailrail_chaos" -v "$victim" -m "$messages" -T "$limit" $spread $kill_list \
             >"$CHAOS_TMP/out" 2>"$CHAOS_TMP/err"
         rc=$?
         # The fault's own checks end shortly after the job (the link's traffic afterwards).
