@@ -17,28 +17,50 @@ core="core/base/config.c core/base/log.c flowctl/flowctl_registry.c flowctl/flow
       flowctl/credit.c flowctl/none/flowctl_none.c
       flowctl/rank/flowctl_rank.c flowctl/node/flowctl_node.c flowctl/node/node_segment.c
       flowctl/node/node_wake.c"
+# Two at a time, compiles and runs alike: each fuzzer has a core of the two to itself.
+jobs=2
+# Both of the two jobs in the background, each one's failure the script's.
+both() {
+    local rc=0
+    wait -n || rc=1
+    wait -n || rc=1
+    return $rc
+}
+build() {
+    local target=$1
+    shift
+    # shellcheck disable=SC2086
+    $cc $inc "$@" -o "$out/fuzz_$target"
+}
 # shellcheck disable=SC2086
-$cc $inc tests/fuzz/fuzz_config.c $core -o "$out/fuzz_config"
-# shellcheck disable=SC2086
-$cc $inc tests/fuzz/fuzz_ygm_trace.c tools/ygm_trace.c -o "$out/fuzz_ygm_trace"
-# shellcheck disable=SC2086
-$cc $inc -Isubstrates/tcp tests/fuzz/fuzz_tcp_wire.c substrates/tcp/tcp_wire.c \
-    -lsodium -o "$out/fuzz_tcp_wire"
-# shellcheck disable=SC2086
-$cc $inc -Isubstrates/ucx tests/fuzz/fuzz_ucx_wire.c substrates/ucx/ucx_wire.c \
-    -o "$out/fuzz_ucx_wire"
-# shellcheck disable=SC2086
-$cc $inc -Icore/runtime tests/fuzz/fuzz_items_wire.c -o "$out/fuzz_items_wire"
-# shellcheck disable=SC2086
-$cc $inc tests/fuzz/fuzz_batch.c substrates/common/mr_batch.c -o "$out/fuzz_batch"
-status=0
-for target in config ygm_trace tcp_wire ucx_wire items_wire batch; do
-    corpus="$out/corpus_$target"
+build config tests/fuzz/fuzz_config.c $core &
+build ygm_trace tests/fuzz/fuzz_ygm_trace.c tools/ygm_trace.c &
+both
+build tcp_wire -Isubstrates/tcp tests/fuzz/fuzz_tcp_wire.c substrates/tcp/tcp_wire.c -lsodium &
+build ucx_wire -Isubstrates/ucx tests/fuzz/fuzz_ucx_wire.c substrates/ucx/ucx_wire.c &
+both
+build items_wire -Icore/runtime tests/fuzz/fuzz_items_wire.c &
+build batch tests/fuzz/fuzz_batch.c substrates/common/mr_batch.c &
+both
+fuzz() {
+    local target=$1 corpus="$out/corpus_$1"
     rm -rf "$corpus"
     cp -r "tests/fuzz/corpus/$target" "$corpus"
+    "$out/fuzz_$target" -max_total_time="$seconds" -timeout=5 -rss_limit_mb=1024 \
+        -print_final_stats=1 "$corpus" > "$out/fuzz_$target.log" 2>&1
+}
+targets=(config ygm_trace tcp_wire ucx_wire items_wire batch)
+declare -A pid_of
+for target in "${targets[@]}"; do
     echo "fuzzing $target for $seconds s"
-    if ! "$out/fuzz_$target" -max_total_time="$seconds" -timeout=5 -rss_limit_mb=1024 \
-            -print_final_stats=1 "$corpus" > "$out/fuzz_$target.log" 2>&1; then
+    [ "$(jobs -pr | wc -l)" -ge "$jobs" ] && { wait -n || true; }
+    fuzz "$target" &
+    pid_of[$target]=$!
+done
+status=0
+for target in "${targets[@]}"; do
+    if ! wait "${pid_of[$target]}"; then
+        echo "fuzz_$target failed:"
         tail -40 "$out/fuzz_$target.log"
         status=1
     fi
