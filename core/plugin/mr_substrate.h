@@ -32,7 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MR_SUBSTRATE_ABI_VERSION 10
+#define MR_SUBSTRATE_ABI_VERSION 11
 #define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
 #define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
 
@@ -373,6 +373,16 @@ typedef struct mr_substrate_ops {
      * May be NULL: mr_connect() then only synchronizes the ranks.
      */
     mr_status_t (*preconnect)(mr_substrate_t *s, int rank);
+    /*
+     * The core gave up on `rank` on its own (MAILRAIL_TIMEOUT passed without
+     * a word from it, or another rank's failure notice): drop the connection
+     * or endpoint by force and complete every send to it still in flight
+     * (send_complete()), in a later progress(), as after a failure found
+     * here. A peer_failed() for `rank` may follow; the core ignores it. Never
+     * blocks. May be NULL: sends in flight to `rank` then stay until the
+     * transport ends them.
+     */
+    void (*abandon)(mr_substrate_t *s, int rank);
     /*
      * mr_finalize(), once every rank finished sending: from now on a peer's
      * end of stream is expected, not a failure. May be NULL.

@@ -19,6 +19,7 @@ void rt_datapath_fini(void)
     free(dp.defer_since);
     free(dp.heard);
     free(dp.defer_heard);
+    free(dp.stall_heard);
     for (uint32_t i = 0; i < dp.nparked_cap; i++) free(dp.parked[i]);
     free(dp.parked);
     free(dp.parked_next);
@@ -49,8 +50,9 @@ mr_status_t rt_datapath_init(void)
         dp.defer_since = calloc((size_t)rt.size, sizeof(*dp.defer_since));
         dp.heard = calloc((size_t)rt.size, sizeof(*dp.heard));
         dp.defer_heard = calloc((size_t)rt.size, sizeof(*dp.defer_heard));
+        dp.stall_heard = calloc((size_t)rt.size, sizeof(*dp.stall_heard));
         if (!dp.sends || !dp.recvs || !dp.refused_epoch || !dp.defer_since || !dp.heard ||
-            !dp.defer_heard) {
+            !dp.defer_heard || !dp.stall_heard) {
             mr_error("Cannot allocate the slot tables.");
             status = MR_ERR_NO_MEMORY;
         }

@@ -6,6 +6,8 @@
 #include "datapath_state.h"
 #include "mr_time.h"
 
+#include <string.h>
+
 /*
  * After a drain left messages to `dest` deferred: when none has left for
  * MAILRAIL_TIMEOUT (no credit came from it, or its substrate took nothing)
@@ -33,6 +35,55 @@ static __attribute__((noinline)) void rt_deferred_overdue(int dest)
              dest, (unsigned)dp.deferq.queued[dest], (unsigned)rt.cfg.timeout_s);
     dp.defer_since[dest] = 0;
     rt_peer_down(dest, MR_ERR_TIMEOUT, -1);
+}
+
+/*
+ * Sends the substrate took and never completes. A substrate may queue sends
+ * itself (UCX does while a receiver's shared-memory FIFO is full), so that
+ * nothing waits in the deferred queue for the rule above to see. When
+ * mr_reserve() finds no send buffer and no send completes for
+ * MAILRAIL_TIMEOUT, each rank with sends in flight that sent nothing in the
+ * second half of that time has failed, as above, and the substrate gives
+ * their buffers back (abandon()). The heard counts are copied only at the
+ * half, so that a send pool that is merely busy costs no copy.
+ */
+static __attribute__((noinline)) void rt_inflight_overdue(void)
+{
+    uint64_t now = mr__now_ns(), limit = (uint64_t)rt.cfg.timeout_s * MR_NS_PER_S;
+
+    if (rt.cfg.timeout_s == 0) return;
+    if (dp.stall_since == 0 || dp.completions != dp.stall_completions) {
+        /* The clock starts, or starts again: a send completed. */
+        dp.stall_since = now;
+        dp.stall_completions = dp.completions;
+        dp.stall_snapped = false;
+        return;
+    }
+    if (!dp.stall_snapped) {
+        if (now - dp.stall_since < limit / 2) return;
+        memcpy(dp.stall_heard, dp.heard, (size_t)rt.size * sizeof(*dp.heard));
+        dp.stall_snapped = true;
+        return;
+    }
+    if (now - dp.stall_since < limit) return;
+    dp.stall_since = 0;
+    for (uint32_t i = 0; i < rt.cfg.send_slots; i++) {
+        int dest = dp.sends[i].dest;
+        uint32_t n = 0;
+
+        if (dp.sends[i].state != SEND_INFLIGHT || rt.peer[dest] != PEER_OK ||
+            dp.heard[dest] != dp.stall_heard[dest]) {
+            continue;
+        }
+        /* `i` is the first of its sends: count them all from here. */
+        for (uint32_t j = i; j < rt.cfg.send_slots; j++) {
+            n += dp.sends[j].state == SEND_INFLIGHT && dp.sends[j].dest == dest;
+        }
+        mr_error("Rank %d completed none of the %u sends in flight to it, and sent nothing, for "
+                 "%u s (MAILRAIL_TIMEOUT): it is stalled or lost.",
+                 dest, (unsigned)n, (unsigned)rt.cfg.timeout_s);
+        rt_peer_down(dest, MR_ERR_TIMEOUT, -1);
+    }
 }
 
 /*
@@ -135,6 +186,7 @@ int rt_progress(int timeout_ms)
     events += rt.flowctl->progress(rt.fc);
     if (rt.notice_sent < rt.notice_count) events += rt_notices_forward();
     if (dp.deferq.depth > 0) events += rt_drain();
+    if (dp.reserve_blocked && dp.inflight > 0) rt_inflight_overdue();
     for (int k = 0; k < dp.nconsumer_progress; k++) events += dp.consumer_progress[k]();
     return events;
 }

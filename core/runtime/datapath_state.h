@@ -101,6 +101,17 @@ typedef struct rt_datapath {
      */
     uint32_t *heard;
     uint32_t *defer_heard;
+    /*
+     * Sends the substrate took and never completes (rt_inflight_overdue()):
+     * completions so far, and since when none came while mr_reserve() found
+     * no buffer, with the count then and whether `stall_heard` holds the
+     * heard counts from half that time on.
+     */
+    uint64_t completions;
+    uint64_t stall_since;
+    uint64_t stall_completions;
+    bool stall_snapped;
+    uint32_t *stall_heard;
     /* The progress count when a pass over the deferred queue found only such refusals. */
     uint32_t drain_stuck_epoch;
     /*

@@ -27,6 +27,13 @@ void tcp__conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why)
     mr__failq_push(&s->failq, c->rank, why);
 }
 
+/* The core gave up on `rank`: its connection closed, its queued sends completed next. */
+void tcp__abandon(mr_substrate_t *s, int rank)
+{
+    if (rank < 0 || rank >= s->base.size || rank == s->base.rank) return;
+    tcp__conn_fail(s, &s->conns[rank], MR_ERR_PEER_FAILED);
+}
+
 void tcp__conn_fail_errno(mr_substrate_t *s, tcp_conn_t *c, int err, const char *what)
 {
     char a[40];

@@ -198,6 +198,7 @@ static const mr_substrate_ops_t tcp_ops = {
     .wake_fd = tcp_wake_fd,
     .held = tcp__held,
     .preconnect = tcp__preconnect,
+    .abandon = tcp__abandon,
 };
 
 MR__SUBSTRATE_ENTRY(tcp_ops)

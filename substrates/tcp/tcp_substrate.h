@@ -275,6 +275,7 @@ uint64_t tcp__held(mr_substrate_t *s);
  * for progress(). Idempotent.
  */
 void tcp__conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why);
+void tcp__abandon(mr_substrate_t *s, int rank);
 /*
  * Logs a socket error (err 0: the end of the stream) while `what`, and fails
  * the connection; while every rank finalizes, a close between frames with

@@ -30,6 +30,12 @@ void ucx__peer_fail(mr_substrate_t *s, int rank, ucs_status_t why)
     if (s->failures_seen < UINT8_MAX) s->failures_seen++;
 }
 
+/* The core gave up on `rank`: failed as if UCX had said so (peer_fail_end() closes it). */
+void ucx__abandon(mr_substrate_t *s, int rank)
+{
+    ucx__peer_fail(s, rank, UCS_ERR_ENDPOINT_TIMEOUT);
+}
+
 void ucx__ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     ucx_peer_t *p = arg;

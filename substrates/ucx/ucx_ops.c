@@ -242,6 +242,7 @@ static const mr_substrate_ops_t ucx_ops = {
     .held = ucx_held,
     .append_windows = ucx_append_windows,
     .preconnect = ucx__preconnect,
+    .abandon = ucx__abandon,
 };
 
 MR__SUBSTRATE_ENTRY(ucx_ops)

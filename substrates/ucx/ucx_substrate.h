@@ -343,6 +343,7 @@ bool ucx__rx_any_receiving(mr_substrate_t *s);
 /* ucx_failure.c */
 bool ucx__is_peer_gone_status(ucs_status_t st);
 void ucx__peer_fail(mr_substrate_t *s, int rank, ucs_status_t why);
+void ucx__abandon(mr_substrate_t *s, int rank);
 void ucx__ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
 int ucx__drain_failed(mr_substrate_t *s);
 
