@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CI subset of the incast regime matrix (tools/fabric/incast_matrix.sh
-# --quick): 64:1 and 256:1 on the emulated fabric, mr_wait(100), a CPU share per
-# host, the TCP substrate, one trial of none, rank and node each. Fails when a
+# --quick, its 256:1 cell only: the regime of issue 42, and the 64:1 cell's 30 s
+# kept CI under 20 minutes): 256:1 on the emulated fabric, mr_wait(100), a CPU
+# share per host, the TCP substrate, one trial of none and node. Fails when a
 # cell did not complete or node's goodput is below none's in one (the script's
 # exit status), or when its CSVs lack the columns the matrix reports.
 #
@@ -27,15 +28,15 @@ trap 'rm -rf "$out"' EXIT
 trap '[ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; exit 1' INT TERM
 
 status=0
-"$matrix" --quick -o "$out" --build "$build" &
+"$matrix" --quick --cells 256:w100:host:tcp -o "$out" --build "$build" &
 pid=$!
 wait "$pid" || status=1
 pid=
 head -1 "$out/matrix_quick.csv" | grep -q "^ratio,wait,cpu,substrate,policy,trial,seconds,goodput_mbps,line_fraction,cpu_s_per_mib,port_drops,credit_returns," ||
     { echo "FAIL: matrix_quick.csv lacks the matrix's columns"; status=1; }
-# A row of none and of node in each of the two cells, each with its CPU cost measured.
+# A row of none and of node in the cell, each with its CPU cost measured.
 rows=$(awk -F, 'NR > 1 && $10 > 0 && ($5 == "none" || $5 == "node") { k[$1 "," $5] = 1 }
                 END { print length(k) }' "$out/matrix_quick.csv" 2>/dev/null)
-[ "${rows:-0}" -eq 4 ] || { echo "FAIL: $rows (cell, policy) pairs with cpu_s_per_mib > 0, expected 4"; status=1; }
+[ "${rows:-0}" -eq 2 ] || { echo "FAIL: $rows (cell, policy) pairs with cpu_s_per_mib > 0, expected 2"; status=1; }
 [ -s "$out/matrix_quick.png" ] || { echo "FAIL: no figure"; status=1; }
 exit $status
