@@ -205,10 +205,34 @@ static void ucx_stats(mr_substrate_t *s, mr_stats_t *stats)
     mr__stats_add_peers(stats, s->nendpoints);
 }
 
-/* Arrivals in the queue without a receive slot: held by UCX, spilled, or rendezvous not started. */
+/*
+ * The messages in the queue without a receive slot: arrivals held by UCX,
+ * spilled, or rendezvous not started, a batch counted by its frames (each a
+ * message with a credit of its own) once its bytes are here; a rendezvous
+ * batch not started counts one. Off the hot path: the core asks after a
+ * slot was refused, and while this returns more than 0.
+ */
 static uint64_t ucx_held(mr_substrate_t *s)
 {
-    return s->rxq_count - s->rxq_claimed;
+    uint64_t held = 0;
+
+    for (size_t i = s->rxq_claimed; i < s->rxq_count; i++) {
+        const ucx_rx_t *e = rxq_at(s, i);
+        uint64_t frames = 0;
+
+        if (e->kind == MR_KIND_BATCH && e->state != RX_RNDV_WAIT && e->data != NULL) {
+            size_t offset = 0, payload_len;
+            unsigned kind;
+            const uint8_t *payload;
+
+            while (mr__batch_frame_next(e->data, e->length, &offset, &kind, &payload,
+                                        &payload_len) == 1) {
+                frames++;
+            }
+        }
+        held += frames > 0 ? frames : 1;
+    }
+    return held;
 }
 
 /* The batches being filled, open to the core (mr_append_window_t). */
