@@ -172,7 +172,9 @@ chaos_host_unsilence() {
     ns=$(host_ns 0)
     in=$(chaos_rule_packets "$ns" filter INPUT DROP)
     out=$(chaos_rule_packets "$ns" filter OUTPUT DROP)
-    if [ "$in" -gt 0 ] && [ "$out" -gt 0 ]; then
+    # Host 0's own packets must have been dropped: it sent while silenced. Inbound
+    # ones need not come: with paced sends nothing may be owed to host 0 then.
+    if [ "$out" -gt 0 ]; then
         chaos_evidence "ok: host 0 silent for $1: $in packets in and $out out dropped"
     else
         chaos_evidence "FAIL: host 0 was not silenced: $in packets in and $out out dropped"
