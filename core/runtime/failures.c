@@ -52,8 +52,14 @@ void rt_peer_down(int rank, mr_status_t why, int reporter)
     }
     /* Deferred messages to a dead rank can never go: give their slots back. */
     rt_datapath_drop_deferred(rank);
-    /* And those the substrate took: they come back as completions. */
-    if (rt.substrate->abandon != NULL) rt.substrate->abandon(rt.sub, rank);
+    /*
+     * And those the substrate took, when this rank's own clock named it: they come
+     * back as completions. Not on another rank's notice: with it, a kill of 4 ranks
+     * under `node` over TCP left survivors short of notices (chaos kill-tcp-node).
+     */
+    if (reporter < 0 && why == MR_ERR_TIMEOUT && rt.substrate->abandon != NULL) {
+        rt.substrate->abandon(rt.sub, rank);
+    }
     /* Pass the news on around the ring (rt_notices_forward, at the next progress call). */
     if (rt.notice_q != NULL) rt.notice_q[rt.notice_count++] = rank;
 }
