@@ -1,6 +1,7 @@
 #!/bin/sh
 # mr_finalize() with a stuck peer returns MR_ERR_TIMEOUT (or MR_ERR_PEER_FAILED:
-# the peer was named failed first) within MAILRAIL_TIMEOUT plus a margin, instead of blocking in MPI_Finalize until the peer moves
+# the peer was named failed first) within MAILRAIL_TIMEOUT plus a margin,
+# instead of blocking in MPI_Finalize until the peer moves
 # (tests/test_stuck_peer.c), on every substrate. The three jobs run at once:
 # each spends its time waiting.
 #
@@ -19,7 +20,8 @@ status=0
 for substrate in tcp ucx mpi; do
     line=$(grep "^finalize: " "$dir/$substrate")
     secs=$(printf '%s\n' "$line" | sed -n 's/.* after \([0-9.]*\) s$/\1/p')
-    if [ -z "$secs" ] || ! printf '%s\n' "$line" | grep -q -e "timed out" -e "peer process failed" ||
+    if [ -z "$secs" ] ||
+       ! printf '%s\n' "$line" | grep -q -e "timed out" -e "peer process failed" ||
        ! awk -v s="$secs" 'BEGIN { exit !(s < 8) }'; then
         cat "$dir/$substrate"
         echo "FAIL: over $substrate: '${line:-no finalize line}'"

@@ -3,8 +3,9 @@
  * it: mr_finalize() must give up after MAILRAIL_TIMEOUT with MR_ERR_TIMEOUT,
  * or with MR_ERR_PEER_FAILED when the rule for sends in flight (no send
  * completed for MAILRAIL_TIMEOUT while the send pool was empty, which started
- * before finalize) named the peer failed first, and leave MPI (which MailRail started) unfinalized instead of waiting in
- * MPI_Finalize for the stuck peer (issue 11).
+ * before finalize) named the peer failed first, and leave MPI (which
+ * MailRail started) unfinalized instead of waiting in MPI_Finalize for the
+ * stuck peer (issue 11).
  *
  *   MAILRAIL_TIMEOUT=3 mpiexec -n 2 test_stuck_peer
  *

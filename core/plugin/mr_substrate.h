@@ -375,12 +375,11 @@ typedef struct mr_substrate_ops {
     mr_status_t (*preconnect)(mr_substrate_t *s, int rank);
     /*
      * The core gave up on `rank` by its own clock (MAILRAIL_TIMEOUT passed
-     * without a word from it): drop the connection
-     * or endpoint by force and complete every send to it still in flight
-     * (send_complete()), in a later progress(), as after a failure found
-     * here. A peer_failed() for `rank` may follow; the core ignores it. Never
-     * blocks. May be NULL: sends in flight to `rank` then stay until the
-     * transport ends them.
+     * without a word from it): drop the connection or endpoint by force and
+     * complete every send to it still in flight (send_complete()), in a later
+     * progress(), as after a failure found here. A peer_failed() for `rank`
+     * may follow; the core ignores it. Never blocks. May be NULL: sends in
+     * flight to `rank` then stay until the transport ends them.
      */
     void (*abandon)(mr_substrate_t *s, int rank);
     /*

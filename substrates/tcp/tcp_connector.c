@@ -51,7 +51,7 @@ static void dial_list_push(mr_substrate_t *s, tcp_conn_t *c)
 }
 
 /* A handshake place is free again: the list gets a look at the next progress call. */
-static void dial_place_free(mr_substrate_t *s)
+void tcp__dial_place_free(mr_substrate_t *s)
 {
     s->ndials--;
     s->dial_check_at = 0;
@@ -65,7 +65,7 @@ static void connector_retry(mr_substrate_t *s, tcp_conn_t *c, int err, const cha
     char a[40];
     uint64_t backoff = (uint64_t)TCP_RETRY_MS * (c->attempts < 10 ? c->attempts : 10);
 
-    if (conn_handshaking(c)) dial_place_free(s);
+    if (conn_handshaking(c)) tcp__dial_place_free(s);
     tcp__close_fd(s, &c->fd, &c->registered);
     c->interest = 0;
     c->state = C_RETRY;
@@ -79,7 +79,7 @@ static void connector_retry(mr_substrate_t *s, tcp_conn_t *c, int err, const cha
 
 void tcp__connector_abandon(mr_substrate_t *s, tcp_conn_t *c)
 {
-    if (conn_handshaking(c)) dial_place_free(s);
+    if (conn_handshaking(c)) tcp__dial_place_free(s);
     tcp__close_fd(s, &c->fd, &c->registered);
     c->interest = 0;
     c->state = C_NONE;
@@ -114,7 +114,7 @@ static void connector_read_accept(mr_substrate_t *s, tcp_conn_t *c)
         connector_retry(s, c, EPROTO, "checking the acceptor");
         return;
     }
-    dial_place_free(s);
+    tcp__dial_place_free(s);
     c->hs_off = c->hs_out = 0;
     tcp__conn_established(s, c);
     if (mr__log_enabled(&s->base, MR_LOG_DEBUG)) {
@@ -218,8 +218,7 @@ static void connector_start(mr_substrate_t *s, tcp_conn_t *c)
                 "this rank talks to more peers than its descriptor limit allows; raise ulimit "
                 "-n (and -Hn) to about %d.", c->rank, strerror(errno),
                 s->base.size + TCP_MAX_PENDING + TCP_SPARE_FDS);
-        dial_place_free(s);
-        tcp__conn_fail(s, c, MR_ERR_TRANSPORT);
+        tcp__conn_fail(s, c, MR_ERR_TRANSPORT); /* Gives the place back too. */
         return;
     }
     if (fd < 0) {
@@ -297,7 +296,6 @@ static void connector_give_up(mr_substrate_t *s, tcp_conn_t *c)
                 c->last_err ? "; the last failed with: " : "",
                 c->last_err ? strerror(c->last_err) : "");
     }
-    if (conn_handshaking(c)) dial_place_free(s);
     tcp__conn_fail(s, c, MR_ERR_PEER_FAILED);
 }
 
@@ -336,7 +334,7 @@ uint64_t tcp__dials_run(mr_substrate_t *s, uint64_t now)
         if (s->dial_tail == NULL) s->dial_tail = keep_tail;
     }
     /*
-     * Queued attempts wait for a place; dial_place_free() asks for the next
+     * Queued attempts wait for a place; tcp__dial_place_free() asks for the next
      * look. A place freed late in this walk may already serve one.
      */
     for (c = keep_head; c != NULL && s->ndials < TCP_MAX_DIALS; c = c->dial_next) {

@@ -12,14 +12,16 @@
 /* Failing a connection.                                                    */
 
 /*
- * Closes a connection, established or being dialled, after a failure and
- * queues the failure for the next progress call, which runs the upcalls.
+ * Closes a connection, established or being dialled (its handshake place,
+ * if it held one, goes back to the connector), after a failure and queues
+ * the failure for the next progress call, which runs the upcalls.
  * Idempotent.
  */
 void tcp__conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why)
 {
     if (c->state != C_ESTABLISHED && !conn_dialing(c)) return;
     if (c->state == C_ESTABLISHED) s->nestablished--;
+    if (conn_handshaking(c)) tcp__dial_place_free(s);
     tcp__close_fd(s, &c->fd, &c->registered);
     c->state = C_FAILED;
     c->interest = 0;
@@ -30,18 +32,8 @@ void tcp__conn_fail(mr_substrate_t *s, tcp_conn_t *c, mr_status_t why)
 /* The core gave up on `rank`: its connection closed, its queued sends completed next. */
 void tcp__abandon(mr_substrate_t *s, int rank)
 {
-    tcp_conn_t *c;
-
     if (rank < 0 || rank >= s->base.size || rank == s->base.rank) return;
-    c = &s->conns[rank];
-    if (conn_dialing(c)) {
-        /* Its dial's place goes back to the connector, as when the connector gives up. */
-        tcp__connector_abandon(s, c);
-        c->state = C_FAILED;
-        mr__failq_push(&s->failq, rank, MR_ERR_PEER_FAILED);
-        return;
-    }
-    tcp__conn_fail(s, c, MR_ERR_PEER_FAILED);
+    tcp__conn_fail(s, &s->conns[rank], MR_ERR_PEER_FAILED);
 }
 
 void tcp__conn_fail_errno(mr_substrate_t *s, tcp_conn_t *c, int err, const char *what)

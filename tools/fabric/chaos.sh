@@ -14,7 +14,8 @@
 #   loss1      1% of packets dropped at random, each way, in every host
 #              (iptables-legacy -m statistic -j DROP on INPUT)
 #   loss5      5%
-#   linkdown   the victim's switch port down for 2 s once traffic flows
+#   linkdown   the victim's switch port down for 2 s once traffic flows (sends
+#              paced over 6 s, mailrail_chaos -s)
 #   duplicate  1% of the senders' packets to the victim sent twice (-j TEE)
 #   reorder    2% of the senders' packets through a slow class (htb, 20 Mbit/s,
 #              up to 100 packets queued: delayed by up to ~60 ms and overtaken
@@ -27,8 +28,9 @@
 #              every message arrives once, and no rank is named failed
 #   silent     sender host 0 lost silently (sends paced as above): every packet
 #              dropped as above and its ranks frozen (SIGSTOP), no FIN or RST,
-#              for longer than MAILRAIL_TIMEOUT (--silent-timeout); every survivor must name its 4 ranks' failure
-#              within that timeout plus 5 s and get every live sender's messages.
+#              for longer than MAILRAIL_TIMEOUT (--silent-timeout); every survivor
+#              must name its 4 ranks' failure within that timeout plus 5 s and
+#              get every live sender's messages.
 #              Then the frozen ranks are killed under the DROP rules.
 #
 # Each job proves that its fault struck, or fails: the packet counters of the
@@ -281,7 +283,9 @@ chaos_jobs() {
     # over 12 s (a clean job of 200 each lasts about 0.7 s, and a loaded machine may take
     # longer than that to start the job and strike).
     local spread=""
-    case "$fault" in blackout | silent) spread="-s 12" ;; esac
+    # The link goes down for 2 s: paced over 6 s, the job still sends when it comes back
+    # (unpaced, one ended in 0.7 s, before the port went down).
+    case "$fault" in blackout | silent) spread="-s 12" ;; linkdown) spread="-s 6" ;; esac
     for policy in ${policies//,/ }; do
         rm -f "$CHAOS_TMP/fault_epoch" "$CHAOS_TMP/evidence"
         chaos_rules_zero "$fault"
