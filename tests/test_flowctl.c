@@ -318,6 +318,131 @@ START_TEST(held_frames_count_as_messages)
 }
 END_TEST
 
+/* MPI_Barrier() while MailRail makes progress: sends may need it to leave (a dial). */
+static void progress_barrier(void)
+{
+    MPI_Request req;
+    int done = 0;
+
+    MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    while (!done) {
+        (void)mr_poll();
+        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    }
+}
+
+/*
+ * A batch that waits in the substrate for a slot counts its frames: rank 1
+ * sends rank 0 a lone message for each of its slots but one, and rank 0
+ * holds them; then rank 1 sends a burst of small messages, whose first
+ * leaves alone and takes the last slot, and whose rest UCX and MPI coalesce
+ * into one batch that can only wait outside the pool (UCX reads nothing more
+ * after it). recv_inflight must then count every message sent, not the batch
+ * once. Under none only (credits would stop the burst).
+ */
+START_TEST(held_batch_counts_its_frames)
+{
+    enum { BURST = 24 };
+    void *held[MR_TEST_MAX_RANKS];
+    int slots = world_size, nheld = 0, total = world_size - 1 + BURST;
+    uint64_t coalesced = 0, inflight = 0;
+    mr_stats_t st = {.size = sizeof(st)};
+    mr_message_t m;
+
+    tiny_pools(1, "64"); /* One slot per rank: world_size slots at rank 0. */
+    init_on_world();
+    if (world_rank == 1) {
+        /* Each alone: a progress call between two sends leaves nothing to pack. */
+        for (uint32_t seq = 0; seq < (uint32_t)slots - 1; seq++) {
+            void *buf = NULL;
+            ck_assert_int_eq(mr_reserve(&buf), MR_OK);
+            fill_message(buf, 16, 1, 0, seq);
+            ck_assert_int_eq(mr_send(buf, 16, 0), MR_OK);
+            (void)mr_poll();
+        }
+    } else if (world_rank == 0) {
+        double start = now_s();
+        while (nheld < slots - 1) {
+            if (mr_receive(&m) == MR_OK) {
+                ck_assert_int_eq(m.source, 1);
+                ck_assert_uint_eq(check_message(&m), (uint32_t)nheld);
+                held[nheld++] = m.data;
+                continue;
+            }
+            (void)mr_wait(1);
+            ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "%d of %d lone messages came", nheld,
+                          slots - 1);
+        }
+    }
+    progress_barrier();
+    if (world_rank == 1) {
+        for (uint32_t seq = 0; seq < BURST; seq++) {
+            void *buf = NULL;
+            ck_assert_int_eq(mr_reserve(&buf), MR_OK);
+            fill_message(buf, 16, 1, 0, (uint32_t)slots - 1 + seq);
+            ck_assert_int_eq(mr_send(buf, 16, 0), MR_OK);
+        }
+        (void)mr_poll();
+        ck_assert_int_eq(mr_get_stats(&st), MR_OK);
+        coalesced = st.messages_coalesced;
+    }
+    MPI_Bcast(&coalesced, 1, MPI_UINT64_T, 1, MPI_COMM_WORLD);
+    if (world_rank == 0) {
+        uint8_t seen[BURST] = {0};
+        int got = 0;
+        /* Until every message sent is counted in flight (the last slot's held too), or 3 s. */
+        double start = now_s();
+        do {
+            if (nheld < slots && mr_receive(&m) == MR_OK) {
+                uint32_t seq = check_message(&m);
+                ck_assert_int_eq(m.source, 1);
+                ck_assert_uint_eq(seq, (uint32_t)slots - 1);
+                seen[0]++;
+                got++;
+                held[nheld++] = m.data;
+            } else {
+                (void)mr_wait(1);
+            }
+            ck_assert_int_eq(mr_get_stats(&st), MR_OK);
+            inflight = st.recv_inflight;
+        } while (inflight < (uint64_t)total && now_s() - start < 3.0);
+        fprintf(stderr, "held_batch_counts_its_frames: %s: %d messages held in %d slots, %d more "
+                "sent (%llu coalesced): %llu in flight\n", mr_substrate_name(), nheld, slots,
+                total - nheld, (unsigned long long)coalesced, (unsigned long long)inflight);
+        /*
+         * Counted per batch, a batch held outside the pool read as one: UCX, which reads
+         * nothing after it, then showed nheld + 1, MPI fewer than it read (2026-12-05).
+         */
+        if (coalesced > 0) ck_assert_uint_ge(inflight, (uint64_t)nheld + 2);
+        if (coalesced > 0 && strcmp(mr_substrate_name(), "mpi") == 0) {
+            ck_assert_uint_eq(inflight, (uint64_t)total); /* MPI reads every message. */
+        }
+        ck_assert_uint_ge(inflight, (uint64_t)nheld);
+        ck_assert_uint_le(inflight, (uint64_t)total);
+        while (nheld > 0) ck_assert_int_eq(mr_release(held[--nheld]), MR_OK);
+        /* Then the rest of the burst, each message exactly once. */
+        start = now_s();
+        while (got < BURST) {
+            if (mr_receive(&m) == MR_OK) {
+                uint32_t seq = check_message(&m);
+                ck_assert_int_eq(m.source, 1);
+                ck_assert_uint_ge(seq, (uint32_t)slots - 1);
+                ck_assert_uint_lt(seq, (uint32_t)total);
+                ck_assert_int_eq(seen[seq - ((uint32_t)slots - 1)]++, 0);
+                ck_assert_int_eq(mr_release(m.data), MR_OK);
+                got++;
+                continue;
+            }
+            (void)mr_wait(1);
+            ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "%d of the burst's %d messages came",
+                          got, BURST);
+        }
+    }
+    quiesce_with(release_all, NULL);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
+}
+END_TEST
+
 /*
  * All-to-all with two static credits per pair: everyone defers. Then with
  * four, so that credits are returned after two and some are owed when a data
@@ -703,6 +828,7 @@ static Suite *flowctl_suite(void)
     tcase_add_test(tc, sleepers_are_woken_for_credit);
     tcase_add_test(tc, pool_bound_from_the_wire);
     tcase_add_test(tc, held_frames_count_as_messages);
+    if (!credit_policy()) tcase_add_test(tc, held_batch_counts_its_frames);
     tcase_add_test(tc, all_to_all_exactly_once);
     tcase_add_test(tc, no_deadlock_when_receiving_only_under_backpressure);
     tcase_add_test(tc, fifo_per_destination);

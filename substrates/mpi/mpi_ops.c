@@ -10,10 +10,37 @@ static void mpi_stats(mr_substrate_t *s, mr_stats_t *stats)
     mr__batcher_stats(&s->batcher, stats);
 }
 
-/* Completed receives that wait for a receive slot. */
+/*
+ * The messages of the completed receives that wait for a receive slot: a
+ * batch counted by the frames it has not delivered yet (each a message with a
+ * credit of its own). Off the hot path: the core asks after a slot was
+ * refused, and while this returns more than 0.
+ */
 static uint64_t mpi_held(mr_substrate_t *s)
 {
-    return s->nheld;
+    uint64_t held = 0;
+
+    for (unsigned k = 0; k < s->nposted; k++) {
+        const mpi_recv_t *e = &s->recvs[ring_at(s, s->head, k)];
+        uint64_t frames = 0;
+        int count;
+
+        if (!e->done) continue;
+        if (e->rc == MPI_SUCCESS && (uint32_t)e->status.MPI_TAG == s->batch_tag &&
+            MPI_Get_count(&e->status, MPI_BYTE, &count) == MPI_SUCCESS && count > 0 &&
+            (size_t)count <= s->base.datagram_size) {
+            const uint8_t *buf = s->staging + (size_t)e->buf * s->base.datagram_size, *payload;
+            size_t offset = e->offset, payload_len;
+            unsigned kind;
+
+            while (mr__batch_frame_next(buf, (size_t)count, &offset, &kind, &payload,
+                                        &payload_len) == 1) {
+                frames++;
+            }
+        }
+        held += frames > 0 ? frames : 1;
+    }
+    return held;
 }
 
 /* The batches being filled, open to the core (mr_append_window_t). */
