@@ -150,3 +150,15 @@ int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, un
     *offset = off + size;
     return 1;
 }
+
+size_t mr__batch_frames_from(const uint8_t *batch, size_t length, size_t offset)
+{
+    size_t frames = 0, payload_len;
+    const uint8_t *payload;
+    unsigned kind;
+
+    while (mr__batch_frame_next(batch, length, &offset, &kind, &payload, &payload_len) == 1) {
+        frames++;
+    }
+    return frames;
+}

@@ -189,4 +189,10 @@ static inline bool mr__batch_is_data(const uint8_t *batch, size_t length)
 int mr__batch_frame_next(const uint8_t *batch, size_t length, size_t *offset, unsigned *kind,
                          const uint8_t **payload, size_t *payload_len);
 
+/*
+ * The frames of a received batch from `offset` on, as far as they add up: for
+ * counting the messages a held batch stands for (the substrates' held()).
+ */
+size_t mr__batch_frames_from(const uint8_t *batch, size_t length, size_t offset);
+
 #endif /* MR_BATCH_H */

@@ -29,14 +29,8 @@ static uint64_t mpi_held(mr_substrate_t *s)
         if (e->rc == MPI_SUCCESS && (uint32_t)e->status.MPI_TAG == s->batch_tag &&
             MPI_Get_count(&e->status, MPI_BYTE, &count) == MPI_SUCCESS && count > 0 &&
             (size_t)count <= s->base.datagram_size) {
-            const uint8_t *buf = s->staging + (size_t)e->buf * s->base.datagram_size, *payload;
-            size_t offset = e->offset, payload_len;
-            unsigned kind;
-
-            while (mr__batch_frame_next(buf, (size_t)count, &offset, &kind, &payload,
-                                        &payload_len) == 1) {
-                frames++;
-            }
+            frames = mr__batch_frames_from(s->staging + (size_t)e->buf * s->base.datagram_size,
+                                           (size_t)count, e->offset);
         }
         held += frames > 0 ? frames : 1;
     }

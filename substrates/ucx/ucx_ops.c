@@ -221,14 +221,7 @@ static uint64_t ucx_held(mr_substrate_t *s)
         uint64_t frames = 0;
 
         if (e->kind == MR_KIND_BATCH && e->state != RX_RNDV_WAIT && e->data != NULL) {
-            size_t offset = 0, payload_len;
-            unsigned kind;
-            const uint8_t *payload;
-
-            while (mr__batch_frame_next(e->data, e->length, &offset, &kind, &payload,
-                                        &payload_len) == 1) {
-                frames++;
-            }
+            frames = mr__batch_frames_from(e->data, e->length, 0);
         }
         held += frames > 0 ? frames : 1;
     }
