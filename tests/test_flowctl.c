@@ -336,9 +336,10 @@ static void progress_barrier(void)
  * sends rank 0 a lone message for each of its slots but one, and rank 0
  * holds them; then rank 1 sends a burst of small messages, whose first
  * leaves alone and takes the last slot, and whose rest UCX and MPI coalesce
- * into one batch that can only wait outside the pool (UCX reads nothing more
- * after it). recv_inflight must then count every message sent, not the batch
- * once. Under none only (credits would stop the burst).
+ * into batches that can only wait outside the pool. recv_inflight must count
+ * a held batch by its frames, not once: MPI reads every message sent into
+ * its ring, UCX nothing more after the first batch it holds. Under none only
+ * (credits would stop the burst).
  */
 START_TEST(held_batch_counts_its_frames)
 {
