@@ -395,10 +395,12 @@ START_TEST(held_batch_counts_its_frames)
         double start = now_s();
         do {
             if (nheld < slots && mr_receive(&m) == MR_OK) {
+                /* The last slot's: the burst's first, unless the substrate reordered. */
                 uint32_t seq = check_message(&m);
                 ck_assert_int_eq(m.source, 1);
-                ck_assert_uint_eq(seq, (uint32_t)slots - 1);
-                seen[0]++;
+                ck_assert_uint_ge(seq, (uint32_t)slots - 1);
+                ck_assert_uint_lt(seq, (uint32_t)total);
+                ck_assert_int_eq(seen[seq - ((uint32_t)slots - 1)]++, 0);
                 got++;
                 held[nheld++] = m.data;
             } else {

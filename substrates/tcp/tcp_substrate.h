@@ -323,9 +323,9 @@ uint64_t tcp__pending_expire(mr_substrate_t *s, uint64_t now);
 mr_status_t tcp__conn_buffers(mr_substrate_t *s, tcp_conn_t *c);
 /* Starts dialling a peer never talked to (C_NONE); other states are left alone. */
 mr_status_t tcp__conn_dial(mr_substrate_t *s, tcp_conn_t *c);
-/* The connector gives up its own attempt (the peer's connection wins); frees its place. */
 /* A handshake place is free again (tcp__conn_fail() calls it for a dial that held one). */
 void tcp__dial_place_free(mr_substrate_t *s);
+/* The connector gives up its own attempt (the peer's connection wins); frees its place. */
 void tcp__connector_abandon(mr_substrate_t *s, tcp_conn_t *c);
 /* Moves an attempt and the connector's handshake along. */
 void tcp__connector_event(mr_substrate_t *s, tcp_conn_t *c, uint32_t ev);
