@@ -13,14 +13,19 @@
 #
 # With a third argument "silent", 5 ranks and nobody talks to rank 1: the
 # survivors that never connected to it learn of its death from the failure
-# notices around the ring (test_peer_failure.c). With "connect", 3 ranks and
+# notices around the ring (test_peer_failure.c). With "gap", 6 ranks and
+# ranks 1-3 die, rank 2 watched by the dead only: the survivors learn of it
+# when a notice's connection to it is refused. With "connect", 3 ranks and
 # rank 1 dies as all are to call mr_connect(): the survivors leave it.
 set -u
 mpiexec=$1
 test=$2
 mode=${3:-}
+victims=1
 if [ "$mode" = silent ]; then
     ranks=5 survivors="0 2 3 4"
+elif [ "$mode" = gap ]; then
+    ranks=6 survivors="0 4 5" victims="1 2 3"
 else
     ranks=3 survivors="0 2"
 fi
@@ -38,10 +43,12 @@ run_once() {
             exit 1
         fi
     done
-    if ! printf '%s\n' "$out" | grep -q "^victim 1: killed by SIGKILL$"; then
-        echo "FAIL: rank 1 did not die of SIGKILL" >&2
-        exit 1
-    fi
+    for r in $victims; do
+        if ! printf '%s\n' "$out" | grep -q "^victim $r: killed by SIGKILL$"; then
+            echo "FAIL: rank $r did not die of SIGKILL" >&2
+            exit 1
+        fi
+    done
     # Each survivor logs the death once, not once per refused send (1000 each).
     lines=$(printf '%s\n' "$out" | grep -c "ank 1 \(failed\|has failed\)\|destination 1")
     if [ "$lines" -gt "$nsurvivors" ]; then
@@ -52,7 +59,7 @@ run_once() {
         echo "FAIL: mpiexec exited with $rc" >&2
         exit 1
     fi
-    echo "rank 1 died of SIGKILL; all $nsurvivors survivors saw the failure and finished"
+    echo "rank(s) $victims died of SIGKILL; all $nsurvivors survivors saw the failure and finished"
 }
 
 if [ "${MAILRAIL_SUBSTRATE:-}" = tcp ]; then

@@ -38,6 +38,13 @@
 
 #define DETECT_LIMIT_S 5.0
 #define VICTIM 1
+/* In the `gap` mode ranks 1, 2 and 3 die; in the others rank VICTIM only. */
+static bool pf_gap;
+
+static bool pf_is_victim(int rank)
+{
+    return pf_gap ? rank >= 1 && rank <= 3 : rank == VICTIM;
+}
 /* A small send pool, so that the flood fills it and the exchange needs it back. */
 #define SEND_SLOTS "32"
 #define EXCHANGE 128
@@ -280,14 +287,61 @@ START_TEST(survivors_learn_of_a_silent_death)
 END_TEST
 
 /*
+ * Three deaths in a row on the ring (`test_peer_failure gap`, 6 ranks): ranks
+ * 1, 2 and 3 die at once, and nobody ever sends to them. Rank 0 watches rank
+ * 1 and rank 4 watches rank 3, so they see those deaths; rank 2 was watched
+ * by the dead only. Rank 0 learns of it when its notice for rank 1 goes to
+ * the next rank on the ring, rank 2, and the connection is refused: no
+ * listener there. Every survivor must name all three within a few seconds,
+ * far below MAILRAIL_TIMEOUT (60 s), after which an unanswered dial gives up.
+ */
+START_TEST(survivors_learn_of_a_gap_in_the_ring)
+{
+    MPI_Comm comm = MPI_COMM_WORLD;
+    mr_stats_t stats = {.size = sizeof(stats)};
+    int failed[6], n;
+    mr_message_t m;
+    double start;
+
+    ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), MR_OK);
+    ck_assert_int_eq(mr_size(), 6);
+    start = now_s();
+    do {
+        ck_assert_msg(now_s() - start < DETECT_LIMIT_S, "the ring did not connect");
+        ck_assert_int_eq(mr_wait(10) >= 0, 1);
+        ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    } while (stats.peers_connected < 2);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (pf_is_victim(mr_rank())) {
+        kill(getpid(), SIGKILL);
+        _exit(7);
+    }
+    start = now_s();
+    for (;;) {
+        mr_status_t st = mr_receive(&m);
+        bool all = true;
+
+        ck_assert(st == MR_AGAIN || st == MR_ERR_PEER_FAILED);
+        for (int v = 1; v <= 3; v++) all = all && failed_includes(failed, 6, &n, v);
+        if (all) break;
+        ck_assert_msg(now_s() - start < DETECT_LIMIT_S, "rank %d: %d failures after %.1f s, "
+                      "not all of ranks 1, 2 and 3", mr_rank(), n, now_s() - start);
+        mr_wait(10);
+    }
+    /* More may be named: a survivor that finalized first has left the job. */
+    printf("rank %d: the three deaths known after %.3f s\n", mr_rank(), now_s() - start);
+    ck_assert_int_eq(mr_quiesce(), MR_ERR_PEER_FAILED);
+    ck_assert_int_eq(mr_finalize(), MR_ERR_PEER_FAILED);
+}
+END_TEST
+
+/*
  * A death during mr_connect() (`test_peer_failure connect`, 3 ranks): every
  * pair is connected by a first call, then the victim dies as the ranks call
  * it again. The survivors return MR_ERR_PEER_FAILED within seconds, not at
  * MAILRAIL_TIMEOUT: their connections to the victim report its death while
  * they wait for the others, and they stop waiting for a rank that will never
- * join. (A rank that dies before anybody connected to it is known over TCP
- * only when its dials give up, at MAILRAIL_TIMEOUT: a refused connection is
- * retried until then.)
+ * join.
  */
 START_TEST(survivors_leave_mr_connect)
 {
@@ -335,7 +389,7 @@ static void pf_forward(int sig)
 static void pf_fork_rank(void)
 {
     const char *pmi_rank = getenv("PMI_RANK");
-    bool victim = pmi_rank != NULL && atoi(pmi_rank) == VICTIM;
+    bool victim = pmi_rank != NULL && pf_is_victim(atoi(pmi_rank));
     struct sigaction sa = {.sa_handler = pf_forward, .sa_flags = SA_RESTART};
     int status;
 
@@ -380,11 +434,14 @@ int main(int argc, char **argv)
     int rank, failed;
 
     setvbuf(stdout, NULL, _IONBF, 0);
+    pf_gap = argc > 1 && strcmp(argv[1], "gap") == 0;
     pf_fork_rank();
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (argc > 1 && strcmp(argv[1], "silent") == 0) {
         tcase_add_test(tc, survivors_learn_of_a_silent_death);
+    } else if (pf_gap) {
+        tcase_add_test(tc, survivors_learn_of_a_gap_in_the_ring);
     } else if (argc > 1 && strcmp(argv[1], "connect") == 0) {
         tcase_add_test(tc, survivors_leave_mr_connect);
     } else {

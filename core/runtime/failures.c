@@ -54,8 +54,8 @@ void rt_peer_down(int rank, mr_status_t why, int reporter)
     rt_datapath_drop_deferred(rank);
     /*
      * And those the substrate took, when this rank's own clock named it: they come
-     * back as completions. Not on another rank's notice: with it, a kill of 4 ranks
-     * under `node` over TCP left survivors short of notices (chaos kill-tcp-node).
+     * back as completions. Not on another rank's notice: a dead rank's connections
+     * to this one end by themselves, and the substrate reports them.
      */
     if (reporter < 0 && why == MR_ERR_TIMEOUT && rt.substrate->abandon != NULL) {
         rt.substrate->abandon(rt.sub, rank);

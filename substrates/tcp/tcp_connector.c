@@ -60,11 +60,29 @@ void tcp__dial_place_free(mr_substrate_t *s)
 /* ------------------------------------------------------------------------ */
 /* One attempt.                                                             */
 
+/*
+ * A failed attempt is retried after a back-off, until the deadline. But a
+ * refusal means that the peer's host is up and nothing listens on the
+ * peer's port: the listener lives from open to close, and addresses are
+ * published only once it listens, so its rank died (or left the job).
+ * TCP_REFUSALS_FAILED refusals in a row make the peer failed at once;
+ * waiting for the deadline instead held a notice to a killed rank, and
+ * with it every survivor's news, for MAILRAIL_TIMEOUT (chaos
+ * kill-tcp-node).
+ */
 static void connector_retry(mr_substrate_t *s, tcp_conn_t *c, int err, const char *what)
 {
     char a[40];
     uint64_t backoff = (uint64_t)TCP_RETRY_MS * (c->attempts < 10 ? c->attempts : 10);
 
+    c->refusals = err == ECONNREFUSED ? c->refusals + 1 : 0;
+    if (c->refusals >= TCP_REFUSALS_FAILED) {
+        MR__LOG(s, MR_LOG_ERROR, "TCP substrate: rank %d (%s) refused %u connections in a row: "
+                "its host is up but the rank does not listen any more.", c->rank,
+                tcp__sin_str(&c->addr, a, sizeof(a)), c->refusals);
+        tcp__conn_fail(s, c, MR_ERR_PEER_FAILED); /* Gives the place back too. */
+        return;
+    }
     if (conn_handshaking(c)) tcp__dial_place_free(s);
     tcp__close_fd(s, &c->fd, &c->registered);
     c->interest = 0;
@@ -253,6 +271,7 @@ mr_status_t tcp__conn_dial(mr_substrate_t *s, tcp_conn_t *c)
     st = tcp__conn_buffers(s, c);
     if (st != MR_OK) return st;
     c->attempts = 0;
+    c->refusals = 0;
     c->last_err = 0;
     c->dial_deadline = s->base.timeout_s ? mr__now_ns() + (uint64_t)s->base.timeout_s * MR_NS_PER_S
                                          : UINT64_MAX;

@@ -64,6 +64,7 @@
 #define TCP_MAX_EVENTS 64         /* epoll events per wait. */
 #define TCP_ACCEPT_BURST 64       /* accept() calls per listener event. */
 #define TCP_RETRY_MS 100          /* Base back-off between connection attempts. */
+#define TCP_REFUSALS_FAILED 3     /* Refused attempts in a row that make a peer failed. */
 #define TCP_LISTEN_PAUSE_MS 100   /* Listener rest after running out of descriptors. */
 #define TCP_DROP_LOG_BURST 10     /* Dropped-connection warnings per second. */
 
@@ -138,6 +139,7 @@ typedef struct tcp_conn {
     uint64_t retry_at;
     uint64_t dial_deadline;    /* Connector: when the peer counts as unreachable. */
     unsigned attempts;
+    unsigned refusals;         /* Connector: attempts refused in a row (no listener there). */
     int last_err;              /* errno of the last failed attempt, for the timeout log. */
     bool on_dial_list;
     struct tcp_conn *dial_next;
