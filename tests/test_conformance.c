@@ -312,10 +312,11 @@ END_TEST
 /* ---- Bad input ----------------------------------------------------------------------- */
 
 /*
- * mr_wait(): refuses bad timeouts, sleeps about its timeout when nothing
- * comes, and wakes early for a message, which mr_receive() then returns.
+ * mr_wait() with MAILRAIL_WAIT_NAP=`nap`: refuses bad timeouts, sleeps about
+ * its timeout when nothing comes (napping or not), and wakes early for a
+ * message, which mr_receive() then returns.
  */
-START_TEST(wait_sleeps_and_wakes)
+static void wait_sleeps_and_wakes(const char *nap)
 {
     int prev = (world_rank + world_size - 1) % world_size, next = (world_rank + 1) % world_size;
     tally_t t;
@@ -324,7 +325,9 @@ START_TEST(wait_sleeps_and_wakes)
     mr_status_t st = MR_AGAIN;
 
     setup_env(NULL, NULL, NULL);
+    setenv("MAILRAIL_WAIT_NAP", nap, 1);
     init_on_world();
+    unsetenv("MAILRAIL_WAIT_NAP");
     tally_init(&t, 1);
     ck_assert_int_eq(mr_wait(-1), MR_ERR_INVALID_PARAM);
     ck_assert_int_eq(mr_wait(60001), MR_ERR_INVALID_PARAM);
@@ -332,8 +335,9 @@ START_TEST(wait_sleeps_and_wakes)
     start = now_s();
     while (now_s() - start < 0.1 && (st = mr_wait(20)) == MR_AGAIN) calls++;
     ck_assert_int_eq(st, MR_AGAIN);
-    /* Sleeping, five calls fill 100 ms; spinning would take thousands. */
-    ck_assert_msg(calls <= 12, "mr_wait(20) returned %d times in 100 ms with nothing to do", calls);
+    /* Sleeping, five calls fill 100 ms; spinning, or naps that end the call, thousands. */
+    ck_assert_msg(calls <= 12, "mr_wait(20) returned %d times in 100 ms with nothing to do "
+                  "(MAILRAIL_WAIT_NAP=%s)", calls, nap);
     ck_assert_uint_eq(t.count, 0);
     MPI_Barrier(MPI_COMM_WORLD);
     /* Each rank sends one message to the next; the wait ends when it comes. */
@@ -348,9 +352,23 @@ START_TEST(wait_sleeps_and_wakes)
     }
     ck_assert_uint_eq(t.count, 1);
     ck_assert_uint_eq(t.seen[(size_t)prev * t.per_source], 1);
+    /* Woken by the message, not by the 1 s timeout (nor, napping, after all of it). */
+    ck_assert_msg(now_s() - start < 0.9, "the message took %.3f s to wake mr_wait(1000) "
+                  "(MAILRAIL_WAIT_NAP=%s)", now_s() - start, nap);
     quiesce(&t);
     ck_assert_int_eq(finalize_checked(), MR_OK);
     free(t.seen);
+}
+
+START_TEST(wait_sleeps_and_wakes_at_once)
+{
+    wait_sleeps_and_wakes("never");
+}
+END_TEST
+
+START_TEST(wait_naps_and_wakes)
+{
+    wait_sleeps_and_wakes("always");
 }
 END_TEST
 
@@ -1457,7 +1475,8 @@ static Suite *conformance_suite(void)
     tcase_add_test(tc, quiescence_waits_for_chains);
     tcase_add_test(tc, handlers_exactly_once_with_replies);
     tcase_add_test(tc, bad_input_loses_nothing);
-    tcase_add_test(tc, wait_sleeps_and_wakes);
+    tcase_add_test(tc, wait_sleeps_and_wakes_at_once);
+    tcase_add_test(tc, wait_naps_and_wakes);
     tcase_add_test(tc, holding_messages_does_not_stall_the_sender);
     tcase_add_test(tc, bad_settings_fail_init);
     tcase_add_test(tc, unknown_settings_are_named);

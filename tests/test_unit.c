@@ -135,6 +135,7 @@ static const struct {
     {"MAILRAIL_RECV_SLOTS", "1e3", "an integer"},
     {"MAILRAIL_FLOWCTL", "credit", "none|rank|node"},
     {"MAILRAIL_YIELD", "sometimes", "auto|always|never"},
+    {"MAILRAIL_WAIT_NAP", "yes", "auto|always|never"},
     {"MAILRAIL_LOG_LEVEL", "loud", "error|warn|info|debug|trace"},
     {"MAILRAIL_NUMA", "maybe", "yes|no"},
 };

@@ -60,11 +60,19 @@ const mr_config_entry_t mr__core_config_table[] = {
      "Allocates the pools on the local NUMA node through libnuma, when the library was built "
      "with it and the system has NUMA support."},
     {"MAILRAIL_YIELD", "auto", MR_CONFIG_ENUM, offsetof(mr_core_config_t, yield), 0, 0,
-     mr__yield_names,
+     mr__when_names,
      "Whether a poll that finds nothing now and then gives the core away (sched_yield): "
      "auto does when this machine (one kernel, whatever the ranks' host names) runs more "
      "ranks than the CPUs this process may use, so that oversubscribed ranks let each other "
      "run, and spins otherwise, as MPI libraries do."},
+    {"MAILRAIL_WAIT_NAP", "auto", MR_CONFIG_ENUM, offsetof(mr_core_config_t, wait_nap), 0, 0,
+     mr__when_names,
+     "Whether mr_wait() naps before it sleeps until news: it polls after naps of 20 us, "
+     "each a quarter longer than the last, up to 200 us (about 1 ms in all), and only then "
+     "sleeps until the substrate wakes it. Messages that arrive meanwhile wait up to a nap, "
+     "and a busy rank is woken once per nap instead of once per message. auto naps when this "
+     "machine runs more ranks than the CPUs this process may use (as MAILRAIL_YIELD); never "
+     "sleeps until news at once."},
     {"MAILRAIL_TIMEOUT", "60", MR_CONFIG_UINT, offsetof(mr_core_config_t, timeout_s), 1, 86400,
      NULL,
      "Seconds that init may wait for the other ranks and finalize may wait for in-flight "
@@ -76,7 +84,7 @@ const mr_config_entry_t mr__core_config_table[] = {
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };
 
-const char *const mr__yield_names[] = {"auto", "always", "never", NULL};
+const char *const mr__when_names[] = {"auto", "always", "never", NULL};
 
 static const char *const config_bool_true[] = {"1", "yes", "on", "true", "y", NULL};
 static const char *const config_bool_false[] = {"0", "no", "off", "false", "n", NULL};

@@ -69,13 +69,15 @@ typedef struct mr_core_config {
     unsigned log_level;        /* mr_log_level_t */
     uint64_t ranks_per_node;   /* 0: group ranks by host. */
     bool numa;
-    unsigned yield;            /* mr_yield_t */
+    unsigned yield;            /* mr_when_t */
+    unsigned wait_nap;         /* mr_when_t */
     uint64_t timeout_s;        /* Bound on collective waits in init and finalize. */
 } mr_core_config_t;
 
 /* MAILRAIL_YIELD: when an idle poll gives the core away. */
-typedef enum mr_yield { MR_YIELD_AUTO, MR_YIELD_ALWAYS, MR_YIELD_NEVER } mr_yield_t;
-extern const char *const mr__yield_names[];
+/* MAILRAIL_YIELD and MAILRAIL_WAIT_NAP: auto (when ranks outnumber CPUs), always, never. */
+typedef enum mr_when { MR_WHEN_AUTO, MR_WHEN_ALWAYS, MR_WHEN_NEVER } mr_when_t;
+extern const char *const mr__when_names[];
 
 extern const mr_config_entry_t mr__core_config_table[];
 

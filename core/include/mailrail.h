@@ -262,6 +262,9 @@ MR_API mr_status_t mr_receive(mr_message_t *message);
  * the substrate has news (a message or items, a credit return, a completed send) or
  * `timeout_ms` milliseconds have passed. For ranks that outnumber cores: a
  * rank with nothing to do gives its core to the others instead of spinning.
+ * There, by default (MAILRAIL_WAIT_NAP), it first naps and polls for about
+ * 1 ms, so that news may wait up to a nap (20 to 200 us) but a busy rank is
+ * not woken once per message.
  * Returns at once when mr_reserve() last returned MR_AGAIN and a send buffer
  * is free now (an earlier call freed it). Under MAILRAIL_FLOWCTL=node, credits
  * that a neighbour on the same node puts in the shared pool wake it too. Takes

@@ -5,10 +5,12 @@
  * clear error what it did not hand out or was released already.
  */
 #include "datapath_state.h"
+#include "mr_time.h"
 
 #include <endian.h>
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 
 /*
  * The second word of a batch's frame header (zero on the wire) once
@@ -72,6 +74,7 @@ static inline mr_status_t dp_frame_release(void *buffer, size_t idx, size_t at)
 void rt_busy(void)
 {
     dp.idle_polls = 0;
+    dp.nap_ns = 0;
 }
 
 void rt_idle(void)
@@ -183,6 +186,41 @@ mr_status_t mr_poll(void)
     return MR_OK;
 }
 
+/* mr_wait()'s naps (MAILRAIL_WAIT_NAP): from the first, a quarter longer each, up to the last. */
+#define DP_NAP_FIRST_NS 20000u
+#define DP_NAP_LAST_NS 200000u
+
+/*
+ * Whether anything is ready for the caller after `events` from progress and
+ * `moved` deferred sends: a message, a failure to report, or progress made.
+ */
+static bool dp_news(int events, int moved)
+{
+    return events + moved > 0 || dp.arrivals.head != MR_NIL || rt.failures_unreported > 0;
+}
+
+/*
+ * Naps and polls, while this rank saw news less than about 1 ms ago: a busy
+ * rank that outnumbers the cores is then woken once per nap, with what came
+ * meanwhile, instead of once per message (a wake-up is several system calls
+ * and a context switch). Returns more than 0 when a poll found news, 0 when
+ * the naps ran out or `deadline` passed, or a negative status.
+ */
+static int dp_nap(uint64_t deadline)
+{
+    while (dp.nap_ns < DP_NAP_LAST_NS) {
+        uint64_t now = mr__now_ns();
+        if (now >= deadline) return 0;
+        dp.nap_ns = dp.nap_ns == 0 ? DP_NAP_FIRST_NS : dp.nap_ns + dp.nap_ns / 4;
+        uint64_t ns = dp.nap_ns < deadline - now ? dp.nap_ns : deadline - now;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ns};
+        nanosleep(&ts, NULL);
+        int events = rt_progress(0);
+        if (events < 0 || dp_news(events, 0)) return events < 0 ? events : events + 1;
+    }
+    return 0;
+}
+
 mr_status_t mr_wait(int timeout_ms)
 {
     int events;
@@ -203,6 +241,19 @@ mr_status_t mr_wait(int timeout_ms)
     }
     /* Deferred sends that found credit count as news: do not sleep on them. */
     int moved = dp.deferq.depth > 0 ? rt_drain() : 0;
+    if (moved == 0 && timeout_ms > 0 && rt.wait_naps) {
+        uint64_t deadline = mr__now_ns() + (uint64_t)timeout_ms * MR_NS_PER_MS;
+        events = dp_nap(deadline);
+        if (events < 0) return (mr_status_t)events;
+        if (events > 0) {
+            dp.nap_ns = 0;
+            return MR_OK;
+        }
+        uint64_t now = mr__now_ns();
+        if (now >= deadline) return MR_AGAIN;
+        /* The rest of the time asleep until news, in whole milliseconds. */
+        timeout_ms = (int)((deadline - now + MR_NS_PER_MS - 1) / MR_NS_PER_MS);
+    }
     /*
      * Sends that wait for credits another process may put in shared memory:
      * ask flow control to be woken, then look once more (they may have come
@@ -214,8 +265,9 @@ mr_status_t mr_wait(int timeout_ms)
     events = rt_progress(moved > 0 ? 0 : timeout_ms);
     if (marked) rt.flowctl->sleep(rt.fc, false);
     if (events < 0) return (mr_status_t)events;
-    bool news = events + moved > 0 || dp.arrivals.head != MR_NIL || rt.failures_unreported > 0;
-    return news ? MR_OK : MR_AGAIN;
+    if (!dp_news(events, moved)) return MR_AGAIN;
+    dp.nap_ns = 0;
+    return MR_OK;
 }
 
 mr_status_t mr_release(void *buffer)

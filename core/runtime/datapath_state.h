@@ -134,6 +134,7 @@ typedef struct rt_datapath {
     uint64_t pending_bytes;  /* Of messages deferred or in flight (MAILRAIL_SEND_BYTES). */
     unsigned receive_budget; /* mr_receive() calls until the next that makes progress. */
     unsigned idle_polls;
+    uint64_t nap_ns;         /* mr_wait()'s last nap (MAILRAIL_WAIT_NAP); 0 after news. */
     bool reserve_blocked;    /* The last mr_reserve() found no send buffer. */
     /* The pool bound from the wire's side (docs/reliability.md). */
     uint64_t recv_bound;     /* Flow control's recv_bound(), or 0: it bounds nothing. */

@@ -124,22 +124,19 @@ static mr_status_t rt_alloc_pools(void)
 }
 
 /*
- * Whether idle polls give the core away: with MAILRAIL_YIELD=auto, when this
- * machine (one kernel, even under several host names) runs more ranks than
- * the CPUs this process may run on, so that the ranks waiting for each other
- * let each other run. Otherwise spinning is cheaper: a yield is a system call.
+ * Whether this machine (one kernel, even under several host names) runs more
+ * ranks than the CPUs this process may run on. Then ranks that wait for each
+ * other must let each other run: idle polls yield (MAILRAIL_YIELD) and
+ * mr_wait() naps (MAILRAIL_WAIT_NAP) by default. Otherwise spinning is
+ * cheaper: a yield is a system call, and a nap delays a message.
  */
-static bool rt_idle_yields(void)
+static bool rt_oversubscribed(void)
 {
     cpu_set_t cpus;
     int ncpus = 0;
 
-    if (rt.cfg.yield != MR_YIELD_AUTO) return rt.cfg.yield == MR_YIELD_ALWAYS;
     if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) ncpus = CPU_COUNT(&cpus);
-    if (ncpus <= 0) return true;
-    mr_debug("%d ranks on this machine, %d CPUs: idle polls %s.", rt.machine_ranks, ncpus,
-             rt.machine_ranks > ncpus ? "yield" : "spin");
-    return rt.machine_ranks > ncpus;
+    return ncpus <= 0 || rt.machine_ranks > ncpus;
 }
 
 /* What the flow-control policy is told about the job. */
@@ -328,7 +325,12 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
      */
     status = rt_map_nodes();
     if (status != MR_OK) goto err_nodes;
-    rt.idle_yield = rt_idle_yields();
+    bool over = rt_oversubscribed();
+    rt.idle_yield = rt.cfg.yield == MR_WHEN_AUTO ? over : rt.cfg.yield == MR_WHEN_ALWAYS;
+    rt.wait_naps = rt.cfg.wait_nap == MR_WHEN_AUTO ? over : rt.cfg.wait_nap == MR_WHEN_ALWAYS;
+    mr_debug("%d ranks on this machine%s: idle polls %s, mr_wait() %s.", rt.machine_ranks,
+             over ? ", more than its CPUs" : "", rt.idle_yield ? "yield" : "spin",
+             rt.wait_naps ? "naps first" : "sleeps until news");
     status = rt_share_job_key();
     if (status != MR_OK) goto err_nodes;
     rt_clock_step(&clock, "nodes and key");

@@ -80,6 +80,7 @@ set -euo pipefail
 usage() { sed -n '2,/^$/p' "$0" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+. "$root/tools/workload_summary.sh"
 out=build/workloads trials=3 contenders=alltoallv,none,rank,node,node+h ranks_list=''
 skews="0 0.6 1.0 1.4" tokens=1024 hidden=7168 scales="12 14" features=128 substrate=tcp
 build=build rate=200mbit buffer=32kb wait_ms=100 mpinet=--mpi-net exps=() pack=--pack datagram=
@@ -152,47 +153,6 @@ layout() {
         --substrate "$substrate" $mpinet --timeout "$job_timeout" \
         --total-timeout $(((job_timeout + 60) * njobs + 300)) --max-jobs "$njobs" \
         --script "$0" --jobs "$tool" "$substrate" "$tmp" "$results" "$prefix" "$@"
-}
-
-# Median, min and max per (point, contender), and the ratio to alltoallv's median.
-# KEYS: the columns that make a point.
-summarize() {
-    local csv=$1 keys=$2
-    awk -F, -v K="$keys" '
-    NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; nk = split(K, key, " "); next }
-    {
-        x = ""; for (i = 1; i <= nk; i++) x = x (i > 1 ? "," : "") $col[key[i]]
-        c = $col["contender"]; k = x SUBSEP c
-        if (!(x in seenx)) { xs[++nx] = x; seenx[x] = 1 }
-        if (!(c in seenc)) { cs[++nc] = c; seenc[c] = 1 }
-        n[k]++; s[k, n[k]] = $col["seconds"]; d[k, n[k]] = $col["port_drops"]
-        if ($col["hottest_mib"] > hot[k]) hot[k] = $col["hottest_mib"]
-    }
-    function sort(a, m,   i, j, t) { for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t } }
-    function med(a, m) { return m % 2 ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2 }
-    END {
-        h = ""; for (i = 1; i <= nk; i++) h = h key[i] ","
-        print h "contender,trials,seconds_median,seconds_min,seconds_max,of_alltoallv,port_drops_median,hottest_mib"
-        for (i = 1; i <= nx; i++) {
-            b = xs[i] SUBSEP "alltoallv"; base = 0
-            if (n[b]) { delete e; for (t = 1; t <= n[b]; t++) e[t] = s[b, t]; sort(e, n[b]); base = med(e, n[b]) }
-            for (j = 1; j <= nc; j++) {
-                k = xs[i] SUBSEP cs[j]; m = n[k]; if (!m) continue
-                delete a; for (t = 1; t <= m; t++) a[t] = s[k, t]; sort(a, m)
-                delete f; for (t = 1; t <= m; t++) f[t] = d[k, t]; sort(f, m)
-                ratio = (base > 0) ? sprintf("%.2f", med(a, m) / base) : ""
-                printf "%s,%s,%d,%.4f,%.4f,%.4f,%s,%d,%.1f\n", xs[i], cs[j], m, med(a, m), a[1], a[m],
-                    ratio, med(f, m), hot[k]
-            }
-        }
-    }' "$csv"
-}
-
-# Prints a CSV as an aligned table.
-table() {
-    awk -F, '{ for (i = 1; i <= NF; i++) { c[NR, i] = $i; if (length($i) > w[i]) w[i] = length($i) }
-               if (NF > nf) nf = NF }
-         END { for (r = 1; r <= NR; r++) { for (i = 1; i <= nf; i++) printf "%-*s ", w[i], c[r, i]; print "" } }' "$1"
 }
 
 # The MoE jobs of one layout: one per skew, hot and (with SPREAD=1) spread.
