@@ -71,8 +71,9 @@ const mr_config_entry_t mr__core_config_table[] = {
      "each a quarter longer than the last, up to 200 us (about 1 ms in all), and only then "
      "sleeps until the substrate wakes it. Messages that arrive meanwhile wait up to a nap, "
      "and a busy rank is woken once per nap instead of once per message. auto naps when this "
-     "machine runs more ranks than the CPUs this process may use (as MAILRAIL_YIELD); never "
-     "sleeps until news at once."},
+     "machine runs more ranks than the CPUs this process may use (as MAILRAIL_YIELD) and the "
+     "substrate's wait is costly (ucx; tcp's is one epoll_wait, and naps only add to it); "
+     "never sleeps until news at once."},
     {"MAILRAIL_TIMEOUT", "60", MR_CONFIG_UINT, offsetof(mr_core_config_t, timeout_s), 1, 86400,
      NULL,
      "Seconds that init may wait for the other ranks and finalize may wait for in-flight "

@@ -32,7 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MR_SUBSTRATE_ABI_VERSION 11
+#define MR_SUBSTRATE_ABI_VERSION 12
 #define MR_SUBSTRATE_ENTRY "mr_substrate_get_ops"
 #define MR_SUBSTRATE_PREFIX "mailrail_substrate_"
 
@@ -428,6 +428,14 @@ typedef struct mr_substrate_ops {
      * failure.
      */
     int (*progress)(mr_substrate_t *s, int timeout_ms);
+    /*
+     * Whether a progress() that waits costs much more than one that does not
+     * when news comes at once (UCX: arming the worker is several system
+     * calls, and a rank is woken for nearly every message). Then, with ranks
+     * that outnumber the CPUs, mr_wait() naps and polls for about 1 ms before
+     * it waits (MAILRAIL_WAIT_NAP=auto). False for a single epoll_wait().
+     */
+    bool wait_is_costly;
     /*
      * mr_release() of a buffer deliver() passed with `handle`: the substrate
      * may reuse it. May be NULL when the substrate never passes a handle.

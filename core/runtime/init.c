@@ -327,7 +327,8 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     if (status != MR_OK) goto err_nodes;
     bool over = rt_oversubscribed();
     rt.idle_yield = rt.cfg.yield == MR_WHEN_AUTO ? over : rt.cfg.yield == MR_WHEN_ALWAYS;
-    rt.wait_naps = rt.cfg.wait_nap == MR_WHEN_AUTO ? over : rt.cfg.wait_nap == MR_WHEN_ALWAYS;
+    rt.wait_naps = rt.cfg.wait_nap == MR_WHEN_AUTO ? over && rt.substrate->wait_is_costly
+                                                   : rt.cfg.wait_nap == MR_WHEN_ALWAYS;
     mr_debug("%d ranks on this machine%s: idle polls %s, mr_wait() %s.", rt.machine_ranks,
              over ? ", more than its CPUs" : "", rt.idle_yield ? "yield" : "spin",
              rt.wait_naps ? "naps first" : "sleeps until news");

@@ -237,6 +237,7 @@ static mr_append_window_t *ucx_append_windows(mr_substrate_t *s, size_t *max_fra
 static const mr_substrate_ops_t ucx_ops = {
     MR__SUBSTRATE_OPS_HEAD,
     .name = "ucx",
+    .wait_is_costly = true,
     .description = "UCX active messages, one UCP worker per rank; MAILRAIL_UCX_<NAME> sets "
                    "UCX's <NAME> for MailRail alone (over UCX_<NAME>)",
     .config_table = ucx__config_table,
