@@ -228,6 +228,20 @@ START_TEST(survivors_see_the_failure)
 }
 END_TEST
 
+/* Until this rank holds the two connections to its ring neighbours; returns its peers. */
+static uint64_t wait_for_the_ring(void)
+{
+    mr_stats_t stats = {.size = sizeof(stats)};
+    double start = now_s();
+
+    do {
+        ck_assert_msg(now_s() - start < DETECT_LIMIT_S, "the ring did not connect");
+        ck_assert_int_eq(mr_wait(10) >= 0, 1);
+        ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+    } while (stats.peers_connected < 2);
+    return stats.peers_connected;
+}
+
 /*
  * The silent death (`test_peer_failure silent`, 5 ranks): nobody ever sends
  * to the victim, so only its two neighbours on the ring that watches for
@@ -239,7 +253,6 @@ END_TEST
 START_TEST(survivors_learn_of_a_silent_death)
 {
     MPI_Comm comm = MPI_COMM_WORLD;
-    mr_stats_t stats = {.size = sizeof(stats)};
     mr_message_t m;
     mr_status_t st;
     double start;
@@ -247,13 +260,7 @@ START_TEST(survivors_learn_of_a_silent_death)
     ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), MR_OK);
     ck_assert_int_eq(mr_size(), 5);
     /* The ring is up: each rank holds its two neighbours, and no one else. */
-    start = now_s();
-    do {
-        ck_assert_msg(now_s() - start < DETECT_LIMIT_S, "the ring did not connect");
-        ck_assert_int_eq(mr_wait(10) >= 0, 1);
-        ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
-    } while (stats.peers_connected < 2);
-    ck_assert_uint_eq(stats.peers_connected, 2);
+    ck_assert_uint_eq(wait_for_the_ring(), 2);
     MPI_Barrier(MPI_COMM_WORLD);
     if (mr_rank() == VICTIM) {
         kill(getpid(), SIGKILL);
@@ -298,19 +305,13 @@ END_TEST
 START_TEST(survivors_learn_of_a_gap_in_the_ring)
 {
     MPI_Comm comm = MPI_COMM_WORLD;
-    mr_stats_t stats = {.size = sizeof(stats)};
     int failed[6], n;
     mr_message_t m;
     double start;
 
     ck_assert_int_eq(mr_init_mpi(&comm, sizeof(comm)), MR_OK);
     ck_assert_int_eq(mr_size(), 6);
-    start = now_s();
-    do {
-        ck_assert_msg(now_s() - start < DETECT_LIMIT_S, "the ring did not connect");
-        ck_assert_int_eq(mr_wait(10) >= 0, 1);
-        ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
-    } while (stats.peers_connected < 2);
+    wait_for_the_ring();
     MPI_Barrier(MPI_COMM_WORLD);
     if (pf_is_victim(mr_rank())) {
         kill(getpid(), SIGKILL);
