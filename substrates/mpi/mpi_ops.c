@@ -14,25 +14,29 @@ static void mpi_stats(mr_substrate_t *s, mr_stats_t *stats)
  * The messages of the completed receives that wait for a receive slot: a
  * batch counted by the frames it has not delivered yet (each a message with a
  * credit of its own). Off the hot path: the core asks after a slot was
- * refused, and while this returns more than 0.
+ * refused, and while this returns more than 0, so a batch's frames are
+ * counted once; deliver_batch() takes off those it delivers.
  */
 static uint64_t mpi_held(mr_substrate_t *s)
 {
     uint64_t held = 0;
 
     for (unsigned k = 0; k < s->nposted; k++) {
-        const mpi_recv_t *e = &s->recvs[ring_at(s, s->head, k)];
-        uint64_t frames = 0;
+        mpi_recv_t *e = &s->recvs[ring_at(s, s->head, k)];
         int count;
 
         if (!e->done) continue;
-        if (e->rc == MPI_SUCCESS && (uint32_t)e->status.MPI_TAG == s->batch_tag &&
-            MPI_Get_count(&e->status, MPI_BYTE, &count) == MPI_SUCCESS && count > 0 &&
-            (size_t)count <= s->base.datagram_size) {
-            frames = mr__batch_frames_from(s->staging + (size_t)e->buf * s->base.datagram_size,
-                                           (size_t)count, e->offset);
+        if (e->frames_left == MPI_FRAMES_UNCOUNTED) {
+            e->frames_left = 0;
+            if (e->rc == MPI_SUCCESS && (uint32_t)e->status.MPI_TAG == s->batch_tag &&
+                MPI_Get_count(&e->status, MPI_BYTE, &count) == MPI_SUCCESS && count > 0 &&
+                (size_t)count <= s->base.datagram_size) {
+                e->frames_left = (uint32_t)mr__batch_frames_from(
+                    s->staging + (size_t)e->buf * s->base.datagram_size, (size_t)count,
+                    e->offset);
+            }
         }
-        held += frames > 0 ? frames : 1;
+        held += e->frames_left > 0 ? e->frames_left : 1;
     }
     return held;
 }

@@ -369,6 +369,10 @@ static int deliver_batch(mr_substrate_t *s, mpi_recv_t *e, int src, const uint8_
         e->offset = off;
         n++;
     }
+    /* held()'s count follows the frames delivered (each of them one of n). */
+    if (e->frames_left != MPI_FRAMES_UNCOUNTED) {
+        e->frames_left = (uint32_t)n < e->frames_left ? e->frames_left - (uint32_t)n : 0;
+    }
     return r < 0 ? MR_ERR_PROTOCOL : n;
 }
 

@@ -29,6 +29,7 @@ static mr_status_t data_post_next(mr_substrate_t *s)
     e->posted = true;
     e->done = false;
     e->offset = 0;
+    e->frames_left = MPI_FRAMES_UNCOUNTED;
     s->nposted++;
     return MR_OK;
 }

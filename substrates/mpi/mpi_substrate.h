@@ -98,7 +98,11 @@ typedef struct mpi_recv {
     bool done;                 /* Completed, status saved, not delivered yet. */
     int rc;                    /* What MPI_Test returned for it. */
     size_t offset;             /* A batch: where its first frame not yet delivered starts. */
+    uint32_t frames_left;      /* A batch: its frames not yet delivered, once held() counted
+                                  them (MPI_FRAMES_UNCOUNTED: not yet). */
 } mpi_recv_t;
+
+#define MPI_FRAMES_UNCOUNTED UINT32_MAX
 
 /* A failure found outside progress(), reported by the next progress call. */
 enum { PEER_OK = 0, PEER_FAIL_PENDING = 1, PEER_FAILED = 2 };

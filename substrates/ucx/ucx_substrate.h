@@ -140,6 +140,7 @@ typedef struct ucx_rx {
     void *data;
     ucx_rreq_t *rreq;      /* RX_RECEIVING */
     size_t spill_end;      /* RX_SPILL in the arena: where the arena's head moves on release. */
+    uint32_t frames;       /* A batch: its frames, once held() counted them (0: not yet). */
 } ucx_rx_t;
 
 typedef enum ucx_peer_state {
