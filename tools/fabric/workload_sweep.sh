@@ -36,6 +36,8 @@
 #   --wait-ms MS     idle ranks sleep up to MS ms at a time in mr_wait() (default 100;
 #                    a message, a credit or a free send buffer wakes them sooner); MPI
 #                    tests its nonblocking collectives with naps of 1 ms at most
+#   --warmup N       MoE: untimed steps before each timed one (default 1; MailRail's
+#                    first steps after mr_init() are slower, docs/workloads.md)
 #   --no-pack        MailRail's MoE contenders send a datagram per token (or piece of
 #                    one) instead of packing tokens into datagrams (mailrail_moe --pack)
 #   --datagram SIZE  MAILRAIL_DATAGRAM_SIZE (default 32K up to 128 ranks, 16K up to
@@ -84,6 +86,7 @@ root=$(cd "$here/../.." && pwd)
 out=build/workloads trials=3 contenders=alltoallv,none,rank,node,node+h ranks_list=''
 skews="0 0.6 1.0 1.4" tokens=1024 hidden=7168 scales="12 14" features=128 substrate=tcp
 build=build rate=200mbit buffer=32kb wait_ms=100 mpinet=--mpi-net exps=() pack=--pack datagram=
+warmup=1
 while [ $# -gt 0 ]; do
     case $1 in
         -o) out=$2; shift 2 ;;
@@ -100,6 +103,7 @@ while [ $# -gt 0 ]; do
         --rate) rate=$2; shift 2 ;;
         --buffer) buffer=$2; shift 2 ;;
         --wait-ms) wait_ms=$2; shift 2 ;;
+        --warmup) warmup=$2; shift 2 ;;
         --no-mpi-net) mpinet=''; shift ;;
         --no-pack) pack=''; shift ;;
         --datagram) datagram=$2; shift 2 ;;
@@ -110,7 +114,7 @@ while [ $# -gt 0 ]; do
 done
 [ ${#exps[@]} -gt 0 ] || usage
 case $substrate in tcp|ucx) ;; *) echo "workload_sweep: --substrate tcp or ucx" >&2; exit 2 ;; esac
-for n in $trials $tokens $hidden $features $wait_ms; do
+for n in $trials $tokens $hidden $features $wait_ms $warmup; do
     case $n in ''|*[!0-9]*) echo "workload_sweep: '$n' is not a number" >&2; exit 2 ;; esac
 done
 [ "$(id -u)" -eq 0 ] || { echo "workload_sweep: needs root (network namespaces)" >&2; exit 1; }
@@ -162,9 +166,9 @@ moe_jobs() {
     e=256; [ "$p" -le 256 ] || e=$p
     [ $((e % p)) -eq 0 ] || e=$(((e / p + 1) * p))
     for s in $list; do
-        jobs+=("moe-s$s-hot|-T $t -H $hidden -E $e -z $s --hot -t $trials -p $contenders -W $wait_ms $pack -q")
+        jobs+=("moe-s$s-hot|-T $t -H $hidden -E $e -z $s --hot -t $trials --warmup $warmup -p $contenders -W $wait_ms $pack -q")
         [ "$spread" = 1 ] &&
-            jobs+=("moe-s$s-spread|-T $t -H $hidden -E $e -z $s -t $trials -p $contenders -W $wait_ms $pack -q")
+            jobs+=("moe-s$s-spread|-T $t -H $hidden -E $e -z $s -t $trials --warmup $warmup -p $contenders -W $wait_ms $pack -q")
     done
     printf '%s\n' "${jobs[@]}"
 }
