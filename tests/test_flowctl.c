@@ -332,6 +332,20 @@ static void progress_barrier(void)
 }
 
 /*
+ * A message of rank 1's burst, whose sequence numbers run from `first` for
+ * `burst` messages: checked (bytes, source, range) and seen exactly once.
+ */
+static void take_burst_message(const mr_message_t *m, uint8_t *seen, int first, int burst)
+{
+    uint32_t seq = check_message(m);
+
+    ck_assert_int_eq(m->source, 1);
+    ck_assert_uint_ge(seq, (uint32_t)first);
+    ck_assert_uint_lt(seq, (uint32_t)(first + burst));
+    ck_assert_int_eq(seen[seq - (uint32_t)first]++, 0);
+}
+
+/*
  * A batch that waits in the substrate for a slot counts its frames: rank 1
  * sends rank 0 a lone message for each of its slots but one, and rank 0
  * holds them; then rank 1 sends a burst of small messages, whose first
@@ -396,11 +410,7 @@ START_TEST(held_batch_counts_its_frames)
         do {
             if (nheld < slots && mr_receive(&m) == MR_OK) {
                 /* The last slot's: the burst's first, unless the substrate reordered. */
-                uint32_t seq = check_message(&m);
-                ck_assert_int_eq(m.source, 1);
-                ck_assert_uint_ge(seq, (uint32_t)slots - 1);
-                ck_assert_uint_lt(seq, (uint32_t)total);
-                ck_assert_int_eq(seen[seq - ((uint32_t)slots - 1)]++, 0);
+                take_burst_message(&m, seen, slots - 1, BURST);
                 got++;
                 held[nheld++] = m.data;
             } else {
@@ -427,11 +437,7 @@ START_TEST(held_batch_counts_its_frames)
         start = now_s();
         while (got < BURST) {
             if (mr_receive(&m) == MR_OK) {
-                uint32_t seq = check_message(&m);
-                ck_assert_int_eq(m.source, 1);
-                ck_assert_uint_ge(seq, (uint32_t)slots - 1);
-                ck_assert_uint_lt(seq, (uint32_t)total);
-                ck_assert_int_eq(seen[seq - ((uint32_t)slots - 1)]++, 0);
+                take_burst_message(&m, seen, slots - 1, BURST);
                 ck_assert_int_eq(mr_release(m.data), MR_OK);
                 got++;
                 continue;

@@ -216,7 +216,8 @@ static int dp_nap(uint64_t deadline)
         struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ns};
         nanosleep(&ts, NULL);
         int events = rt_progress(0);
-        if (events < 0 || dp_news(events, 0)) return events < 0 ? events : events + 1;
+        if (events < 0) return events;
+        if (dp_news(events, 0)) return events > 0 ? events : 1;
     }
     return 0;
 }
