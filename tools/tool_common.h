@@ -231,10 +231,23 @@ static inline bool tool_invariants_hold(const char *tool)
 }
 
 /*
- * Connects this rank to every rank (mr_connect()), untimed, so that a timed
- * part whose ranks all talk to each other pays for no dialling. Collective:
- * every rank calls it after mr_init(). Prints, as `tool`, why it failed.
+ * Connects this rank to the `count` ranks of `dests` (mr_connect()), untimed,
+ * so that a timed part pays for no dialling; the ranks that list this one are
+ * accepted meanwhile. Collective: every rank calls it after mr_init(), with
+ * its own list (NULL and 0 join without dialling). Prints, as `tool`, why it
+ * failed.
  */
+static inline mr_status_t tool_connect(const char *tool, const int *dests, int count)
+{
+    mr_status_t st = mr_connect(dests, count);
+
+    if (st != MR_OK) {
+        fprintf(stderr, "%s: rank %d: mr_connect: %s\n", tool, mr_rank(), mr_status_string(st));
+    }
+    return st;
+}
+
+/* tool_connect() to every rank: for a timed part whose ranks all talk to each other. */
 static inline mr_status_t tool_connect_all(const char *tool)
 {
     int size = mr_size();
@@ -243,11 +256,12 @@ static inline mr_status_t tool_connect_all(const char *tool)
 
     for (int r = 0; all != NULL && r < size; r++) all[r] = r;
     /* Without the list this rank still joins, so that no rank waits for it. */
-    st = all != NULL ? mr_connect(all, size) : mr_connect(NULL, 0);
-    if (all == NULL && st == MR_OK) st = MR_ERR_NO_MEMORY;
+    st = tool_connect(tool, all, all != NULL ? size : 0);
     free(all);
-    if (st != MR_OK) {
-        fprintf(stderr, "%s: rank %d: mr_connect: %s\n", tool, mr_rank(), mr_status_string(st));
+    if (all == NULL && st == MR_OK) {
+        fprintf(stderr, "%s: rank %d: mr_connect: no memory for the list of ranks\n", tool,
+                mr_rank());
+        st = MR_ERR_NO_MEMORY;
     }
     return st;
 }

@@ -58,6 +58,31 @@ static int connect_progress(unsigned *polls)
 }
 
 /*
+ * Asks the substrate to connect to each rank of todo[0..ntodo) and keeps
+ * those still under way at the front; returns how many. Sets *status at the
+ * first that failed.
+ */
+static int connect_walk(int *todo, int ntodo, mr_status_t *status)
+{
+    int left = 0;
+
+    for (int k = 0; k < ntodo && *status == MR_OK; k++) {
+        int dest = todo[k];
+        mr_status_t st = rt.peer[dest] != PEER_OK ? MR_ERR_PEER_FAILED
+                                                   : rt.substrate->preconnect(rt.sub, dest);
+        if (st == MR_AGAIN) {
+            todo[left++] = dest;
+        } else if (st != MR_OK) {
+            /* The substrate or the failure's report has said why. */
+            mr_debug("mr_connect(): connecting to rank %d failed: %s.", dest,
+                     mr_status_string(st));
+            *status = st;
+        }
+    }
+    return left;
+}
+
+/*
  * Has the substrate connect to every rank of `dests` but this one, and makes
  * progress until all are established, one fails, or `deadline` passes.
  */
@@ -89,32 +114,29 @@ static mr_status_t connect_dial(const int *dests, int count, uint64_t deadline)
         listed[dests[i]] = 1;
         todo[ntodo++] = dests[i];
     }
-    while (ntodo > 0) {
-        int left = 0;
-
-        for (int k = 0; k < ntodo && status == MR_OK; k++) {
-            int dest = todo[k];
-            mr_status_t st = rt.peer[dest] != PEER_OK ? MR_ERR_PEER_FAILED
-                                                       : rt.substrate->preconnect(rt.sub, dest);
-            if (st == MR_AGAIN) {
-                todo[left++] = dest;
-            } else if (st != MR_OK) {
-                /* The substrate or the failure's report has said why. */
-                mr_debug("mr_connect(): connecting to rank %d failed: %s.", dest,
-                         mr_status_string(st));
-                status = st;
+    /*
+     * The list is walked once a millisecond at most: each dial or accept makes a
+     * progress call return at once, and walking the list after every one took
+     * about a third of both cores while 1,024 ranks connected every pair.
+     */
+    for (uint64_t walk_at = 0; ntodo > 0;) {
+        if (mr__now_ns() >= walk_at) {
+            walk_at = mr__now_ns() + MR_NS_PER_MS;
+            ntodo = connect_walk(todo, ntodo, &status);
+            if (status != MR_OK || ntodo == 0) break;
+            if (mr__now_ns() > deadline) {
+                mr_error("mr_connect(): %d listed rank(s), rank %d among them, not connected "
+                         "within %u s (MAILRAIL_TIMEOUT).", ntodo, todo[0],
+                         (unsigned)rt.cfg.timeout_s);
+                status = MR_ERR_TIMEOUT;
+                break;
             }
         }
-        ntodo = left;
-        if (status != MR_OK || ntodo == 0) break;
-        if (mr__now_ns() > deadline) {
-            mr_error("mr_connect(): %d listed rank(s), rank %d among them, not connected within "
-                     "%u s (MAILRAIL_TIMEOUT).", ntodo, todo[0], (unsigned)rt.cfg.timeout_s);
-            status = MR_ERR_TIMEOUT;
+        int events = connect_progress(&polls);
+        if (events < 0) {
+            status = (mr_status_t)events;
             break;
         }
-        int events = connect_progress(&polls);
-        if (events < 0) status = (mr_status_t)events;
     }
     free(listed);
     free(todo);

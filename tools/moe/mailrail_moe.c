@@ -58,11 +58,12 @@
  *              message per pair (each receive slot and send buffer is that
  *              large: docs/workloads.md gives the memory).
  *   POLICY+h   the same through active-message handlers.
- * Each trial of a MailRail contender initializes MailRail afresh and connects
- * every pair of ranks (mr_connect, untimed), runs the warm-up steps and one
- * timed step. A step is timed on every rank from a common barrier to the
- * moment its own k results of every token have arrived; the step's time is
- * the largest. Quiescence (mr_quiesce) and the checks follow, untimed.
+ * Each trial of a MailRail contender initializes MailRail afresh, connects
+ * each rank to the ranks it exchanges tokens with (mr_connect, untimed), and
+ * runs the warm-up steps and one timed step. A step is timed on every rank
+ * from a common barrier to the moment its own k results of every token have
+ * arrived; the step's time is the largest. Quiescence (mr_quiesce) and the
+ * checks follow, untimed.
  */
 #include "mailrail.h"
 #include "moe_model.h"
@@ -177,10 +178,10 @@ static bool moe_trial(moe_rank_t *r, const tool_contender_t *c, moe_trial_t *out
         }
         if (st != MR_OK) tool_abort();
         /*
-         * Tokens go to experts everywhere: every pair is connected now, untimed, with
-         * the handlers registered, so that no step pays for dialling (--warmup 0 too).
+         * The ranks this one exchanges tokens with are connected now, untimed, with the
+         * handlers registered, so that no step pays for dialling (--warmup 0 too).
          */
-        if (tool_connect_all("mailrail_moe") != MR_OK) tool_abort();
+        if (tool_connect("mailrail_moe", r->peers, r->npeers) != MR_OK) tool_abort();
         out->nodes = mr_node_count();
     }
     ran = moe_run_steps(r, c, &seconds, &verified, out->port);
@@ -399,6 +400,36 @@ static void moe_print_setup(const moe_rank_t *r, int nlast)
                      (double)bytes / 1048576.0, o->trials, o->warmup);
 }
 
+/*
+ * The ranks this one exchanges tokens with, for mr_connect(): the owners of
+ * the experts its tokens go to, and the ranks whose tokens come to its own
+ * experts (an all-to-all of one flag per pair tells). Not every pair: at 1,024
+ * ranks that would be 523,776 connections for 8 destinations per token.
+ */
+static bool moe_peers(moe_rank_t *r)
+{
+    const moe_options_t *o = r->o;
+    char *to = calloc((size_t)r->size, 1), *from = calloc((size_t)r->size, 1);
+    MPI_Request req;
+
+    r->peers = malloc((size_t)r->size * sizeof(*r->peers));
+    if (to == NULL || from == NULL || r->peers == NULL) {
+        free(to);
+        free(from);
+        return false;
+    }
+    for (uint64_t i = 0; i < o->tokens * o->k; i++) to[r->owner[r->route[i]]] = 1;
+    MPI_Ialltoall(to, 1, MPI_CHAR, from, 1, MPI_CHAR, MPI_COMM_WORLD, &req);
+    tool_mpi_wait(&req, moe_nap_ns(o));
+    r->npeers = 0;
+    for (int p = 0; p < r->size; p++) {
+        if (p != r->rank && (to[p] || from[p])) r->peers[r->npeers++] = p;
+    }
+    free(to);
+    free(from);
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     moe_options_t o;
@@ -434,6 +465,10 @@ int main(int argc, char **argv)
     moe_place(o.experts, r.size, order, o.hot, last_host, nlast, r.owner);
     free(order);
     free(last_host);
+    if (!moe_peers(&r)) {
+        fprintf(stderr, "mailrail_moe: rank %d: out of memory for the list of peers\n", r.rank);
+        tool_abort();
+    }
 
     /* This rank's tokens and the serial reference of their combine. */
     size_t tbytes = (size_t)o.tokens * o.hidden;
@@ -539,6 +574,7 @@ int main(int argc, char **argv)
     if (csv != NULL) fclose(csv);
     free(r.route);
     free(r.owner);
+    free(r.peers);
     free(r.tokens);
     free(r.reference);
     free(r.acc);

@@ -68,6 +68,7 @@ typedef struct moe_rank {
     int rank, size, nodes;
     uint16_t *route;       /* T x k expert ids of this rank's tokens. */
     int *owner;            /* E: the rank of each expert. */
+    int *peers, npeers;    /* The ranks this one sends tokens to or gets tokens from. */
     uint8_t *tokens;       /* T x H: this rank's tokens. */
     uint8_t *reference;    /* T x H: the combine, computed serially. */
     uint8_t *acc;          /* T x H: the combine of the current step. */
