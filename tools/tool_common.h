@@ -257,12 +257,12 @@ static inline mr_status_t tool_connect_all(const char *tool)
     for (int r = 0; all != NULL && r < size; r++) all[r] = r;
     /* Without the list this rank still joins, so that no rank waits for it. */
     st = tool_connect(tool, all, all != NULL ? size : 0);
-    free(all);
     if (all == NULL && st == MR_OK) {
         fprintf(stderr, "%s: rank %d: mr_connect: no memory for the list of ranks\n", tool,
                 mr_rank());
         st = MR_ERR_NO_MEMORY;
     }
+    free(all);
     return st;
 }
 
