@@ -91,7 +91,10 @@ static ucx_rx_t *rx_enqueue(mr_substrate_t *s, int source, unsigned kind, uint32
 /* Copies the tail arrival `e` into the spill area; out of memory, it is dropped and logged. */
 static void rx_spill(mr_substrate_t *s, ucx_rx_t *e, const void *data)
 {
-    if (ucx__spill_store(s, e, data, e->length)) return;
+    if (ucx__spill_store(s, e, data, e->length)) {
+        ucx__rx_wait(s, e);
+        return;
+    }
     s->rxq_count--; /* Undo the push. */
     MR__LOG(s, MR_LOG_ERROR, "UCX substrate: out of memory for a %zu-byte message from rank %d "
             "arriving while every receive slot is taken; it is lost.", e->length, (int)e->source);
@@ -203,6 +206,7 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
     if (rndv) {
         e->state = RX_RNDV_WAIT;
         e->data = data;
+        ucx__rx_wait(s, e);
         if (may_claim && ucx__rx_start_rndv(s, e, data)) {
             s->rxq_claimed++;
             /* Completed at once with nothing ahead: deliver now. */
@@ -221,6 +225,7 @@ static ucs_status_t data_recv(mr_substrate_t *s, unsigned kind, uint32_t imm, in
     if (holdable) {
         e->state = RX_HELD;
         e->data = data;
+        ucx__rx_wait(s, e);
         s->held++;
         return UCS_INPROGRESS;
     }

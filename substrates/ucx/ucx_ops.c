@@ -207,27 +207,14 @@ static void ucx_stats(mr_substrate_t *s, mr_stats_t *stats)
 
 /*
  * The messages in the queue without a receive slot: arrivals held by UCX,
- * spilled, or rendezvous not started, a batch counted by its frames (each a
- * message with a credit of its own) once its bytes are here; a rendezvous
- * batch not started counts one. Off the hot path: the core asks after a
- * slot was refused, and while this returns more than 0, so each batch's
- * frames are counted once (a batch waits whole: nothing of it is delivered
- * before it has a slot).
+ * spilled, or rendezvous not started, a data batch counted by its frames
+ * (each a message with a credit of its own) and a rendezvous batch not
+ * started as one. Kept as a running count (ucx__rx_wait()), so it costs the
+ * same however long the queue.
  */
 static uint64_t ucx_held(mr_substrate_t *s)
 {
-    uint64_t held = 0;
-
-    for (size_t i = s->rxq_claimed; i < s->rxq_count; i++) {
-        ucx_rx_t *e = rxq_at(s, i);
-
-        if (e->frames == 0 && e->kind == MR_KIND_BATCH && e->state != RX_RNDV_WAIT &&
-            e->data != NULL) {
-            e->frames = (uint32_t)mr__batch_frames_from(e->data, e->length, 0);
-        }
-        held += e->frames > 0 ? e->frames : 1;
-    }
-    return held;
+    return s->rxq_waiting;
 }
 
 /* The batches being filled, open to the core (mr_append_window_t). */

@@ -97,6 +97,31 @@ ucx_rx_t *ucx__rxq_push(mr_substrate_t *s)
     return e;
 }
 
+/*
+ * Counts an entry that starts waiting for a slot (held, spilled or a
+ * rendezvous not started) into held(): a data batch whose bytes are here by
+ * its frames, each a message with a credit of its own; anything else as one.
+ * A batch waits whole, so the count stays right until it gets a slot.
+ */
+void ucx__rx_wait(mr_substrate_t *s, ucx_rx_t *e)
+{
+    uint32_t n = 1;
+
+    if (e->kind == MR_KIND_BATCH && e->state != RX_RNDV_WAIT) {
+        size_t frames = mr__batch_frames_from(e->data, e->length, 0);
+        if (frames > 1) n = (uint32_t)frames;
+    }
+    e->frames = n;
+    s->rxq_waiting += n;
+}
+
+/* A waiting entry got a slot or was delivered in place: held() no longer counts it. */
+static void rx_unwait(mr_substrate_t *s, ucx_rx_t *e)
+{
+    s->rxq_waiting -= e->frames;
+    e->frames = 0;
+}
+
 static void rxq_pop(mr_substrate_t *s)
 {
     s->rxq_head = (s->rxq_head + 1) & (s->rxq_cap - 1);
@@ -137,6 +162,7 @@ bool ucx__rx_start_rndv(mr_substrate_t *s, ucx_rx_t *e, void *desc)
     if (r == NULL) return false;
     slot = s->base.up.recv_slot_acquire(s->base.core);
     if (slot == NULL) return false;
+    rx_unwait(s, e);
     s->free_rreqs = r->next;
     r->done = false;
     r->status = UCS_INPROGRESS;
@@ -200,6 +226,7 @@ static bool rx_claim(mr_substrate_t *s, ucx_rx_t *e)
     if (e->state == RX_RNDV_WAIT) return ucx__rx_start_rndv(s, e, e->data);
     slot = s->base.up.recv_slot_acquire(s->base.core);
     if (slot == NULL) return false;
+    rx_unwait(s, e);
     if (e->length > 0) memcpy(slot, e->data, e->length);
     if (e->state == RX_HELD) ucp_am_data_release(s->worker, e->data);
     else spill_release(s, e);
@@ -250,6 +277,7 @@ int ucx__rx_drain(mr_substrate_t *s)
             mr_status_t st = s->base.up.deliver(s->base.core, e->source, e->kind, e->imm, e->data,
                                                 e->length, e->data);
             if (st == MR_AGAIN) break;
+            rx_unwait(s, e);
             if (st != MR_OK) {
                 MR__LOG(s, MR_LOG_ERROR, "UCX substrate: the core refused a message from rank %d "
                         "(status %d).", (int)e->source, (int)st);

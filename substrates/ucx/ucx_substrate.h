@@ -140,7 +140,7 @@ typedef struct ucx_rx {
     void *data;
     ucx_rreq_t *rreq;      /* RX_RECEIVING */
     size_t spill_end;      /* RX_SPILL in the arena: where the arena's head moves on release. */
-    uint32_t frames;       /* A batch: its frames, once held() counted them (0: not yet). */
+    uint32_t frames;       /* Waiting: the messages it counts for in held() (ucx__rx_wait()). */
 } ucx_rx_t;
 
 typedef enum ucx_peer_state {
@@ -211,6 +211,7 @@ struct mr_substrate {
     /* Arrival queue: [head, head + claimed) own slots; the rest wait for one. */
     ucx_rx_t *rxq;
     size_t rxq_cap, rxq_head, rxq_count, rxq_claimed;
+    uint64_t rxq_waiting;      /* The messages the waiting entries stand for: held(). */
 
     /* Control messages that arrived outside progress() (in closing()'s flush). */
     uint32_t *ctrlq;           /* (source, imm) pairs. */
@@ -336,6 +337,7 @@ int ucx__drain_ctrlq(mr_substrate_t *s);
 /* ucx_rxq.c */
 bool ucx__spill_store(mr_substrate_t *s, ucx_rx_t *e, const void *data, size_t len);
 ucx_rx_t *ucx__rxq_push(mr_substrate_t *s);
+void ucx__rx_wait(mr_substrate_t *s, ucx_rx_t *e);
 void ucx__rreq_free(mr_substrate_t *s, ucx_rreq_t *r);
 bool ucx__rx_start_rndv(mr_substrate_t *s, ucx_rx_t *e, void *desc);
 int ucx__rx_drain(mr_substrate_t *s);
