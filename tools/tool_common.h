@@ -247,23 +247,4 @@ static inline mr_status_t tool_connect(const char *tool, const int *dests, int c
     return st;
 }
 
-/* tool_connect() to every rank: for a timed part whose ranks all talk to each other. */
-static inline mr_status_t tool_connect_all(const char *tool)
-{
-    int size = mr_size();
-    int *all = size > 0 ? malloc((size_t)size * sizeof(*all)) : NULL;
-    mr_status_t st;
-
-    for (int r = 0; all != NULL && r < size; r++) all[r] = r;
-    /* Without the list this rank still joins, so that no rank waits for it. */
-    st = tool_connect(tool, all, all != NULL ? size : 0);
-    if (all == NULL && st == MR_OK) {
-        fprintf(stderr, "%s: rank %d: mr_connect: no memory for the list of ranks\n", tool,
-                mr_rank());
-        st = MR_ERR_NO_MEMORY;
-    }
-    free(all);
-    return st;
-}
-
 #endif /* MAILRAIL_TOOL_COMMON_H */

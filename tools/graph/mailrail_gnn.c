@@ -68,8 +68,8 @@
  *              with it later, and the handler goes on after the records it sent.
  * A hub's owner pulls a vector per neighbour of the hub: it is the incast
  * victim. Each MailRail trial initializes MailRail afresh with its policy,
- * connects every pair of ranks (mr_connect) and runs a warm-up layer first,
- * all untimed; the alltoallv trial also runs one. After each MailRail layer,
+ * connects each rank to those it requests of or replies to (mr_connect) and
+ * runs a warm-up layer first, all untimed; the alltoallv trial also runs one. After each MailRail layer,
  * untimed, mr_quiesce() makes sure that nothing is left in flight.
  *
  * Every layer, warm-up included, is checked: every sum and mean equals the
@@ -165,6 +165,7 @@ typedef struct gnn_local {
     int *req_counts, *req_displs;  /* Ids this rank requests of each rank. */
     int *got_counts, *got_displs;  /* Ids each rank requests of this one, as a layer learns it. */
     size_t asked;              /* Ids all ranks request of this one per layer (from setup). */
+    int *peers, npeers;        /* The ranks this one requests of or replies to: mr_connect(). */
     uint64_t *asked_ids;       /* alltoallv: those ids, */
     float *out_rows;           /* and their vectors. */
     MPI_Datatype vector_type;  /* F floats. */
@@ -420,6 +421,11 @@ static void gnn_build_exchange(gnn_local_t *l)
         gnn_die(l, "setup: a halo too large for MPI's int counts", MR_ERR_LIMIT);
     }
     l->asked = (size_t)total;
+    l->peers = gnn_alloc(l, (size_t)l->size, sizeof(*l->peers));
+    l->npeers = 0;
+    for (int r = 0; r < l->size; r++) {
+        if (l->req_counts[r] > 0 || ask_counts[r] > 0) l->peers[l->npeers++] = r;
+    }
     free(ask_counts);
     l->asked_ids = gnn_alloc(l, l->asked, sizeof(*l->asked_ids));
     l->out_rows = gnn_alloc(l, l->asked * (size_t)l->features, sizeof(float));
@@ -538,6 +544,7 @@ static void gnn_free(gnn_local_t *l)
     free(l->got_counts);
     free(l->got_displs);
     free(l->asked_ids);
+    free(l->peers);
     free(l->out_rows);
     free(l->chunks);
     free(l->owed);
@@ -995,8 +1002,8 @@ static void gnn_trial(const gnn_options_t *o, gnn_local_t *l, const tool_contend
                 gnn_die(l, "mr_handler_register", st);
             }
         }
-        /* Owners are everywhere: every pair is connected now, untimed, the handlers registered. */
-        if (tool_connect_all("mailrail_gnn") != MR_OK) MPI_Abort(MPI_COMM_WORLD, 1);
+        /* Every pair that will talk is connected now, untimed, the handlers registered. */
+        if (tool_connect("mailrail_gnn", l->peers, l->npeers) != MR_OK) MPI_Abort(MPI_COMM_WORLD, 1);
         out->nodes = mr_node_count();
     } else {
         out->nodes = l->mpi_nodes;
