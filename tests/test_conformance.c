@@ -373,6 +373,69 @@ START_TEST(wait_naps_and_wakes)
 END_TEST
 
 /*
+ * A napping mr_wait() naps too when the substrate cannot sleep: here every
+ * receive slot is held by the application while more messages wait in the
+ * substrate (under none), where UCX's wait used to return at once, so that
+ * each mr_wait(20) lasted microseconds. The held and the waiting messages
+ * all arrive afterwards, once each.
+ */
+START_TEST(wait_naps_while_the_application_holds_every_slot)
+{
+    enum { SLOTS = 4, SENT = 16, LEN = 256 }; /* Datagram-sized: none coalesced. */
+    void *held[SENT];
+    int sender = 0, receiver = world_size - 1, got = 0, calls = 0;
+    mr_status_t st = MR_AGAIN;
+    tally_t t;
+    double start;
+
+    setup_env(NULL, "4", "256");
+    setenv("MAILRAIL_WAIT_NAP", "always", 1);
+    init_on_world();
+    unsetenv("MAILRAIL_WAIT_NAP");
+    tally_init(&t, SENT);
+    if (world_rank == sender) {
+        for (uint32_t seq = 0; seq < SENT; seq++) {
+            void *buf = reserve_or_progress(&t);
+            fill_message(buf, LEN, sender, receiver, seq);
+            ck_assert_int_eq(mr_send(buf, LEN, receiver), MR_OK);
+        }
+    }
+    if (world_rank == receiver) {
+        mr_message_t m;
+        /* Take and keep what the slots hold, and give the rest 50 ms to arrive behind them. */
+        start = now_s();
+        while (now_s() - start < 0.05 || got == 0) {
+            if (now_s() - start > WAIT_LIMIT_S) break;
+            if ((st = mr_receive(&m)) == MR_AGAIN) continue;
+            ck_assert_int_eq(st, MR_OK);
+            ck_assert_uint_eq(check_message(&m), (uint32_t)got);
+            held[got++] = m.data;
+        }
+        ck_assert_msg(got > 0 && got <= SLOTS, "%d messages held with %d receive slots", got,
+                      SLOTS);
+        start = now_s();
+        while (now_s() - start < 0.1 && (st = mr_wait(20)) == MR_AGAIN) calls++;
+        ck_assert_int_eq(st, MR_AGAIN);
+        ck_assert_msg(calls <= 12, "mr_wait(20) returned %d times in 100 ms while the "
+                      "application held every slot", calls);
+        for (int i = 0; i < got; i++) ck_assert_int_eq(mr_release(held[i]), MR_OK);
+        start = now_s();
+        while (got < SENT && now_s() - start < WAIT_LIMIT_S) {
+            if ((st = mr_receive(&m)) == MR_AGAIN) continue;
+            ck_assert_int_eq(st, MR_OK);
+            ck_assert_uint_eq(check_message(&m), (uint32_t)got);
+            got++;
+            ck_assert_int_eq(mr_release(m.data), MR_OK);
+        }
+        ck_assert_msg(got == SENT, "%d of %d messages arrived", got, SENT);
+    }
+    quiesce(&t);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
+/*
  * A receiver may hold its messages while it waits for more from the same
  * sender: grants must not depend on releases (adaptive grants start at 2).
  */
@@ -1477,6 +1540,7 @@ static Suite *conformance_suite(void)
     tcase_add_test(tc, bad_input_loses_nothing);
     tcase_add_test(tc, wait_sleeps_and_wakes_at_once);
     tcase_add_test(tc, wait_naps_and_wakes);
+    tcase_add_test(tc, wait_naps_while_the_application_holds_every_slot);
     tcase_add_test(tc, holding_messages_does_not_stall_the_sender);
     tcase_add_test(tc, bad_settings_fail_init);
     tcase_add_test(tc, unknown_settings_are_named);

@@ -73,7 +73,9 @@ const mr_config_entry_t mr__core_config_table[] = {
      "and a busy rank is woken once per nap instead of once per message. auto naps when this "
      "machine runs more ranks than the CPUs this process may use (as MAILRAIL_YIELD) and the "
      "substrate's wait is costly (ucx; tcp's is one epoll_wait, and naps only add to it); "
-     "never sleeps until news at once."},
+     "never sleeps until news at once. Napping, a wait that the substrate ends early "
+     "without news (UCX with work of its own pending, or every receive slot held) naps "
+     "200 us at a time to its timeout instead of returning at once."},
     {"MAILRAIL_TIMEOUT", "60", MR_CONFIG_UINT, offsetof(mr_core_config_t, timeout_s), 1, 86400,
      NULL,
      "Seconds that init may wait for the other ranks and finalize may wait for in-flight "

@@ -242,31 +242,53 @@ mr_status_t mr_wait(int timeout_ms)
     }
     /* Deferred sends that found credit count as news: do not sleep on them. */
     int moved = dp.deferq.depth > 0 ? rt_drain() : 0;
+    uint64_t deadline = mr__now_ns() + (uint64_t)timeout_ms * MR_NS_PER_MS;
     if (moved == 0 && timeout_ms > 0 && rt.wait_naps) {
-        uint64_t deadline = mr__now_ns() + (uint64_t)timeout_ms * MR_NS_PER_MS;
         events = dp_nap(deadline);
         if (events < 0) return (mr_status_t)events;
         if (events > 0) {
             dp.nap_ns = 0;
             return MR_OK;
         }
-        uint64_t now = mr__now_ns();
-        if (now >= deadline) return MR_AGAIN;
-        /* The rest of the time asleep until news, in whole milliseconds. */
-        timeout_ms = (int)((deadline - now + MR_NS_PER_MS - 1) / MR_NS_PER_MS);
     }
-    /*
-     * Sends that wait for credits another process may put in shared memory:
-     * ask flow control to be woken, then look once more (they may have come
-     * just before).
-     */
-    bool marked = moved == 0 && timeout_ms > 0 && dp.deferq.depth > 0 && rt.wake_registered &&
-                  rt.flowctl->sleep(rt.fc, true);
-    if (marked) moved = rt_drain();
-    events = rt_progress(moved > 0 ? 0 : timeout_ms);
-    if (marked) rt.flowctl->sleep(rt.fc, false);
-    if (events < 0) return (mr_status_t)events;
-    if (!dp_news(events, moved)) return MR_AGAIN;
+    for (;;) {
+        uint64_t now = mr__now_ns();
+        if (moved == 0 && timeout_ms > 0) {
+            if (now >= deadline) return MR_AGAIN;
+            /* The rest of the time asleep until news, in whole milliseconds. */
+            timeout_ms = (int)((deadline - now + MR_NS_PER_MS - 1) / MR_NS_PER_MS);
+        }
+        /*
+         * Sends that wait for credits another process may put in shared memory:
+         * ask flow control to be woken, then look once more (they may have come
+         * just before).
+         */
+        bool marked = moved == 0 && timeout_ms > 0 && dp.deferq.depth > 0 &&
+                      rt.wake_registered && rt.flowctl->sleep(rt.fc, true);
+        if (marked) moved = rt_drain();
+        events = rt_progress(moved > 0 ? 0 : timeout_ms);
+        if (marked) rt.flowctl->sleep(rt.fc, false);
+        if (events < 0) return (mr_status_t)events;
+        if (dp_news(events, moved)) break;
+        /*
+         * Back early without news: the substrate could not sleep (UCX had
+         * work of its own pending, or arrivals wait for slots the
+         * application holds). A rank that naps waits out the rest in its
+         * longest naps, polling after each, instead of asking again at once
+         * (each ask is several system calls, and a rank that outnumbers the
+         * cores would ask thousands of times a second).
+         */
+        if (!rt.wait_naps || timeout_ms == 0) return MR_AGAIN;
+        now = mr__now_ns();
+        if (now >= deadline) return MR_AGAIN;
+        uint64_t ns = deadline - now < DP_NAP_LAST_NS ? deadline - now : DP_NAP_LAST_NS;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ns};
+        nanosleep(&ts, NULL);
+        moved = dp.deferq.depth > 0 ? rt_drain() : 0;
+        events = rt_progress(0);
+        if (events < 0) return (mr_status_t)events;
+        if (dp_news(events, moved)) break;
+    }
     dp.nap_ns = 0;
     return MR_OK;
 }
