@@ -24,8 +24,8 @@ static bool moe_park(moe_rank_t *r, const uint8_t *msg, size_t len, int source)
     return true;
 }
 
-/* Sends the parked results while send buffers are free. */
-static mr_status_t moe_unpark(moe_rank_t *r)
+/* Sends the parked results while send buffers are free; a result sent is progress. */
+static mr_status_t moe_unpark(moe_rank_t *r, bool *progress)
 {
     const uint8_t *result;
     size_t len;
@@ -41,6 +41,7 @@ static mr_status_t moe_unpark(moe_rank_t *r)
             return st;
         }
         moe_parked_pop(r);
+        *progress = true;
     }
     return MR_OK;
 }
@@ -101,7 +102,7 @@ static mr_status_t moe_progress(moe_rank_t *r, bool handlers, bool *progress)
     mr_status_t st;
 
     if (handlers) return moe_poll(progress);
-    if ((st = moe_unpark(r)) != MR_OK) return st;
+    if ((st = moe_unpark(r, progress)) != MR_OK) return st;
     return moe_drain(r, progress);
 }
 
