@@ -274,7 +274,10 @@ MR_API mr_status_t mr_receive(mr_message_t *message);
  *   MR_OK                   something may be ready (a message is waiting, a
  *                           peer failure is to be reported by mr_receive(), or
  *                           progress was made).
- *   MR_AGAIN                the timeout passed with nothing to report.
+ *   MR_AGAIN                the timeout passed with nothing to report (with
+ *                           MAILRAIL_WAIT_NAP=never, also sooner when the
+ *                           substrate could not sleep: UCX with work of its
+ *                           own, or every receive slot held by the caller).
  *   MR_ERR_TRANSPORT        the substrate failed locally (the log says how).
  *   MR_ERR_INVALID_PARAM    `timeout_ms` is negative or above 60000.
  *   MR_ERR_NOT_INITIALIZED  called before mr_init() or after mr_finalize().
