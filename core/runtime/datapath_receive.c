@@ -199,6 +199,15 @@ static bool dp_news(int events, int moved)
     return events + moved > 0 || dp.arrivals.head != MR_NIL || rt.failures_unreported > 0;
 }
 
+/* Sleeps `ns` (below a second), then polls: progress's events or a negative status. */
+static int dp_nap_once(uint64_t ns)
+{
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ns};
+
+    nanosleep(&ts, NULL);
+    return rt_progress(0);
+}
+
 /*
  * Naps and polls, while this rank saw news less than about 1 ms ago: a busy
  * rank that outnumbers the cores is then woken once per nap, with what came
@@ -212,10 +221,7 @@ static int dp_nap(uint64_t deadline)
         uint64_t now = mr__now_ns();
         if (now >= deadline) return 0;
         dp.nap_ns = dp.nap_ns == 0 ? DP_NAP_FIRST_NS : dp.nap_ns + dp.nap_ns / 4;
-        uint64_t ns = dp.nap_ns < deadline - now ? dp.nap_ns : deadline - now;
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ns};
-        nanosleep(&ts, NULL);
-        int events = rt_progress(0);
+        int events = dp_nap_once(dp.nap_ns < deadline - now ? dp.nap_ns : deadline - now);
         if (events < 0) return events;
         if (dp_news(events, 0)) return events > 0 ? events : 1;
     }
@@ -281,12 +287,9 @@ mr_status_t mr_wait(int timeout_ms)
         if (!rt.wait_naps || timeout_ms == 0) return MR_AGAIN;
         now = mr__now_ns();
         if (now >= deadline) return MR_AGAIN;
-        uint64_t ns = deadline - now < DP_NAP_LAST_NS ? deadline - now : DP_NAP_LAST_NS;
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ns};
-        nanosleep(&ts, NULL);
-        moved = dp.deferq.depth > 0 ? rt_drain() : 0;
-        events = rt_progress(0);
+        events = dp_nap_once(deadline - now < DP_NAP_LAST_NS ? deadline - now : DP_NAP_LAST_NS);
         if (events < 0) return (mr_status_t)events;
+        moved = dp.deferq.depth > 0 ? rt_drain() : 0;
         if (dp_news(events, moved)) break;
     }
     dp.nap_ns = 0;

@@ -69,8 +69,9 @@
  * A hub's owner pulls a vector per neighbour of the hub: it is the incast
  * victim. Each MailRail trial initializes MailRail afresh with its policy,
  * connects each rank to those it requests of or replies to (mr_connect) and
- * runs a warm-up layer first, all untimed; the alltoallv trial also runs one. After each MailRail layer,
- * untimed, mr_quiesce() makes sure that nothing is left in flight.
+ * runs a warm-up layer first, all untimed; the alltoallv trial also runs
+ * one. After each MailRail layer, untimed, mr_quiesce() makes sure that
+ * nothing is left in flight.
  *
  * Every layer, warm-up included, is checked: every sum and mean equals the
  * serial reference bit for bit (the owner computes it from the neighbour ids
@@ -1003,7 +1004,9 @@ static void gnn_trial(const gnn_options_t *o, gnn_local_t *l, const tool_contend
             }
         }
         /* Every pair that will talk is connected now, untimed, the handlers registered. */
-        if (tool_connect("mailrail_gnn", l->peers, l->npeers) != MR_OK) MPI_Abort(MPI_COMM_WORLD, 1);
+        if (tool_connect("mailrail_gnn", l->peers, l->npeers) != MR_OK) {
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
         out->nodes = mr_node_count();
     } else {
         out->nodes = l->mpi_nodes;
