@@ -88,6 +88,24 @@ double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+uint32_t test_count(uint32_t n)
+{
+    static uint32_t shrink;
+
+    if (shrink == 0) {
+        const char *v = getenv("MR_TEST_SHRINK");
+        char *end = NULL;
+        unsigned long d = v ? strtoul(v, &end, 10) : 1;
+
+        if (v && (end == v || *end != '\0' || d < 1 || d > 1000000)) {
+            fprintf(stderr, "MR_TEST_SHRINK='%s': expected a whole number from 1\n", v);
+            abort();
+        }
+        shrink = (uint32_t)d;
+    }
+    return n / shrink > 0 ? n / shrink : 1;
+}
+
 void setup_env(const char *send_slots, const char *recv_slots, const char *dgram)
 {
     if (send_slots) setenv("MAILRAIL_SEND_SLOTS", send_slots, 1);

@@ -45,6 +45,13 @@ typedef struct tally {
 
 double now_s(void);
 
+/*
+ * A test's message or item count `n`, divided by MR_TEST_SHRINK (a whole
+ * number from 1, default 1; at least 1 is returned). The valgrind runs set it:
+ * their ranks are ten times slower, and fewer messages take the same paths.
+ */
+uint32_t test_count(uint32_t n);
+
 /* Fills a message of `length` bytes (>= sizeof header; shorter ones are left as they are). */
 void fill_message(void *buf, size_t length, int source, int dest, uint32_t seq);
 

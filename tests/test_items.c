@@ -203,7 +203,7 @@ static void expect_all(const items_tally_t *t, uint32_t per_source)
 /* Fixed-size items from every rank to every rank, oneself included. */
 START_TEST(fixed_items_exactly_once)
 {
-    const uint32_t per_dest = 3000;
+    const uint32_t per_dest = test_count(3000);
     uint8_t item[24];
     mr_items_t *a;
     items_tally_t t;
@@ -251,7 +251,7 @@ START_TEST(sizes_from_one_byte_to_the_datagram)
 {
     const size_t *sizes = fixed_sizes;
     const int nsizes = (int)(sizeof(fixed_sizes) / sizeof(fixed_sizes[0]));
-    const uint32_t per_dest = 300;
+    const uint32_t per_dest = test_count(300);
     mr_items_t *a[6];
     items_tally_t t[6];
     uint8_t item[512];
@@ -311,7 +311,7 @@ START_TEST(variable_sizes)
     items_tally_t t;
     size_t max, *lengths = variable_lengths;
     const int nlen = (int)VARIABLE_NLEN;
-    const uint32_t per_dest = 200;
+    const uint32_t per_dest = test_count(200);
     uint8_t *item;
     mr_item_t batch[7];
     size_t n;
@@ -374,7 +374,7 @@ END_TEST
 /* Items to oneself only: pulled from oneself, with the blocks of pull_block. */
 START_TEST(items_to_self_in_blocks)
 {
-    const uint32_t count = 5000;
+    const uint32_t count = test_count(5000);
     mr_items_t *a;
     const void *data;
     size_t n;
@@ -439,7 +439,7 @@ END_TEST
  */
 START_TEST(backpressure_with_one_send_slot)
 {
-    const uint32_t per_dest = 1500;
+    const uint32_t per_dest = test_count(1500);
     uint8_t item[16];
     mr_items_t *a;
     items_tally_t t;
@@ -535,7 +535,7 @@ END_TEST
  */
 START_TEST(push_many_exactly_once)
 {
-    const uint32_t per_dest = 2000;
+    const uint32_t per_dest = test_count(2000);
     const size_t n = (size_t)per_dest * (size_t)world_size, run = 300;
     uint8_t *items = malloc(n * 24);
     int *dests = malloc(n * sizeof(*dests));
@@ -639,7 +639,7 @@ static mr_status_t on_item_answer(const mr_item_t *it, void *arg)
  */
 START_TEST(item_handlers_answer_from_inside)
 {
-    const uint32_t per_dest = 500;
+    const uint32_t per_dest = test_count(500);
     item_handler_state_t hs = {0};
     mr_items_t *requests;
     mr_item_t it;

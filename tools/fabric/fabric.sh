@@ -588,9 +588,11 @@ port_counters() {
         $1 == "backlog" { q = $2 }
         END { printf "%.0f %.0f %.0f %.0f %s\n", b, p, d, o, (q == "" ? "0b" : q) }'
 }
+# Drops of a device's root qdisc (listed first; a classful root, such as chaos.sh's
+# htb, counts its classes' drops too).
 qdisc_drops() {
     tc -n "$1" -s qdisc show dev "$2" 2>/dev/null |
-        awk '$1 == "Sent" { d = $7; sub(",", "", d); print d + 0 }'
+        awk '$1 == "Sent" && !n++ { d = $7; sub(",", "", d); print d + 0 }'
 }
 # Drops elsewhere than at the victim ports: "host-NICs other-switch-ports".
 other_drops() {
