@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Faults on the emulated fabric (tools/fabric/chaos.sh): random loss, the
-# victim's link down for 2 s, a sender host's ranks killed, over the TCP
-# substrate under rank and node; duplication and reordering over UCX's TCP
-# transport under none and node; a sender host silent for 6 s, and one lost
-# silently (every packet dropped, its ranks frozen) with MAILRAIL_TIMEOUT=10,
-# over TCP under node. Every job must deliver every message exactly once
+# Faults on the emulated fabric (tools/fabric/chaos.sh): random loss over the
+# TCP substrate under rank and node (lost credit returns, per pair and per
+# node); the victim's link down for 2 s and a sender host's ranks killed,
+# over TCP under node; duplication and reordering over UCX's TCP transport
+# under node (the kernel's TCP absorbs both whatever the policy,
+# docs/reliability.md); a sender host silent for 6 s, and one lost silently
+# (every packet dropped, its ranks frozen) with MAILRAIL_TIMEOUT=10, over TCP
+# under node. Every job must deliver every message exactly once
 # with its bytes checked, or name the lost ranks' failure on every survivor
 # (the silent host's within 15 s), whose messages all arrive; and every job
 # must show that its fault struck (chaos.sh: the rules' packet counters, the
@@ -25,9 +27,11 @@ done
 out=$(mktemp -d /tmp/run_chaos.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 status=0
-"$chaos" -o "$out/tcp" --build "$build" -m 200 -p rank,node --substrates tcp --limit 60 \
-    loss5 linkdown kill || status=1
-"$chaos" -o "$out/ucx" --build "$build" -m 200 -p none,node --substrates ucx --limit 60 \
+"$chaos" -o "$out/loss" --build "$build" -m 200 -p rank,node --substrates tcp --limit 60 \
+    loss5 || status=1
+"$chaos" -o "$out/tcp" --build "$build" -m 200 -p node --substrates tcp --limit 60 \
+    linkdown kill || status=1
+"$chaos" -o "$out/ucx" --build "$build" -m 200 -p node --substrates ucx --limit 60 \
     duplicate reorder || status=1
 "$chaos" -o "$out/silence" --build "$build" -m 200 -p node --substrates tcp --limit 60 \
     --silent-timeout 10 blackout silent || status=1
