@@ -4,15 +4,19 @@
 # it failed within the timeout plus 3 s of the stop, and then exchange 10
 # messages each way; the stalled rank must finish and say what it saw.
 #
-#   tests/run_stall.sh MPIEXEC TEST_STALL
+# With `others BYTES` (test_stall.c), the senders stop sending to rank 2 once
+# it is stopped and go on with each other; each must still name it.
+#
+#   tests/run_stall.sh MPIEXEC TEST_STALL [others BYTES]
 set -u
 mpiexec=$1
 prog=$2
+shift 2
 timeout_s=3 stall_s=8 bound=6
 dir=$(mktemp -d /tmp/run_stall.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 out=$(MR_STALL_DIR=$dir MAILRAIL_TIMEOUT=$timeout_s MPIEXEC_TIMEOUT=60 timeout -k 5 90 \
-      "$mpiexec" -disable-auto-cleanup -n 3 "$prog" "$stall_s" 2>&1)
+      "$mpiexec" -disable-auto-cleanup -n 3 "$prog" "$stall_s" "$@" 2>&1)
 rc=$?
 printf '%s\n' "$out"
 echo "mpiexec exited with $rc"

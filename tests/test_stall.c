@@ -2,12 +2,21 @@
  * A stalled rank: SIGSTOP for longer than MAILRAIL_TIMEOUT, then SIGCONT
  * (docs/reliability.md, "A stalled rank").
  *
- *   MAILRAIL_TIMEOUT=T mpiexec -n 3 test_stall STALL_S
+ *   MAILRAIL_TIMEOUT=T mpiexec -n 3 test_stall STALL_S [others BYTES]
  *
  * Ranks 0 and 1 send 1 KiB messages to rank 2 without pause. Once rank 2 has
  * received 200, a helper process it forked before MPI_Init stops it with
  * SIGSTOP for STALL_S seconds (longer than T), then lets it go on with
  * SIGCONT. Its kernel still answers: only the process is frozen.
+ *
+ * With `others` (and MAILRAIL_SEND_BYTES=0, a datagram of at least BYTES),
+ * a sender sends rank 2 a message of BYTES every millisecond until rank 2
+ * has OTHERS_STALL_AFTER and is stopped; once it sees the stop,
+ * OTHERS_EXTRA more at once: more than the transport buffers (TCP's socket
+ * buffers, UCX's FIFO), fewer than the send slots. From then on it sends
+ * the other sender a message every 10 ms: its other sends complete, nothing
+ * waits in MailRail's deferred queue under `none`, and only the sends stuck
+ * to rank 2 can tell that rank 2 is lost.
  *
  * The senders must name rank 2 failed (MR_ERR_PEER_FAILED, and
  * mr_failed_ranks() lists 2) within T and a margin of the stop; then each
@@ -38,6 +47,11 @@
 #define STALLED 2
 #define STALL_AFTER 200 /* Messages rank 2 receives before it is stopped. */
 #define BYTES 1024
+#define PING_BYTES 48  /* The senders' messages to each other under `others`, ... */
+#define OTHERS_EXTRA 192 /* ... and how many to rank 2 after its stop was seen, ... */
+#define OTHERS_STALL_AFTER 20 /* ... and before it (what rank 2 receives). */
+
+static unsigned pings; /* PING_BYTES messages received. */
 
 static double wall_now(void)
 {
@@ -53,7 +67,11 @@ static mr_status_t drain(unsigned *from, int *failures)
     mr_status_t st;
 
     while ((st = mr_receive(&m)) == MR_OK) {
-        if (m.source >= 0 && m.source < 3) from[m.source]++;
+        if (m.length == PING_BYTES) {
+            pings++;
+        } else if (m.source >= 0 && m.source < 3) {
+            from[m.source]++;
+        }
         mr_release(m.data);
     }
     if (st == MR_ERR_PEER_FAILED) (*failures)++;
@@ -72,18 +90,27 @@ static bool listed_failed(int rank)
     return false;
 }
 
-static int sender(int rank, double limit_s, const char *epoch_file)
+static int sender(int rank, double limit_s, const char *epoch_file, size_t others)
 {
     unsigned from[3] = {0}; /* Only the survivors' messages to each other count here. */
     int failures = 0, peer = 1 - rank;
-    double start = wall_now(), failed_at = 0, stopped_at = 0;
+    double start = wall_now(), failed_at = 0, stopped_at = 0, last = 0;
+    bool to_others = false, seen_stop = false;
+    unsigned pinged = 0, extra = 0;
+    size_t bytes = others ? others : BYTES;
     mr_status_t st = MR_OK;
     FILE *f;
 
-    /* Until rank 2 is named failed: send to it without pause. */
+    /* Until rank 2 is named failed: send to it without pause (or, see above, to the peer). */
     while (!listed_failed(STALLED) && wall_now() - start < limit_s) {
         void *buf;
         if ((st = drain(from, &failures)) != MR_OK) break;
+        /* Under `others`: a message a millisecond to rank 2 before its stop, one in 10 ms after. */
+        if (others && !(seen_stop && !to_others) && wall_now() - last < (to_others ? 0.01 : 0.001)) {
+            mr_wait(1);
+            continue;
+        }
+        last = wall_now();
         st = mr_reserve(&buf);
         if (st == MR_AGAIN) {
             st = mr_wait(10);
@@ -92,8 +119,21 @@ static int sender(int rank, double limit_s, const char *epoch_file)
             continue;
         }
         if (st != MR_OK) break;
-        memset(buf, rank, BYTES);
-        st = mr_send(buf, BYTES, STALLED);
+        if (to_others) {
+            memset(buf, rank, PING_BYTES);
+            st = mr_send(buf, PING_BYTES, peer);
+            pinged += st == MR_OK;
+            if (st == MR_ERR_PEER_FAILED) failures++;
+            st = MR_OK;
+            continue;
+        }
+        memset(buf, rank, bytes);
+        st = mr_send(buf, bytes, STALLED);
+        if (others && !seen_stop) seen_stop = access(epoch_file, F_OK) == 0;
+        if (seen_stop && st == MR_OK && ++extra == OTHERS_EXTRA) {
+            to_others = true;
+            printf("sender %d: sends to rank 2 stop %u messages after its stop\n", rank, extra);
+        }
         if (st == MR_ERR_PEER_FAILED) {
             mr_release(buf);
             st = MR_OK;
@@ -114,6 +154,12 @@ static int sender(int rank, double limit_s, const char *epoch_file)
     }
     printf("sender %d: rank 2 failed after %.2f s (stopped at %.3f)\n", rank,
            stopped_at > 0 ? failed_at - stopped_at : -1.0, stopped_at);
+    bool others_ok = true;
+    if (others) {
+        printf("sender %d: %u messages sent to rank %d and %u received from it meanwhile\n",
+               rank, pinged, peer, pings);
+        others_ok = to_others && pinged > 0 && pings > 0;
+    }
     /* The survivors carry on: 10 messages each way, all received. */
     for (int k = 0; k < 10 && st == MR_OK; k++) {
         void *buf;
@@ -137,12 +183,12 @@ static int sender(int rank, double limit_s, const char *epoch_file)
         st = drain(from, &failures);
         if (st == MR_OK) mr_wait(10);
     }
-    if (st != MR_OK || from[peer] != 11) return 1;
+    if (st != MR_OK || from[peer] != 11 || !others_ok) return 1;
     printf("sender %d: ok\n", rank);
     return 0;
 }
 
-static int stalled(double limit_s, int wake_fd, double stall_s)
+static int stalled(double limit_s, int wake_fd, double stall_s, unsigned stall_after)
 {
     unsigned from[3] = {0};
     int failures = 0;
@@ -154,7 +200,7 @@ static int stalled(double limit_s, int wake_fd, double stall_s)
     while (wall_now() - start < limit_s && failures < 2) {
         before = wall_now();
         if ((st = drain(from, &failures)) != MR_OK) break;
-        if (!told && from[0] + from[1] >= STALL_AFTER) {
+        if (!told && from[0] + from[1] >= stall_after) {
             /* The helper stops this process now. */
             told = write(wake_fd, "s", 1) == 1;
         }
@@ -176,6 +222,7 @@ static int stalled(double limit_s, int wake_fd, double stall_s)
 int main(int argc, char **argv)
 {
     double stall_s = argc > 1 ? atof(argv[1]) : 0;
+    size_t others = argc > 3 && strcmp(argv[2], "others") == 0 ? (size_t)atol(argv[3]) : 0;
     const char *env_rank = getenv("PMI_RANK");
     const char *timeout = getenv("MAILRAIL_TIMEOUT");
     double limit_s = 3.0 * (timeout ? atof(timeout) : 60) + stall_s;
@@ -183,8 +230,9 @@ int main(int argc, char **argv)
     int pipefd[2] = {-1, -1}, rank, size, status;
     pid_t helper = -1;
 
-    if (stall_s <= 0 || env_rank == NULL || getenv("MR_STALL_DIR") == NULL) {
-        fprintf(stderr, "usage: MR_STALL_DIR=DIR mpiexec -n 3 test_stall STALL_S\n");
+    if (stall_s <= 0 || env_rank == NULL || getenv("MR_STALL_DIR") == NULL ||
+        (argc > 2 && (others <= PING_BYTES || argc != 4))) {
+        fprintf(stderr, "usage: MR_STALL_DIR=DIR mpiexec -n 3 test_stall STALL_S [others BYTES]\n");
         return 2;
     }
     snprintf(epoch_file, sizeof(epoch_file), "%s/stopped_at", getenv("MR_STALL_DIR"));
@@ -226,8 +274,9 @@ int main(int argc, char **argv)
     /* Every pair connected first: the test is about the stall, not about dialling. */
     int all[3] = {0, 1, 2};
     if (mr_connect(all, 3) != MR_OK) MPI_Abort(MPI_COMM_WORLD, 1);
-    status = rank == STALLED ? stalled(limit_s, pipefd[1], stall_s)
-                             : sender(rank, limit_s, epoch_file);
+    status = rank == STALLED ? stalled(limit_s, pipefd[1], stall_s,
+                                       others ? OTHERS_STALL_AFTER : STALL_AFTER)
+                             : sender(rank, limit_s, epoch_file, others);
     fflush(stdout);
     mr_finalize();
     if (helper > 0) waitpid(helper, NULL, 0);

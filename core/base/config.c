@@ -82,7 +82,8 @@ const mr_config_entry_t mr__core_config_table[] = {
      "sends, before giving up with MR_ERR_TIMEOUT. A peer has failed (MR_ERR_PEER_FAILED) "
      "when its host takes no connection for this long after the first attempt, when it "
      "takes none of the messages deferred to it (no credit, or its substrate takes "
-     "nothing) for this long, and over TCP when nothing at all arrives from its host "
+     "nothing) or completes no send in flight to it, and sends nothing, for this long, "
+     "and over TCP when nothing at all arrives from its host "
      "(keepalive) or it takes no data for this long."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},
 };

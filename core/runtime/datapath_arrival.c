@@ -275,7 +275,6 @@ static void up_send_complete(void *core, void *cookie)
 {
     (void)core;
     dp.inflight--;
-    dp.completions++;
     rt_send_free((uint32_t)((rt_send_t *)cookie - dp.sends));
 }
 

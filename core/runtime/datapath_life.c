@@ -19,7 +19,8 @@ void rt_datapath_fini(void)
     free(dp.defer_since);
     free(dp.heard);
     free(dp.defer_heard);
-    free(dp.stall_heard);
+    free(dp.sweep_heard[0]);
+    free(dp.sweep_heard[1]);
     for (uint32_t i = 0; i < dp.nparked_cap; i++) free(dp.parked[i]);
     free(dp.parked);
     free(dp.parked_next);
@@ -50,9 +51,10 @@ mr_status_t rt_datapath_init(void)
         dp.defer_since = calloc((size_t)rt.size, sizeof(*dp.defer_since));
         dp.heard = calloc((size_t)rt.size, sizeof(*dp.heard));
         dp.defer_heard = calloc((size_t)rt.size, sizeof(*dp.defer_heard));
-        dp.stall_heard = calloc((size_t)rt.size, sizeof(*dp.stall_heard));
+        dp.sweep_heard[0] = calloc((size_t)rt.size, sizeof(*dp.sweep_heard[0]));
+        dp.sweep_heard[1] = calloc((size_t)rt.size, sizeof(*dp.sweep_heard[1]));
         if (!dp.sends || !dp.recvs || !dp.refused_epoch || !dp.defer_since || !dp.heard ||
-            !dp.defer_heard || !dp.stall_heard) {
+            !dp.defer_heard || !dp.sweep_heard[0] || !dp.sweep_heard[1]) {
             mr_error("Cannot allocate the slot tables.");
             status = MR_ERR_NO_MEMORY;
         }

@@ -39,51 +39,52 @@ static __attribute__((noinline)) void rt_deferred_overdue(int dest)
 
 /*
  * Sends the substrate took and never completes. A substrate may queue sends
- * itself (UCX does while a receiver's shared-memory FIFO is full), so that
- * nothing waits in the deferred queue for the rule above to see. When
- * mr_reserve() finds no send buffer and no send completes for
- * MAILRAIL_TIMEOUT, each rank with sends in flight that sent nothing in the
- * second half of that time has failed, as above, and the substrate gives
- * their buffers back (abandon()). The heard counts are copied only at the
- * half, so that a send pool that is merely busy costs no copy.
+ * itself (UCX does while a receiver's shared-memory FIFO is full, TCP once
+ * the socket's buffers are full), so that nothing waits in the deferred
+ * queue for the rule above to see, and the application may go on with other
+ * ranks meanwhile. Every half MAILRAIL_TIMEOUT while sends are in flight, a
+ * sweep stamps each send in flight that it sees for the first time with its
+ * number. A send that two sweeps later is still in flight has been so for at
+ * least the timeout; when nothing at all came from its destination since
+ * the sweep before last (the timeout, too), that rank has failed, as above,
+ * and the substrate gives its sends' buffers back (abandon()). Called by
+ * progress (once in 256 calls) and by mr_wait() before it sleeps: neither
+ * reads the clock for it otherwise.
  */
-static __attribute__((noinline)) void rt_inflight_overdue(void)
+void rt_inflight_sweep(uint64_t now)
 {
-    uint64_t now = mr__now_ns(), limit = (uint64_t)rt.cfg.timeout_s * MR_NS_PER_S;
+    uint32_t *before;
+    uint16_t no;
 
-    if (rt.cfg.timeout_s == 0) return;
-    if (dp.stall_since == 0 || dp.completions != dp.stall_completions) {
-        /* The clock starts, or starts again: a send completed. */
-        dp.stall_since = now;
-        dp.stall_completions = dp.completions;
-        dp.stall_snapped = false;
-        return;
-    }
-    if (!dp.stall_snapped) {
-        if (now - dp.stall_since < limit / 2) return;
-        memcpy(dp.stall_heard, dp.heard, (size_t)rt.size * sizeof(*dp.heard));
-        dp.stall_snapped = true;
-        return;
-    }
-    if (now - dp.stall_since < limit) return;
-    dp.stall_since = 0;
+    if (rt.cfg.timeout_s == 0 || now < dp.sweep_at) return;
+    dp.sweep_at = now + (uint64_t)rt.cfg.timeout_s * MR_NS_PER_S / 2;
+    no = ++dp.sweep_no;
+    if (no == 0) no = ++dp.sweep_no; /* 0 marks a send no sweep saw. */
+    before = dp.sweep_heard[no & 1]; /* The counts of the sweep before last. */
     for (uint32_t i = 0; i < rt.cfg.send_slots; i++) {
-        int dest = dp.sends[i].dest;
+        rt_send_t *s = &dp.sends[i];
+        int dest = s->dest;
         uint32_t n = 0;
 
-        if (dp.sends[i].state != SEND_INFLIGHT || rt.peer[dest] != PEER_OK ||
-            dp.heard[dest] != dp.stall_heard[dest]) {
+        if (s->state != SEND_INFLIGHT) continue;
+        if (s->swept == 0) {
+            s->swept = no;
+            continue;
+        }
+        if ((uint16_t)(no - s->swept) < 2 || rt.peer[dest] != PEER_OK ||
+            dp.heard[dest] != before[dest]) {
             continue;
         }
         /* `i` is the first of its sends: count them all from here. */
         for (uint32_t j = i; j < rt.cfg.send_slots; j++) {
             n += dp.sends[j].state == SEND_INFLIGHT && dp.sends[j].dest == dest;
         }
-        mr_error("Rank %d completed none of the %u sends in flight to it, and sent nothing, for "
-                 "%u s (MAILRAIL_TIMEOUT): it is stalled or lost.",
+        mr_error("Rank %d completed none of the %u sends in flight to it for %u s, and sent "
+                 "nothing (MAILRAIL_TIMEOUT): it is stalled or lost.",
                  dest, (unsigned)n, (unsigned)rt.cfg.timeout_s);
         rt_peer_down(dest, MR_ERR_TIMEOUT, -1);
     }
+    memcpy(before, dp.heard, (size_t)rt.size * sizeof(*dp.heard));
 }
 
 /*
@@ -186,7 +187,7 @@ int rt_progress(int timeout_ms)
     events += rt.flowctl->progress(rt.fc);
     if (rt.notice_sent < rt.notice_count) events += rt_notices_forward();
     if (dp.deferq.depth > 0) events += rt_drain();
-    if (dp.reserve_blocked && dp.inflight > 0) rt_inflight_overdue();
+    if (dp.inflight > 0 && (dp.progress_epoch & 255) == 0) rt_inflight_sweep(mr__now_ns());
     for (int k = 0; k < dp.nconsumer_progress; k++) events += dp.consumer_progress[k]();
     return events;
 }

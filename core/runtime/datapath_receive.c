@@ -259,10 +259,21 @@ mr_status_t mr_wait(int timeout_ms)
     }
     for (;;) {
         uint64_t now = mr__now_ns();
+        bool short_of_sweep = false;
         if (moved == 0 && timeout_ms > 0) {
             if (now >= deadline) return MR_AGAIN;
             /* The rest of the time asleep until news, in whole milliseconds. */
             timeout_ms = (int)((deadline - now + MR_NS_PER_MS - 1) / MR_NS_PER_MS);
+            /* Sends in flight: awake for the sweep that may find their receiver lost. */
+            if (dp.inflight > 0 && rt.cfg.timeout_s > 0) {
+                rt_inflight_sweep(now);
+                if (rt.failures_unreported > 0) break;
+                uint64_t to_sweep = (dp.sweep_at - now + MR_NS_PER_MS - 1) / MR_NS_PER_MS;
+                if (to_sweep < (uint64_t)timeout_ms) {
+                    timeout_ms = (int)to_sweep;
+                    short_of_sweep = true;
+                }
+            }
         }
         /*
          * Sends that wait for credits another process may put in shared memory:
@@ -276,6 +287,7 @@ mr_status_t mr_wait(int timeout_ms)
         if (marked) rt.flowctl->sleep(rt.fc, false);
         if (events < 0) return (mr_status_t)events;
         if (dp_news(events, moved)) break;
+        if (short_of_sweep) continue;
         /*
          * Back early without news: the substrate could not sleep (UCX had
          * work of its own pending, or arrivals wait for slots the

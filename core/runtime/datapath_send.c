@@ -92,6 +92,7 @@ __attribute__((noinline)) mr_status_t rt_transmit_rest(uint32_t idx, uint32_t im
         /* Accepted, in flight until send_complete(). */
         if (s->state != SEND_DEFERRED) dp.pending_bytes += s->length;
         s->state = SEND_INFLIGHT;
+        s->swept = 0;
         dp.inflight++;
         return MR_OK;
     }

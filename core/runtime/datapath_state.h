@@ -26,6 +26,7 @@ enum recv_state { RECV_FREE, RECV_FILLING, RECV_QUEUED, RECV_HELD, RECV_CONSUMER
 typedef struct rt_send {
     uint8_t state;
     uint8_t kind;       /* MR_KIND_DATA or MR_KIND_ITEMS. */
+    uint16_t swept;     /* SEND_INFLIGHT: the sweep that first saw it so, or 0. */
     int32_t dest;
     uint32_t length;
     uint32_t next;      /* Next in a consumer's queue, when SEND_LOCAL. */
@@ -102,16 +103,13 @@ typedef struct rt_datapath {
     uint32_t *heard;
     uint32_t *defer_heard;
     /*
-     * Sends the substrate took and never completes (rt_inflight_overdue()):
-     * completions so far, and since when none came while mr_reserve() found
-     * no buffer, with the count then and whether `stall_heard` holds the
-     * heard counts from half that time on.
+     * Sends the substrate took and never completes (rt_inflight_sweep()):
+     * when the next sweep is due (mr__now_ns), the last sweep's number, and
+     * the heard counts of the last two sweeps (by the number's parity).
      */
-    uint64_t completions;
-    uint64_t stall_since;
-    uint64_t stall_completions;
-    bool stall_snapped;
-    uint32_t *stall_heard;
+    uint64_t sweep_at;
+    uint16_t sweep_no;
+    uint32_t *sweep_heard[2];
     /* The progress count when a pass over the deferred queue found only such refusals. */
     uint32_t drain_stuck_epoch;
     /*
@@ -237,6 +235,7 @@ mr_status_t rt_reserved_slot(const char *fn, const void *buffer, uint32_t *out);
 
 /* datapath_progress.c: sends what the deferred queue can; returns how many left it. */
 int rt_drain(void);
+void rt_inflight_sweep(uint64_t now);
 
 /*
  * The message in send slot `idx` was packed into a batch: the slot is free
