@@ -105,8 +105,12 @@ static int sender(int rank, double limit_s, const char *epoch_file, size_t other
     while (!listed_failed(STALLED) && wall_now() - start < limit_s) {
         void *buf;
         if ((st = drain(from, &failures)) != MR_OK) break;
-        /* Under `others`: a message a millisecond to rank 2 before its stop, one in 10 ms after. */
-        if (others && !(seen_stop && !to_others) && wall_now() - last < (to_others ? 0.01 : 0.001)) {
+        /*
+         * Under `others`: a message a millisecond to rank 2 before its stop, the
+         * extra ones at once after it, then a ping in 10 ms.
+         */
+        double pace = to_others ? 0.01 : seen_stop ? 0 : 0.001;
+        if (others && wall_now() - last < pace) {
             mr_wait(1);
             continue;
         }
@@ -123,8 +127,13 @@ static int sender(int rank, double limit_s, const char *epoch_file, size_t other
             memset(buf, rank, PING_BYTES);
             st = mr_send(buf, PING_BYTES, peer);
             pinged += st == MR_OK;
-            if (st == MR_ERR_PEER_FAILED) failures++;
-            st = MR_OK;
+            if (st == MR_ERR_PEER_FAILED) {
+                mr_release(buf);
+                failures++;
+                st = MR_OK;
+            } else if (st != MR_OK) {
+                break;
+            }
             continue;
         }
         memset(buf, rank, bytes);

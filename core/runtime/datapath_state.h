@@ -235,6 +235,7 @@ mr_status_t rt_reserved_slot(const char *fn, const void *buffer, uint32_t *out);
 
 /* datapath_progress.c: sends what the deferred queue can; returns how many left it. */
 int rt_drain(void);
+/* datapath_progress.c: when due, names the ranks whose sends stay in flight (`now`: mr__now_ns). */
 void rt_inflight_sweep(uint64_t now);
 
 /*
