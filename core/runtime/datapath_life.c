@@ -157,10 +157,17 @@ uint64_t rt_datapath_drop_arrivals(void)
     return dropped;
 }
 
+/*
+ * A batch with frames not handed out yet is still in the arrival queue:
+ * rt_datapath_drop_arrivals() gives it back, with its held frames. Given
+ * back here as well, it was freed twice (a write past the pool's free stack).
+ */
 void rt_datapath_release_held(void)
 {
     for (size_t i = 0; i < rt.cfg.recv_slots; i++) {
-        if (dp.recvs[i].state == RECV_HELD) dp_recv_release((uint32_t)i);
-        if (dp.recvs[i].state == RECV_BATCH) dp_batch_drop((uint32_t)i);
+        const rt_recv_t *r = &dp.recvs[i];
+
+        if (r->state == RECV_HELD) dp_recv_release((uint32_t)i);
+        if (r->state == RECV_BATCH && r->frames_left == 0) dp_batch_drop((uint32_t)i);
     }
 }
