@@ -116,6 +116,8 @@
 #                      fraction, seconds, CPU per MiB; medians of drops and returns
 #   NAME_verdicts.csv  per cell: status and the three verdicts, with node/none,
 #                      node/rank and node's line fraction (medians)
+#   NAME_job_KEY.out   the whole output of a cell's job that did not end ok (KEY is
+#                      the cell with _ for :)
 #   NAME.png, NAME_cpu.png   goodput and CPU seconds per MiB per policy per cell
 #
 # Options:
@@ -417,6 +419,11 @@ run_fabric() {
             st=$why secs=0
         fi
         echo "${c//:/,},$st,$n,$secs" >>"$out/${name}_cells.csv"
+        # A job that did not end well keeps its whole output, for a post-mortem.
+        if [ "$st" != ok ] && [ -s "$tmp/job.$key.out" ]; then
+            cp "$tmp/job.$key.out" "$out/${name}_job_$key.out"
+            echo "incast_matrix: $c: $st; its output is in $out/${name}_job_$key.out" >&2
+        fi
     done
 }
 
