@@ -30,11 +30,9 @@ status=0
 "$chaos" -o "$out/loss" --build "$build" -m 200 -p rank,node --substrates tcp --limit 60 \
     loss5 || status=1
 "$chaos" -o "$out/tcp" --build "$build" -m 200 -p node --substrates tcp --limit 60 \
-    linkdown kill || status=1
+    --silent-timeout 10 linkdown kill blackout silent || status=1
 "$chaos" -o "$out/ucx" --build "$build" -m 200 -p node --substrates ucx --limit 60 \
     duplicate reorder || status=1
-"$chaos" -o "$out/silence" --build "$build" -m 200 -p node --substrates tcp --limit 60 \
-    --silent-timeout 10 blackout silent || status=1
 # The kill case over UCX is left out: UCX 1.13.1 sometimes aborts a survivor on an
 # assertion of its own (docs/reliability.md); chaos.sh runs it.
 exit $status
