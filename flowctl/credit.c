@@ -16,11 +16,11 @@
  * receiver that is not the bottleneck lets its senders run at full speed, and
  * short enough that what waits in a switch in front of a bottlenecked
  * receiver (2 ms at 200 Mbit/s is 50 KB) stays near a shallow buffer. A measured
- * loop longer than half of it lengthens it, and so does a longer mean of the
+ * loop longer than half of it lengthens it, and so does twice the mean of the
  * latest loops. docs/incast.md has the numbers.
  */
 #define CREDIT_HORIZON_NS (2 * MR_NS_PER_MS)
-/* The mean of the latest loops (mr_credit_window_t.recent_us) lengthens it up to this. */
+/* Twice the mean of the latest loops (mr_credit_window_t.recent_us) lengthens it up to this. */
 #define CREDIT_HORIZON_MAX_NS (500 * MR_NS_PER_MS)
 /* Arrivals are counted in intervals of at least this long to estimate the rate. */
 #define CREDIT_INTERVAL_NS (1 * MR_NS_PER_MS)
@@ -270,7 +270,11 @@ static void credit_window_update(mr_credit_window_t *w, uint32_t limit)
                         ? w->loop_fresh_ns
                         : w->loop_ns;
     uint64_t horizon = 2 * loop > CREDIT_HORIZON_NS ? 2 * loop : CREDIT_HORIZON_NS;
-    uint64_t mean = credit_mean_loop_ns(w);
+    /*
+     * Twice the mean, as twice the shortest: a window of one mean loop at
+     * the rate it allowed only keeps that rate, and the rate could not grow.
+     */
+    uint64_t mean = 2 * credit_mean_loop_ns(w);
 
     if (mean > horizon) horizon = mean > CREDIT_HORIZON_MAX_NS ? CREDIT_HORIZON_MAX_NS : mean;
     double per = w->rate * (double)horizon / 1e9 / (double)credit_active(w);

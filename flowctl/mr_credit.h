@@ -25,8 +25,8 @@
  * and the receiver keeps about `rate x horizon` credits outstanding over the
  * ranks that send to it, shared evenly, at least MR_CREDIT_INITIAL per rank:
  * `rate` is its best recent arrival rate, `horizon` is 2 ms, twice the
- * shortest credit loop it measured, or the mean of its latest loops (up to
- * 500 ms), whichever is longest. A key that stands
+ * shortest credit loop it measured, or twice the mean of its latest loops (up
+ * to 500 ms), whichever is longest. A key that stands
  * for several ranks (a node) gets the shares of its ranks. docs/flowctl.md
  * explains it, docs/incast.md measures it. Static grants keep window = limit.
  */
@@ -40,7 +40,7 @@
 #define MR_CREDIT_SENDERS 4
 
 /*
- * The window covers the mean of this many latest credit loops too: where
+ * The window covers twice the mean of this many latest credit loops too: where
  * senders share their cores with hundreds of ranks, a loop is mostly the time
  * they take to be scheduled, and where packets are lost, some loops last a
  * retransmission; a window sized by the shortest loop would let the rate,
