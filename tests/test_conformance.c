@@ -435,6 +435,34 @@ START_TEST(wait_naps_while_the_application_holds_every_slot)
 }
 END_TEST
 
+/* Sends `count` small messages to `receiver`, in order, a progress call after each `burst`. */
+static void send_small(int receiver, uint32_t count, uint32_t burst, tally_t *t)
+{
+    for (uint32_t seq = 0; seq < count; seq++) {
+        void *buf = reserve_or_progress(t);
+        fill_message(buf, sizeof(msg_header_t) + 16, world_rank, receiver, seq);
+        ck_assert_int_eq(mr_send(buf, sizeof(msg_header_t) + 16, receiver), MR_OK);
+        if (burst != 0 && seq % burst == burst - 1) ck_assert_int_ge(mr_poll(), MR_OK);
+    }
+}
+
+/* Receives the first `want` messages of one sender, in order, and keeps them. */
+static int receive_and_hold(void **held, int want)
+{
+    int got = 0;
+    double start = now_s();
+
+    while (got < want && now_s() - start < WAIT_LIMIT_S) {
+        mr_message_t m;
+        mr_status_t st = mr_receive(&m);
+        if (st == MR_AGAIN) continue;
+        ck_assert_int_eq(st, MR_OK);
+        ck_assert_uint_eq(check_message(&m), (uint32_t)got);
+        held[got++] = m.data;
+    }
+    return got;
+}
+
 /*
  * A receiver may hold its messages while it waits for more from the same
  * sender: grants must not depend on releases (adaptive grants start at 2).
@@ -445,27 +473,14 @@ START_TEST(holding_messages_does_not_stall_the_sender)
     void *held[HELD];
     int sender = 0, receiver = world_size - 1, got = 0;
     tally_t t;
-    double start;
 
     setup_env(NULL, NULL, NULL);
     init_on_world();
     tally_init(&t, HELD);
     if (world_rank == sender) {
-        for (uint32_t seq = 0; seq < HELD; seq++) {
-            void *buf = reserve_or_progress(&t);
-            fill_message(buf, sizeof(msg_header_t) + 16, sender, receiver, seq);
-            ck_assert_int_eq(mr_send(buf, sizeof(msg_header_t) + 16, receiver), MR_OK);
-        }
+        send_small(receiver, HELD, 0, &t);
     } else if (world_rank == receiver) {
-        start = now_s();
-        while (got < HELD && now_s() - start < WAIT_LIMIT_S) {
-            mr_message_t m;
-            mr_status_t st = mr_receive(&m);
-            if (st == MR_AGAIN) continue;
-            ck_assert_int_eq(st, MR_OK);
-            ck_assert_uint_eq(check_message(&m), (uint32_t)got);
-            held[got++] = m.data;
-        }
+        got = receive_and_hold(held, HELD);
         ck_assert_msg(got == HELD, "%d of %d messages arrived while the receiver held them", got,
                       HELD);
         for (int i = 0; i < got; i++) ck_assert_int_eq(mr_release(held[i]), MR_OK);
@@ -496,12 +511,7 @@ START_TEST(finalize_discards_what_was_never_received)
     init_on_world();
     tally_init(&t, TOTAL);
     if (world_rank == sender) {
-        for (uint32_t seq = 0; seq < TOTAL; seq++) {
-            void *buf = reserve_or_progress(&t);
-            fill_message(buf, sizeof(msg_header_t) + 16, sender, receiver, seq);
-            ck_assert_int_eq(mr_send(buf, sizeof(msg_header_t) + 16, receiver), MR_OK);
-            if (seq % BURST == BURST - 1) ck_assert_int_ge(mr_poll(), MR_OK);
-        }
+        send_small(receiver, TOTAL, BURST, &t);
         /* Batches were made where the substrate packs (not over TCP). */
         ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
         if (strcmp(mr_substrate_name(), "tcp") != 0 && strcmp(mr_flowctl_name(), "none") == 0) {
@@ -509,17 +519,9 @@ START_TEST(finalize_discards_what_was_never_received)
         }
     } else if (world_rank == receiver) {
         void *held[TAKEN];
-        int got = 0;
+        int got = receive_and_hold(held, TAKEN);
         double start = now_s();
 
-        while (got < TAKEN && now_s() - start < WAIT_LIMIT_S) {
-            mr_message_t m;
-            mr_status_t st = mr_receive(&m);
-            if (st == MR_AGAIN) continue;
-            ck_assert_int_eq(st, MR_OK);
-            ck_assert_uint_eq(check_message(&m), (uint32_t)got);
-            held[got++] = m.data;
-        }
         ck_assert_msg(got == TAKEN, "%d of %d messages arrived", got, TAKEN);
         /* Everything else arrives and waits, untaken. */
         do {
