@@ -11,13 +11,14 @@
 #include <time.h>
 
 /*
- * The grants cover at least this long at the receiver's best recent rate:
- * longer than a credit loop through shared memory or a switch, so that a
- * receiver that is not the bottleneck lets its senders run at full speed, and
- * short enough that what waits in a switch in front of a bottlenecked
- * receiver (2 ms at 200 Mbit/s is 50 KB) stays near a shallow buffer. A measured
- * loop longer than half of it lengthens it, and so does twice the mean of the
- * latest loops. docs/incast.md has the numbers.
+ * The grants cover at least this long at the receiver's best recent rate
+ * (MAILRAIL_CREDIT_HORIZON_US; this is its default, for callers that leave
+ * it 0): longer than a credit loop through shared memory or a switch, so that
+ * a receiver that is not the bottleneck lets its senders run at full speed,
+ * and short enough that what waits in a switch in front of a bottlenecked
+ * receiver (2 ms at 200 Mbit/s is 50 KB) stays near a shallow buffer. A
+ * measured loop longer than half of it lengthens it, and so does twice the
+ * mean of the latest loops. docs/incast.md has the numbers.
  */
 #define CREDIT_HORIZON_NS (2 * MR_NS_PER_MS)
 /* Twice the mean of the latest loops (mr_credit_window_t.recent_us) lengthens it up to this. */
@@ -90,6 +91,8 @@ mr_status_t mr__credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit,
         o->key[k].sender[0] = -1; /* None yet (mr_credit_key_t.sender). */
     }
     o->win.adaptive = adaptive;
+    uint64_t horizon = params->horizon_ns != 0 ? params->horizon_ns : CREDIT_HORIZON_NS;
+    o->win.horizon_min_ns = horizon < CREDIT_HORIZON_MAX_NS ? horizon : CREDIT_HORIZON_MAX_NS;
     o->win.per_rank_q8 = 0; /* Every holder starts at the floor, MR_CREDIT_INITIAL. */
     o->win.active = 1;
     o->static_return_at = mr__credit_return_at(limit, o->threshold);
@@ -264,12 +267,12 @@ static void credit_owed_return(mr_credit_owed_t *o, int key)
  * rate, shared by the ranks that send to it (mr__credit_owed_window() applies
  * the floor of MR_CREDIT_INITIAL per holder).
  */
-static void credit_window_update(mr_credit_window_t *w, uint32_t limit)
+void mr__credit_window_resize(mr_credit_window_t *w, uint32_t limit)
 {
     uint64_t loop = w->loop_fresh_ns != 0 && (w->loop_ns == 0 || w->loop_fresh_ns < w->loop_ns)
                         ? w->loop_fresh_ns
                         : w->loop_ns;
-    uint64_t horizon = 2 * loop > CREDIT_HORIZON_NS ? 2 * loop : CREDIT_HORIZON_NS;
+    uint64_t horizon = 2 * loop > w->horizon_min_ns ? 2 * loop : w->horizon_min_ns;
     /*
      * Twice the mean, as twice the shortest: a window of one mean loop at
      * the rate it allowed only keeps that rate, and the rate could not grow.
@@ -333,7 +336,7 @@ static void credit_window_arrival(mr_credit_owed_t *o, mr_credit_key_t *k)
     w->interval_start_ns = now;
     w->interval_arrivals = 0;
     if (now >= w->epoch_end_ns) credit_epoch(w, now);
-    credit_window_update(w, o->limit);
+    mr__credit_window_resize(w, o->limit);
 }
 
 void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)

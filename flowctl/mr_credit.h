@@ -50,6 +50,7 @@
 
 typedef struct mr_credit_window {
     bool adaptive;
+    uint64_t horizon_min_ns;  /* The shortest horizon (MAILRAIL_CREDIT_HORIZON_US). */
     uint64_t per_rank_q8;     /* Credits per active sending rank, in 1/256ths: a holder
                                  that stands for k ranks gets k times it, rounded up. */
     double rate;              /* Most arrivals per second lately (a decaying maximum). */
@@ -158,6 +159,9 @@ mr_status_t mr__credit_share(const char *policy, const char *setting, const char
 mr_status_t mr__credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit, bool adaptive,
                                 const uint32_t *weight, const mr_flowctl_params_t *params);
 void mr__credit_owed_fini(mr_credit_owed_t *o);
+
+/* Sizes per_rank_q8 from the rate, the loops and the horizon (credit.c; tests call it). */
+void mr__credit_window_resize(mr_credit_window_t *w, uint32_t limit);
 
 /* How many credits `key` may have outstanding now. */
 static inline uint32_t mr__credit_owed_window(const mr_credit_owed_t *o, int key)

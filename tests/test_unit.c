@@ -79,6 +79,7 @@ START_TEST(config_defaults)
     ck_assert_int_eq(mr__config_parse(mr__flowctl_config_table, &fc), MR_OK);
     ck_assert_str_eq(mr__flowctl_names[fc.policy], "none");
     ck_assert_uint_eq(fc.credit_return_threshold, 2);
+    ck_assert_uint_eq(fc.credit_horizon_us, 2000);
     ck_assert(fc.piggyback);
 }
 END_TEST
@@ -134,6 +135,8 @@ static const struct {
     {"MAILRAIL_SEND_SLOTS", " 12", "an integer"},
     {"MAILRAIL_RECV_SLOTS", "1e3", "an integer"},
     {"MAILRAIL_FLOWCTL", "credit", "none|rank|node"},
+    {"MAILRAIL_CREDIT_HORIZON_US", "99", "an integer from 100 to 500000"},
+    {"MAILRAIL_CREDIT_HORIZON_US", "2ms", "an integer from 100"},
     {"MAILRAIL_YIELD", "sometimes", "auto|always|never"},
     {"MAILRAIL_WAIT_NAP", "yes", "auto|always|never"},
     {"MAILRAIL_LOG_LEVEL", "loud", "error|warn|info|debug|trace"},
@@ -520,6 +523,55 @@ START_TEST(credit_thresholds_follow_the_window)
     ck_assert_int_eq(calls.n, 1);
     ck_assert_uint_eq(o.key[0].held, 20);
     ck_assert_uint_eq(o.key[0].owed, 42);
+    mr__credit_owed_fini(&o);
+}
+END_TEST
+
+/*
+ * The window covers MAILRAIL_CREDIT_HORIZON_US at the best recent rate (2 ms
+ * when the caller leaves it 0), or twice a longer credit loop, shared by the
+ * active sending ranks, and at most the static share.
+ */
+START_TEST(credit_window_follows_the_horizon)
+{
+    credit_calls_t calls = {.failed_rank = -1};
+    mr_flowctl_params_t params = {.return_threshold = 2, .core = &calls,
+                                  .send_control = credit_record};
+    const uint32_t weight[1] = {4};
+    const struct {
+        uint64_t horizon_ns, loop_ns;
+        uint32_t active;
+        double per_rank;
+    } cases[] = {
+        {0, 0, 1, 20.0},              /* 10,000 messages/s over the default 2 ms. */
+        {2000000, 0, 1, 20.0},
+        {8000000, 0, 1, 80.0},        /* Four times the horizon, four times the window. */
+        {8000000, 0, 4, 20.0},        /* Shared by four active ranks. */
+        {2000000, 3000000, 1, 60.0},  /* A 3 ms loop: twice it, 6 ms. */
+        {8000000, 3000000, 1, 80.0},  /* ... unless the horizon is longer. */
+    };
+    mr_credit_owed_t o;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        params.horizon_ns = cases[i].horizon_ns;
+        ck_assert_int_eq(mr__credit_owed_init(&o, 1, 1000, true, weight, &params), MR_OK);
+        o.win.rate = 10000.0;
+        o.win.active = cases[i].active;
+        o.win.loop_ns = cases[i].loop_ns;
+        mr__credit_window_resize(&o.win, o.limit);
+        ck_assert_msg(o.win.per_rank_q8 == (uint64_t)(cases[i].per_rank * 256.0) + 1,
+                      "case %zu: %llu/256 per rank, not %.0f", i,
+                      (unsigned long long)o.win.per_rank_q8, cases[i].per_rank);
+        /* The holder stands for 4 ranks: 4 shares, rounded up. */
+        ck_assert_uint_eq(mr__credit_owed_window(&o, 0), (uint32_t)(cases[i].per_rank * 4) + 1);
+        mr__credit_owed_fini(&o);
+    }
+    /* A window beyond the static share is the share. */
+    params.horizon_ns = 500000000;
+    ck_assert_int_eq(mr__credit_owed_init(&o, 1, 1000, true, weight, &params), MR_OK);
+    o.win.rate = 10000.0;
+    mr__credit_window_resize(&o.win, o.limit);
+    ck_assert_uint_eq(mr__credit_owed_window(&o, 0), 1000);
     mr__credit_owed_fini(&o);
 }
 END_TEST
@@ -1082,6 +1134,7 @@ static Suite *unit_suite(void)
     tcase_add_test(tc, credit_returns_go_whole_to_a_nodes_latest_sender);
     tcase_add_test(tc, credit_piggyback_from_half_a_return);
     tcase_add_test(tc, credit_thresholds_follow_the_window);
+    tcase_add_test(tc, credit_window_follows_the_horizon);
     tcase_add_test(tc, credit_cumulative_returns_are_said_again);
     tcase_add_test(tc, node_stash_goes_back_at_progress);
     tcase_add_test(tc, node_wakes_as_many_as_can_use_the_credits);
