@@ -22,12 +22,14 @@
 #   --tokens N       tokens per rank (default 128); --hidden BYTES per token (7168)
 #   --skew S         Zipf skew (default 0: uniform)
 #   --warmup N       untimed steps before each timed one (default 3: MailRail's
-#                    first steps after mr_init() are slower, see docs/workloads.md)
+#                    first steps after mr_init() are slower; with 16 ranks on 2
+#                    cores it takes about 24 to reach steady state, see
+#                    docs/workloads.md)
 #   --substrate S    MAILRAIL_SUBSTRATE (default ucx)
 #   --build DIR      the meson build directory (default build)
 #   --limit S        each job's time limit in seconds (default 600)
 set -euo pipefail
-usage() { sed -n '2,/^$/p' "$0" >&2; exit 2; }
+usage() { sed -n '2,${/^#/!q;p;}' "$0" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/workload_summary.sh"
 out=build/workloads-host trials=5 contenders=alltoallv,none,rank,node,node+h
