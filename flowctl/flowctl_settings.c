@@ -20,10 +20,10 @@ const mr_config_entry_t mr__flowctl_config_table[] = {
     {"MAILRAIL_CREDIT_HORIZON_US", "2000", MR_CONFIG_UINT,
      offsetof(mr_flowctl_config_t, credit_horizon_us), 100, 500000, NULL,
      "Under the rank and node policies with adaptive grants, the shortest time (in "
-     "microseconds) that a receiver's grants cover at its best recent arrival rate. Longer "
-     "windows need fewer credit returns, and so less CPU, but let more data wait in front of "
-     "a bottleneck: 2000 keeps about 50 KB in front of a 200 Mbit/s port. Measured credit "
-     "loops lengthen it (docs/flowctl.md)."},
+     "microseconds) that a receiver's grants cover at its best recent arrival rate. A longer "
+     "one makes larger windows, which need fewer credit returns and so less CPU, but let more "
+     "data wait in front of a bottleneck: 2000 keeps about 50 KB in front of a 200 Mbit/s "
+     "port. Measured credit loops lengthen it (docs/flowctl.md)."},
     {"MAILRAIL_PIGGYBACK", "yes", MR_CONFIG_BOOL, offsetof(mr_flowctl_config_t, piggyback), 0, 0,
      NULL,
      "Under the rank and node policies, a data message to a rank also carries the credits "
