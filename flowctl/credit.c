@@ -335,8 +335,18 @@ static void credit_window_arrival(mr_credit_owed_t *o, mr_credit_key_t *k)
     w->rate = rate > decayed ? rate : decayed;
     w->interval_start_ns = now;
     w->interval_arrivals = 0;
-    if (now >= w->epoch_end_ns) credit_epoch(w, now);
+    bool new_epoch = now >= w->epoch_end_ns;
+
+    if (new_epoch) credit_epoch(w, now);
     mr__credit_window_resize(w, o->limit);
+    /* The window over time, one line per epoch (docs/incast.md reads it). */
+    if (new_epoch) {
+        mr_debug("Credit epoch %u: %.2f per rank over %u active sending rank(s); rate %.0f "
+                 "messages/s, shortest loop %.1f us, mean of the latest %.1f us, %u loops "
+                 "timed so far.",
+                 w->epoch, (double)w->per_rank_q8 / 256.0, credit_active(w), w->rate,
+                 (double)w->loop_ns / 1e3, (double)credit_mean_loop_ns(w) / 1e3, w->nrecent);
+    }
 }
 
 void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
