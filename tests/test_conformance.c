@@ -256,6 +256,38 @@ START_TEST(send_bytes_backpressure)
 END_TEST
 
 /*
+ * MAILRAIL_SEND_BYTES unset bounds the bytes in flight at 64 datagrams when
+ * that is more than 256K: 64 messages of 16 KiB (1 MiB) leave, where 256K
+ * would have stopped the 17th reserve, and the 65th reserve says MR_AGAIN.
+ * Each arrives once.
+ */
+START_TEST(send_bytes_follow_the_datagram)
+{
+    enum { N = 64, LEN = 16384 };
+    void *buf, *c = (void *)0x1;
+    int dest = (world_rank + 1) % world_size;
+    tally_t t;
+
+    unsetenv("MAILRAIL_SEND_BYTES");
+    setup_env("80", NULL, "16K");
+    init_on_world();
+    tally_init(&t, N);
+    for (uint32_t i = 0; i < N; i++) {
+        ck_assert_msg(mr_reserve(&buf) == MR_OK, "reserve %u of %d failed", i, N);
+        fill_message(buf, LEN, world_rank, dest, i);
+        ck_assert_int_eq(mr_send(buf, LEN, dest), MR_OK);
+    }
+    /* 1 MiB in flight: no completion is seen before progress. */
+    ck_assert_int_eq(mr_reserve(&c), MR_AGAIN);
+    ck_assert_ptr_eq(c, (void *)0x1);
+    quiesce(&t);
+    ck_assert_uint_eq(t.count, N);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
+    free(t.seen);
+}
+END_TEST
+
+/*
  * Messages that spawn messages: a token hops `hops` times around the ring.
  * Quiescence may only return once the last hop was received.
  */
@@ -1594,6 +1626,7 @@ static Suite *conformance_suite(void)
     }
     tcase_add_test(tc, all_to_all_exactly_once);
     tcase_add_test(tc, send_bytes_backpressure);
+    tcase_add_test(tc, send_bytes_follow_the_datagram);
     tcase_add_test(tc, incast_exactly_once);
     tcase_add_test(tc, order_per_destination);
     tcase_add_test(tc, zero_and_max_length);

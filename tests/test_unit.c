@@ -119,6 +119,25 @@ START_TEST(config_good_values)
 }
 END_TEST
 
+/*
+ * MAILRAIL_SEND_BYTES unset scales with the datagram (64 of them, 256K at
+ * least); a value that is set, 0 (no limit) included, is kept as it is.
+ */
+START_TEST(config_send_bytes_follow_the_datagram)
+{
+    mr_core_config_t cfg = {.datagram_size = 4096, .send_bytes = 256u << 10};
+
+    ck_assert_uint_eq(mr__config_send_bytes(&cfg, false), 256u << 10);
+    cfg.datagram_size = 1024;
+    ck_assert_uint_eq(mr__config_send_bytes(&cfg, false), 256u << 10);
+    cfg.datagram_size = 256u << 10;
+    ck_assert_uint_eq(mr__config_send_bytes(&cfg, false), 16u << 20);
+    ck_assert_uint_eq(mr__config_send_bytes(&cfg, true), 256u << 10);
+    cfg.send_bytes = 0;
+    ck_assert_uint_eq(mr__config_send_bytes(&cfg, true), 0);
+}
+END_TEST
+
 /* Each bad value must fail, name the variable and the value, and leave the field alone. */
 static const struct {
     const char *name, *value, *allowed;
@@ -1114,6 +1133,7 @@ static Suite *unit_suite(void)
 
     tcase_add_test(tc, config_defaults);
     tcase_add_test(tc, config_good_values);
+    tcase_add_test(tc, config_send_bytes_follow_the_datagram);
     tcase_add_loop_test(tc, config_bad_values, 0, sizeof(bad_values) / sizeof(bad_values[0]));
     tcase_add_test(tc, config_string_too_long);
     tcase_add_test(tc, check_setting_before_init);

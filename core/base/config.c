@@ -32,7 +32,9 @@ const mr_config_entry_t mr__core_config_table[] = {
      "Bytes of messages sent and not yet completed (in flight or deferred) from which "
      "mr_reserve() returns MR_AGAIN, whatever slots are free; 0: no limit. A sender far ahead "
      "of its receiver with large messages would otherwise cycle through the whole send pool, "
-     "and the transport would read buffers that have left the cache."},
+     "and the transport would read buffers that have left the cache. Unset, it is 256K or 64 "
+     "datagrams (MAILRAIL_DATAGRAM_SIZE), whichever is more, so that large datagrams do not "
+     "leave one at a time."},
     {"MAILRAIL_COALESCE_BYTES", "1K", MR_CONFIG_SIZE, offsetof(mr_core_config_t, coalesce_bytes),
      0, 64u << 20, NULL,
      "Messages of at most this many bytes that follow another to the same rank before the "
@@ -268,6 +270,14 @@ int mr__config_warn_unknown(const mr_config_entry_t *const *tables, size_t ntabl
         }
     }
     return unknown;
+}
+
+uint64_t mr__config_send_bytes(const mr_core_config_t *cfg, bool set)
+{
+    uint64_t scaled = MR_SEND_BYTES_DATAGRAMS * cfg->datagram_size;
+
+    if (set || cfg->send_bytes == 0) return cfg->send_bytes;
+    return scaled > cfg->send_bytes ? scaled : cfg->send_bytes;
 }
 
 const mr_config_entry_t *mr__config_find(const mr_config_entry_t *table, const char *name)

@@ -81,4 +81,14 @@ extern const char *const mr__when_names[];
 
 extern const mr_config_entry_t mr__core_config_table[];
 
+/*
+ * MAILRAIL_SEND_BYTES left unset bounds the bytes in flight at this many
+ * datagrams, or at the table's default (256K, 64 of 4 KiB) if that is more:
+ * with large datagrams a fixed 256K would let one message out at a time.
+ */
+#define MR_SEND_BYTES_DATAGRAMS 64
+
+/* The bound on bytes in flight: `set` (MAILRAIL_SEND_BYTES in the environment) keeps `cfg`'s. */
+uint64_t mr__config_send_bytes(const mr_core_config_t *cfg, bool set);
+
 #endif /* MR_CONFIG_H */

@@ -341,6 +341,7 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
      * below undo whatever exists.
      */
     rt_size_recv_pool();
+    rt.cfg.send_bytes = mr__config_send_bytes(&rt.cfg, getenv("MAILRAIL_SEND_BYTES") != NULL);
     status = rt_agree(rt_alloc_pools());
     if (status != MR_OK) goto err_pools;
     status = rt_agree(rt_open_flowctl());
