@@ -51,9 +51,20 @@ summaries() {
 }
 
 # 1. Every contender, tokens that fit one datagram, skewed routing, on 2 virtual hosts.
-MAILRAIL_RANKS_PER_NODE=2 run -T 48 -H 1000 -k 4 -E 8 -z 1.0 --hot -t 1 -p "$all"
+MAILRAIL_RANKS_PER_NODE=2 run -T 48 -H 1000 -k 4 -E 8 -z 1.0 --hot -t 1 -p "$all" -c "$dir/moe.csv"
 summaries "$all"
 cat "$dir/out"
+# 1b. What each timed step cost: CPU for all; credits went back across the two
+#     hosts under rank and node (each remote sender starts with 2 credits and
+#     sends 24 or more messages), and none under none or alltoallv.
+head -1 "$dir/moe.csv" | grep -q ",verified,packed,cpu_s,credit_returns,piggybacked_credits,zero_credit_s,deferred_sends$" ||
+    fail "the CSV lacks the cost columns: $(head -1 "$dir/moe.csv")"
+awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    { c = $col["contender"]; credits = $col["credit_returns"] + $col["piggybacked_credits"]
+      if ($col["cpu_s"] <= 0) { print c ": no CPU time"; bad = 1 }
+      if (c ~ /^(rank|node)/ && credits == 0) { print c ": no credits went back"; bad = 1 }
+      if (c ~ /^(none|alltoallv)/ && (credits != 0 || $col["zero_credit_s"] != 0)) { print c ": credit counters"; bad = 1 } }
+    END { exit bad }' "$dir/moe.csv" >"$dir/costs" || fail "costs: $(cat "$dir/costs")"
 # 2. Tokens of three datagrams (4 KiB datagrams), uniform routing, no warm-up.
 run -T 16 -H 10000 -k 2 -E 4 -z 0 -t 1 --warmup 0 -p "$all"
 summaries "$all"

@@ -70,7 +70,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #define INCAST_MAX_POLICIES 3
@@ -343,16 +342,6 @@ static mr_status_t incast_receive_all(incast_rank_t *r, size_t bytes)
     return st == MR_AGAIN ? MR_OK : st;
 }
 
-/* CPU seconds this process has used so far, user and system, all its threads. */
-static double incast_cpu_s(void)
-{
-    struct rusage ru;
-
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
-}
-
 /* Nothing to do but wait: receive, and with -w sleep until news if nothing came. */
 static mr_status_t incast_idle(const incast_options_t *o, incast_rank_t *r, size_t bytes,
                                const char *what)
@@ -456,7 +445,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
 
     incast_draw(o, r, rng);
     incast_barrier();
-    double cpu0 = incast_cpu_s();
+    double cpu0 = tool_cpu_s();
     r->start = r->last_send = r->last_recv = r->last_progress = tool_now();
     r->next_sample = r->start;
     st = incast_receive_all(r, bytes);
@@ -513,7 +502,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         if (st == MR_OK) break;
         st = st == MR_AGAIN ? incast_idle(o, r, bytes, "quiescence") : st;
     }
-    *cpu = incast_cpu_s() - cpu0;
+    *cpu = tool_cpu_s() - cpu0;
     return st;
 }
 

@@ -25,7 +25,6 @@
 
 #include <dirent.h>
 #include <mpi.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 /* The measures, in the order of the CSV columns after substrate, policy and ranks. */
@@ -90,16 +89,6 @@ static int open_fds(void)
 static double rss_now_mb(void)
 {
     return (double)tool_status_kb("VmRSS: %llu kB") / 1024;
-}
-
-/* CPU seconds this process has used, user and system. */
-static double cpu_s(void)
-{
-    struct rusage ru;
-
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
 static void fail(const char *what)
@@ -294,10 +283,10 @@ int main(int argc, char **argv)
         }
     }
     t0 = tool_now();
-    double c0 = cpu_s();
+    double c0 = tool_cpu_s();
     MPI_Init(&argc, &argv);
     v[M_MPI_INIT_S] = tool_now() - t0;
-    v[M_MPI_INIT_CPU_S] = cpu_s() - c0;
+    v[M_MPI_INIT_CPU_S] = tool_cpu_s() - c0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     v[M_RSS_MPI_MB] = rss_now_mb();
@@ -305,10 +294,10 @@ int main(int argc, char **argv)
     if (!baseline) {
         MPI_Comm comm = MPI_COMM_WORLD;
         t0 = tool_now();
-        c0 = cpu_s();
+        c0 = tool_cpu_s();
         check(mr_init_mpi(&comm, sizeof(comm)), "mr_init");
         v[M_MR_INIT_S] = tool_now() - t0;
-        v[M_MR_INIT_CPU_S] = cpu_s() - c0;
+        v[M_MR_INIT_CPU_S] = tool_cpu_s() - c0;
         v[M_RSS_INIT_MB] = rss_now_mb();
         v[M_FDS_INIT] = open_fds();
         check(mr_get_stats(&stats), "mr_get_stats");

@@ -68,6 +68,8 @@ if [ "${1:-}" = "--jobs" ]; then
                 continue
             fi
             grep -E "^mailrail_|elsewhere" "$tmp/job.out" | sed 's/^/  /'
+            # The tool's header, once, behind the two columns this script adds.
+            [ -s "$results" ] || head -n 1 "$tmp/job.csv" | sed 's/^/experiment,substrate,/' >"$results"
             awk -v p="$prefix" -v s="$substrate" 'NR > 1 { print p "," s "," $0 }' \
                 "$tmp/job.csv" >>"$results"
         done
@@ -126,8 +128,6 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-moe_header="experiment,substrate,contender,trial,ranks,nodes,tokens,hidden,k,experts,skew,hot,routing,seconds,tokens_per_s,hottest_rank,hottest_mib,port_bytes,port_packets,port_drops,verified,packed"
-gnn_header="experiment,substrate,contender,trial,ranks,nodes,vertices,edges,features,seconds,hottest_rank,hottest_mib,port_bytes,port_packets,port_drops,verified"
 
 # The fabric of P ranks: 4 sender hosts of (P - 4) / 4 ranks, a victim host of 4.
 check_ranks() {
@@ -212,12 +212,12 @@ for exp in "${expanded[@]}"; do
             list=$skews
             [ "$exp" = quick ] && list="0 1.0"
             check_ranks "$p"
-            echo "$moe_header" >"$out/$exp.csv"
+            : >"$out/$exp.csv"
             mapfile -t jobs < <(moe_jobs "$p" 1 "$list")
             layout "$build/tools/moe/mailrail_moe" "$p" "$out/$exp.csv" "$exp" "${jobs[@]}"
             moe_plots "$exp" skew "Zipf skew s of the experts' popularity" ;;
         moe-ranks)
-            echo "$moe_header" >"$out/$exp.csv"
+            : >"$out/$exp.csv"
             for p in ${ranks_list:-64 256 1024}; do
                 check_ranks "$p"
                 mapfile -t jobs < <(moe_jobs "$p" 0 1.0)
@@ -227,7 +227,7 @@ for exp in "${expanded[@]}"; do
         gnn)
             p=${ranks_list:-64}; p=${p%% *}
             check_ranks "$p"
-            echo "$gnn_header" >"$out/$exp.csv"
+            : >"$out/$exp.csv"
             jobs=()
             for sc in $scales; do
                 jobs+=("gnn-r$sc|-r $sc -F $features -t $trials -p $contenders -W $wait_ms -q")

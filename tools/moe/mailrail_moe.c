@@ -20,7 +20,10 @@
  *     --warmup N     untimed steps before each timed one (default 1)
  *     -s SEED        seed of the tokens and the routing (default: a fresh one each run,
  *                    printed; -s SEED repeats a run)
- *     -c FILE        append one CSV row per contender and trial to FILE
+ *     -c FILE        append one CSV row per contender and trial to FILE; besides the
+ *                    step's time it has what the timed step cost all ranks together:
+ *                    CPU seconds (cpu_s), and MailRail's credit returns, credits
+ *                    piggybacked, seconds blocked on credit and deferred sends
  *     -P COMMAND     rank 0 runs COMMAND (with sh) before and after each timed step; it
  *                    prints "bytes packets drops" of the bottleneck (tools/fabric's
  *                    $FABRIC_PORT_COUNTERS); the differences go to the output and CSV
@@ -100,22 +103,47 @@ static int moe_rank0_printf(const moe_rank_t *r, const char *fmt, ...)
 
 /* ---- Trials. ---- */
 
+/*
+ * What the timed step cost, summed over all ranks: CPU seconds (getrusage,
+ * user and system, MPI's and UCX's threads included), and MailRail's
+ * flow-control counters (0 for alltoallv). Taken from before the step to
+ * after its quiescence.
+ */
+enum { MOE_COST_CPU_S, MOE_COST_RETURNS, MOE_COST_PIGGYBACKED, MOE_COST_ZERO_CREDIT_S,
+       MOE_COST_DEFERRED, MOE_COSTS };
+
 /* What one trial of one contender measured, the same on every rank. */
 typedef struct moe_trial {
     double seconds;
     int hottest_rank;
     double hottest_mib;
     long long port[3];
+    double cost[MOE_COSTS];
     bool verified;
     int nodes;
 } moe_trial_t;
 
+/* This rank's costs so far (MailRail's counters only while it is initialized). */
+static void moe_costs(bool mailrail, double cost[MOE_COSTS])
+{
+    mr_stats_t st = {.size = sizeof(st)};
+
+    memset(cost, 0, MOE_COSTS * sizeof(*cost));
+    cost[MOE_COST_CPU_S] = tool_cpu_s();
+    if (!mailrail || mr_get_stats(&st) != MR_OK) return;
+    cost[MOE_COST_RETURNS] = (double)st.credit_returns_sent;
+    cost[MOE_COST_PIGGYBACKED] = (double)st.piggybacked_credits;
+    cost[MOE_COST_ZERO_CREDIT_S] = (double)st.zero_credit_ns * 1e-9;
+    cost[MOE_COST_DEFERRED] = (double)st.deferred_sends;
+}
+
 /* Runs the --warmup steps, untimed, and one timed step of `c`; false when MailRail failed. */
 static bool moe_run_steps(moe_rank_t *r, const tool_contender_t *c, double *seconds,
-                          bool *verified, long long port[3])
+                          bool *verified, long long port[3], double cost[MOE_COSTS])
 {
     const moe_options_t *o = r->o;
     long long before[3];
+    double cost0[MOE_COSTS];
     bool ok = true, probed = false, all_checked = true;
 
     for (int s = 0; s <= o->warmup && ok; s++) {
@@ -124,6 +152,7 @@ static bool moe_run_steps(moe_rank_t *r, const tool_contender_t *c, double *seco
         if (timed && r->rank == 0) r->inject = o->inject;
         if (timed) probed = r->rank == 0 && o->port_command != NULL &&
                             tool_port_probe("mailrail_moe", o->port_command, before);
+        if (timed) moe_costs(!c->mpi, cost0);
         if (c->mpi) {
             *seconds = moe_step_alltoallv(r);
         } else {
@@ -134,6 +163,10 @@ static bool moe_run_steps(moe_rank_t *r, const tool_contender_t *c, double *seco
                         mr_status_string(st));
                 ok = false;
             }
+        }
+        if (timed) {
+            moe_costs(!c->mpi, cost);
+            for (int i = 0; i < MOE_COSTS; i++) cost[i] -= cost0[i];
         }
         if (timed && probed && tool_port_probe("mailrail_moe", o->port_command, port)) {
             for (int i = 0; i < 3; i++) port[i] -= before[i];
@@ -151,7 +184,7 @@ static bool moe_trial(moe_rank_t *r, const tool_contender_t *c, moe_trial_t *out
 {
     const moe_options_t *o = r->o;
     MPI_Comm comm = MPI_COMM_WORLD;
-    double seconds = 0;
+    double seconds = 0, cost[MOE_COSTS] = {0};
     bool verified = false, ran = true;
 
     out->nodes = r->nodes;
@@ -184,7 +217,7 @@ static bool moe_trial(moe_rank_t *r, const tool_contender_t *c, moe_trial_t *out
         if (tool_connect("mailrail_moe", r->peers, r->npeers) != MR_OK) tool_abort();
         out->nodes = mr_node_count();
     }
-    ran = moe_run_steps(r, c, &seconds, &verified, out->port);
+    ran = moe_run_steps(r, c, &seconds, &verified, out->port, cost);
     if (!c->mpi) {
         if (!tool_invariants_hold("mailrail_moe")) verified = false;
         if (ran && mr_finalize() != MR_OK) verified = false;
@@ -194,6 +227,7 @@ static bool moe_trial(moe_rank_t *r, const tool_contender_t *c, moe_trial_t *out
     int mine_ok = verified, all_ok = 0;
     moe_allreduce(o, &seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX);
     moe_allreduce(o, &mine_ok, &all_ok, 1, MPI_INT, MPI_MIN);
+    moe_allreduce(o, cost, out->cost, MOE_COSTS, MPI_DOUBLE, MPI_SUM);
     struct { double bytes; int rank; } mine = {(double)r->bytes_received, r->rank}, hottest;
     moe_allreduce(o, &mine, &hottest, 1, MPI_DOUBLE_INT, MPI_MAXLOC);
     out->hottest_rank = hottest.rank;
@@ -501,7 +535,8 @@ int main(int argc, char **argv)
         else if (ftell(csv) == 0) {
             fprintf(csv, "contender,trial,ranks,nodes,tokens,hidden,k,experts,skew,hot,routing,"
                          "seconds,tokens_per_s,hottest_rank,hottest_mib,port_bytes,port_packets,"
-                         "port_drops,verified,packed\n");
+                         "port_drops,verified,packed,cpu_s,credit_returns,piggybacked_credits,"
+                         "zero_credit_s,deferred_sends\n");
         }
     }
     if (!o.quiet) {
@@ -512,6 +547,7 @@ int main(int argc, char **argv)
     double secs[MOE_MAX_CONTENDERS][MOE_MAX_TRIALS];
     moe_trial_t last[MOE_MAX_CONTENDERS];
     long long drops[MOE_MAX_CONTENDERS][MOE_MAX_TRIALS];
+    double costs[MOE_MAX_CONTENDERS][MOE_COSTS][MOE_MAX_TRIALS];
     for (int k = 0; k < o.trials && status == 0; k++) {
         for (int c = 0; c < o.ncontenders && status == 0; c++) {
             moe_trial_t t = {0};
@@ -525,6 +561,7 @@ int main(int argc, char **argv)
             }
             secs[c][k] = t.seconds;
             drops[c][k] = t.port[2];
+            for (int i = 0; i < MOE_COSTS; i++) costs[c][i][k] = t.cost[i];
             last[c] = t;
             double rate = (double)o.tokens * r.size / t.seconds;
             if (!o.quiet) {
@@ -534,10 +571,13 @@ int main(int argc, char **argv)
             }
             if (csv != NULL) {
                 fprintf(csv, "%s,%d,%d,%d,%llu,%zu,%u,%u,%.2f,%d,%s,%.6f,%.0f,%d,%.3f,%lld,%lld,"
-                        "%lld,1,%d\n", ct->name, k, r.size, t.nodes, (unsigned long long)o.tokens,
-                        o.hidden, o.k, o.experts, o.routing_file ? 0.0 : o.skew, o.hot,
-                        o.routing_file ? "file" : "zipf", t.seconds, rate, t.hottest_rank,
-                        t.hottest_mib, t.port[0], t.port[1], t.port[2], o.pack);
+                        "%lld,1,%d,%.3f,%.0f,%.0f,%.3f,%.0f\n", ct->name, k, r.size, t.nodes,
+                        (unsigned long long)o.tokens, o.hidden, o.k, o.experts,
+                        o.routing_file ? 0.0 : o.skew, o.hot, o.routing_file ? "file" : "zipf",
+                        t.seconds, rate, t.hottest_rank, t.hottest_mib, t.port[0], t.port[1],
+                        t.port[2], o.pack, t.cost[MOE_COST_CPU_S], t.cost[MOE_COST_RETURNS],
+                        t.cost[MOE_COST_PIGGYBACKED], t.cost[MOE_COST_ZERO_CREDIT_S],
+                        t.cost[MOE_COST_DEFERRED]);
                 fflush(csv);
             }
         }
@@ -565,6 +605,12 @@ int main(int argc, char **argv)
                 long long sum = 0;
                 for (int k = 0; k < o.trials; k++) sum += drops[c][k];
                 printf(", %lld port drops per step", sum / o.trials);
+            }
+            printf(", %.2f CPU s of all ranks", tool_median(costs[c][MOE_COST_CPU_S], o.trials));
+            if (!o.contenders[c].mpi) {
+                printf(", %.0f credit returns, %.2f s of sends blocked on credit "
+                       "(destinations summed)", tool_median(costs[c][MOE_COST_RETURNS], o.trials),
+                       tool_median(costs[c][MOE_COST_ZERO_CREDIT_S], o.trials));
             }
             printf("\n");
         }
