@@ -54,9 +54,10 @@ summaries() {
 MAILRAIL_RANKS_PER_NODE=2 run -T 48 -H 1000 -k 4 -E 8 -z 1.0 --hot -t 1 -p "$all" -c "$dir/moe.csv"
 summaries "$all"
 cat "$dir/out"
-# 1b. What each timed step cost: CPU for all; credits went back across the two
-#     hosts under rank and node (each remote sender starts with 2 credits and
-#     sends 24 or more messages), and none under none or alltoallv.
+# 1b. What each timed step cost: CPU for all; credits went back under rank and
+#     node (the two hot ranks consume hundreds of messages per step, and
+#     their senders' credits go back piggybacked or returned: 600-1,250 per
+#     contender in four runs), and none under none or alltoallv.
 head -1 "$dir/moe.csv" | grep -q ",verified,packed,cpu_s,credit_returns,piggybacked_credits,zero_credit_s,deferred_sends$" ||
     fail "the CSV lacks the cost columns: $(head -1 "$dir/moe.csv")"
 awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
