@@ -496,7 +496,8 @@ typedef struct mr_stats {
     uint64_t credit_returns_sent;     /* Control messages sent by flow control. */
     uint64_t credit_returns_received;
     uint64_t piggybacked_credits;     /* Credits carried on data messages. */
-    uint64_t zero_credit_ns;          /* Time spent with a send blocked on credit. */
+    uint64_t zero_credit_ns;          /* Time sends waited for credit, summed over the
+                                         destinations waited for at once. */
     uint64_t connections_rejected;    /* Peers dropped for a bad handshake or frame. */
     uint64_t items_pushed;            /* Accepted by mr_items_push() (mailrail_items.h). */
     uint64_t items_pulled;            /* Handed out by the mr_items_pull*() calls. */
