@@ -56,7 +56,7 @@ summaries "$all"
 cat "$dir/out"
 # 1b. What each timed step cost: CPU for all; credits went back under rank and
 #     node (the two hot ranks consume hundreds of messages per step, and
-#     their senders' credits go back piggybacked or returned: 600-1,250 per
+#     their senders' credits go back piggybacked or returned: 570-1,260 per
 #     contender in four runs), and none under none or alltoallv.
 head -1 "$dir/moe.csv" | grep -q ",verified,packed,cpu_s,credit_returns,piggybacked_credits,zero_credit_s,deferred_sends$" ||
     fail "the CSV lacks the cost columns: $(head -1 "$dir/moe.csv")"
