@@ -20,21 +20,20 @@ summarize() {
     }
     function sort(a, m,   i, j, t) { for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t } }
     function med(a, m) { return m % 2 ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2 }
-    # The median of column array v for key k, or empty when the tool did not write it.
+    # The median of v[k, 1..m], or empty when the tool did not write that column.
     function colmed(v, k, m,   t, g) { if (v[k, 1] == "") return ""; for (t = 1; t <= m; t++) g[t] = v[k, t]; sort(g, m); return med(g, m) }
     END {
         h = ""; for (i = 1; i <= nk; i++) h = h key[i] ","
         print h "contender,trials,seconds_median,seconds_min,seconds_max,of_alltoallv,port_drops_median,hottest_mib,cpu_s_median,credit_returns_median"
         for (i = 1; i <= nx; i++) {
             b = xs[i] SUBSEP "alltoallv"; base = 0
-            if (n[b]) { delete e; for (t = 1; t <= n[b]; t++) e[t] = s[b, t]; sort(e, n[b]); base = med(e, n[b]) }
+            if (n[b]) base = colmed(s, b, n[b])
             for (j = 1; j <= nc; j++) {
                 k = xs[i] SUBSEP cs[j]; m = n[k]; if (!m) continue
                 delete a; for (t = 1; t <= m; t++) a[t] = s[k, t]; sort(a, m)
-                delete f; for (t = 1; t <= m; t++) f[t] = d[k, t]; sort(f, m)
                 ratio = (base > 0) ? sprintf("%.2f", med(a, m) / base) : ""
                 printf "%s,%s,%d,%.4f,%.4f,%.4f,%s,%d,%.1f,%s,%s\n", xs[i], cs[j], m, med(a, m), a[1], a[m],
-                    ratio, med(f, m), hot[k], colmed(u, k, m), colmed(r, k, m)
+                    ratio, colmed(d, k, m), hot[k], colmed(u, k, m), colmed(r, k, m)
             }
         }
     }' "$csv"
