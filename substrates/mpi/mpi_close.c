@@ -136,6 +136,7 @@ void mpi__close(mr_substrate_t *s)
     if (!leak_batches) mr__batcher_fini(&s->batcher);
     free(s->ctrl_req);
     free(s->ctrl_dest);
+    free(s->ctrl_acc);
     free(s->indices);
     free(s->statuses);
     free(s->done_cookie);

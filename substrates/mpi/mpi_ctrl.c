@@ -75,7 +75,12 @@ int mpi__progress_ctrl_recvs(mr_substrate_t *s)
             s->discarded++;
             continue;
         }
-        s->base.up.control(s->base.core, src, (uint32_t)st.MPI_TAG);
+        /* A part of a split immediate (mpi_send.c): the rest follows, in order. */
+        uint32_t imm;
+        if (!mpi__ctrl_tag_join(s->ctrl_bits, &s->ctrl_acc[src], (uint32_t)st.MPI_TAG, &imm)) {
+            continue;
+        }
+        s->base.up.control(s->base.core, src, imm);
         events++;
     }
     return events;

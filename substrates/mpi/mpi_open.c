@@ -131,6 +131,7 @@ static mr_status_t mpi_read_tag_ub(mr_substrate_t *s)
     s->data_imm_ub = s->handler_bit - 1;
     s->data_imm_max = s->handler_bit - 2;
     s->batch_tag = s->kind_bit | s->handler_bit | s->data_imm_ub;
+    s->ctrl_bits = mpi__ctrl_tag_bits((uint64_t)s->tag_ub);
     return MR_OK;
 }
 
@@ -178,6 +179,7 @@ static mr_status_t mpi_alloc_buffers(mr_substrate_t *s)
     s->send_batch = malloc(max_sends * sizeof(*s->send_batch));
     s->ctrl_req = malloc(s->max_ctrl * sizeof(*s->ctrl_req));
     s->ctrl_dest = malloc(s->max_ctrl * sizeof(*s->ctrl_dest));
+    s->ctrl_acc = calloc((size_t)s->base.size, sizeof(*s->ctrl_acc));
     s->indices = malloc(scratch * sizeof(*s->indices));
     s->statuses = malloc(scratch * sizeof(*s->statuses));
     s->done_cookie = malloc(max_sends * sizeof(*s->done_cookie));
@@ -192,7 +194,7 @@ static mr_status_t mpi_alloc_buffers(mr_substrate_t *s)
         s->send_cookie == NULL || s->send_dest == NULL || s->send_mark == NULL ||
         s->send_batch == NULL || s->done_batch == NULL ||
         s->peer_sent == NULL || s->peer_matched == NULL || s->ctrl_req == NULL ||
-        s->ctrl_dest == NULL || s->indices == NULL || s->statuses == NULL ||
+        s->ctrl_dest == NULL || s->ctrl_acc == NULL || s->indices == NULL || s->statuses == NULL ||
         s->done_cookie == NULL || s->done_dest == NULL || s->done_err == NULL ||
         s->peer == NULL || mr__failq_init(&s->failq, s->base.size) != MR_OK) {
         MR__LOG(s, MR_LOG_ERROR, "MPI substrate: out of memory for %u staging buffers of %zu "

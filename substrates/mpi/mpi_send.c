@@ -1,6 +1,6 @@
 /*
  * send() and send_control(): the send window, immediates too large for a
- * tag split into control messages, and coalescing small messages into
+ * tag sent as control messages, and coalescing small messages into
  * batches (mr_batch.h). Their completions are handled by progress()
  * (mpi_progress.c).
  */
@@ -19,18 +19,18 @@ static mr_status_t send_check(mr_substrate_t *s, int dest)
 }
 
 /*
- * Starts the zero-byte control sends that carry `imm` to `dest`, in tags of
- * at most tag_ub that add up to it. The caller has checked that the pool has
+ * Starts the zero-byte control sends that carry `imm` to `dest`, in parts
+ * (mpi_ctrl_tag.h; mpi_ctrl.c puts them together). The caller has checked that the pool has
  * room for split_count(imm) of them.
  */
 static mr_status_t ctrl_isend(mr_substrate_t *s, int dest, uint32_t imm)
 {
-    uint32_t left = imm;
+    size_t parts = split_count(s, imm);
 
-    do {
-        uint32_t part = left > (uint32_t)s->tag_ub ? (uint32_t)s->tag_ub : left;
+    for (size_t i = parts; i-- > 0;) {
+        uint32_t tag = mpi__ctrl_tag_part(s->ctrl_bits, imm, i);
         size_t k = s->nctrl;
-        int rc = MPI_Isend(&s->ctrl_dummy, 0, MPI_BYTE, dest, (int)part, s->ctrl_comm,
+        int rc = MPI_Isend(&s->ctrl_dummy, 0, MPI_BYTE, dest, (int)tag, s->ctrl_comm,
                            &s->ctrl_req[k]);
         if (rc != MPI_SUCCESS) {
             s->ctrl_req[k] = MPI_REQUEST_NULL;
@@ -39,8 +39,8 @@ static mr_status_t ctrl_isend(mr_substrate_t *s, int dest, uint32_t imm)
         }
         s->ctrl_dest[k] = dest;
         s->nctrl++;
-        left -= part;
-    } while (left > 0);
+    }
+    if (parts > 1) s->split_imm++;
     return MR_OK;
 }
 
@@ -176,15 +176,15 @@ mr_status_t mpi__send(mr_substrate_t *s, int dest, unsigned kind, uint32_t imm,
     if (!data_can_send(s, dest)) return MR_AGAIN;
     if (imm > s->data_imm_max) {
         /*
-         * The credits do not fit in a tag: they go ahead as control messages
-         * (credits only add up, so their order relative to the data does not
-         * matter) and the data leaves with tag 0. Both or neither: refuse if
+         * The credits do not fit in a tag: they go ahead as a control message
+         * (a return means the same before or after the data: a count adds up,
+         * a node's total only raises what was applied) and the data leaves
+         * with tag 0. Both or neither: refuse if
          * the control pool cannot take the whole split now.
          */
         if (s->nctrl + split_count(s, imm) > s->max_ctrl) return MR_AGAIN;
         st = ctrl_isend(s, dest, imm);
         if (st != MR_OK) return st;
-        s->split_imm++;
         tag = 0;
     }
     if (kind == MR_KIND_ITEMS) tag |= s->kind_bit;
@@ -209,6 +209,5 @@ mr_status_t mpi__send_control(mr_substrate_t *s, int dest, uint32_t imm)
         return MR_OK;
     }
     if (s->nctrl + split_count(s, imm) > s->max_ctrl) return MR_AGAIN;
-    if (imm > (uint32_t)s->tag_ub) s->split_imm++;
     return ctrl_isend(s, dest, imm);
 }

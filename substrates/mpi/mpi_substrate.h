@@ -7,6 +7,7 @@
  *
  * This header is internal to the plugin. Its files, one job each:
  *   mpi_substrate.h  constants, the settings and state types, helpers the files share
+ *   mpi_ctrl_tag.h   how an immediate travels in control tags (pure, unit-tested)
  *   mpi_settings.c   the settings table (MAILRAIL_MAX_RECVS, MAILRAIL_MPI_SEND_WINDOW)
  *   mpi_errors.c     MPI error text, local failures, peers marked failed by send/receive errors
  *   mpi_open.c       open() and its steps, the address blob, connect()
@@ -22,6 +23,7 @@
 #ifndef MR_MPI_SUBSTRATE_H
 #define MR_MPI_SUBSTRATE_H
 
+#include "mpi_ctrl_tag.h"
 #include "mr_batch.h"
 #include "mr_failq.h"
 #include "mr_substrate_base.h"
@@ -120,6 +122,13 @@ struct mr_substrate {
     uint32_t data_imm_ub;      /* and the immediate in the bits below it, */
     uint32_t data_imm_max;     /* at most this, since */
     uint32_t batch_tag;        /* every bit set marks a batch of frames (mr_batch.h). */
+    /*
+     * Control tags: an immediate of more than ctrl_bits travels in several
+     * control messages (mpi_ctrl_tag.h); the receiver puts them together per
+     * source (ctrl_acc), in the order MPI keeps between two ranks.
+     */
+    unsigned ctrl_bits;        /* mpi_ctrl_tag.h */
+    uint32_t *ctrl_acc;        /* Per source: the bits of a split immediate so far. */
     size_t coalesce_bytes;     /* MAILRAIL_COALESCE_BYTES. */
     mr__batcher_t batcher;
     bool connected;
@@ -199,7 +208,7 @@ struct mr_substrate {
     mr__failq_t failq;         /* PEER_FAIL_PENDING ranks, reported by progress(). */
 
     uint64_t discarded;        /* Messages from failed ranks, thrown away. */
-    uint64_t split_imm;        /* Immediates too large for a tag, sent as control messages. */
+    uint64_t split_imm;        /* Immediates sent in more than one control message. */
     uint64_t dropped_ctrl;     /* Control messages not sent because closing() was called. */
 };
 MR__BASE_CHECK();
@@ -225,12 +234,10 @@ static inline unsigned ring_at(const mr_substrate_t *s, unsigned from, unsigned 
     return i >= s->nrecv ? i - s->nrecv : i;
 }
 
-/* Control messages needed to carry `imm` in tags of at most tag_ub. */
+/* Control messages needed to carry `imm` (mpi_ctrl_tag.h). */
 static inline size_t split_count(const mr_substrate_t *s, uint32_t imm)
 {
-    uint64_t ub = (uint64_t)s->tag_ub;
-    if (imm == 0) return 1;
-    return (size_t)(((uint64_t)imm + ub - 1) / ub);
+    return mpi__ctrl_tag_parts(s->ctrl_bits, imm);
 }
 
 /* Frees a batch that was sent or given up (its messages were done when packed): one event. */
