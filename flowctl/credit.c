@@ -42,6 +42,12 @@
 #define CREDIT_REPEATS 2
 /* A key that sent fewer messages than this in an epoch does not count as active. */
 #define CREDIT_ACTIVE_ARRIVALS 2
+/*
+ * A grown window doubles again only when the receiver's rate rose by this
+ * factor since it last grew; otherwise the bottleneck is elsewhere (a port,
+ * the receiver) and it halves back.
+ */
+#define CREDIT_GROW_GAIN 1.25
 
 mr_status_t mr__credit_share(const char *policy, const char *setting, const char *what,
                              uint64_t configured, size_t recv_slots, int keys, uint32_t *out)
@@ -71,6 +77,7 @@ mr_status_t mr__credit_owed_init(mr_credit_owed_t *o, int nkeys, uint32_t limit,
     o->nkeys = nkeys;
     o->limit = limit;
     o->threshold = params->return_threshold;
+    o->grow = params->grow;
     o->key = calloc((size_t)nkeys, sizeof(*o->key));
     o->retry = calloc((size_t)nkeys, sizeof(*o->retry));
     o->watch = calloc((size_t)nkeys, sizeof(*o->watch));
@@ -136,6 +143,10 @@ void mr__credit_owed_fini(mr_credit_owed_t *o)
                  (double)o->win.loop_ns / 1e3, (double)credit_mean_loop_ns(&o->win) / 1e3);
     }
     if (o->repeats > 0) mr_debug("Credit returns said again: %llu.", (unsigned long long)o->repeats);
+    if (o->grows > 0) {
+        mr_debug("Credit windows doubled for senders that asked %llu time(s), halved %llu time(s).",
+                 (unsigned long long)o->grows, (unsigned long long)o->brakes);
+    }
     free(o->key);
     free(o->retry);
     free(o->watch);
@@ -170,7 +181,7 @@ static void credit_granted(mr_credit_owed_t *o, int key, uint32_t n)
     if (k->adaptive && k->held == 0 && k->probe_t0 == 0) k->probe_t0 = now = mr__now_ns();
     k->owed -= n;
     k->held += n;
-    k->total += n;
+    k->total = (k->total + n) & MR_CREDIT_TOTAL_MASK;
     if (!o->cumulative || k->nsenders < 2) return;
     k->arrivals_seen = k->arrivals;
     k->resend_at = (now != 0 ? now : mr__now_ns()) + credit_repeat_after(o);
@@ -198,8 +209,8 @@ uint32_t mr__credit_owed_take(mr_credit_owed_t *o, int key)
     if (k->owed < at) return 0;
     n = mr__credit_owed_returnable(o, key);
     if (n < at) return 0;
-    /* A total of 0 (mod 2^32) would read as no credits: those go with the next return. */
-    if (o->cumulative && k->total + n == 0) return 0;
+    /* A total of 0 (mod 2^30) would read as no credits: those go with the next return. */
+    if (o->cumulative && ((k->total + n) & MR_CREDIT_TOTAL_MASK) == 0) return 0;
     credit_granted(o, key, n);
     k->last_take = n;
     return n;
@@ -241,7 +252,8 @@ static mr_status_t credit_send(mr_credit_owed_t *o, int key, uint32_t n)
 
     if (n == 0 || k->nsenders == 0) return MR_OK;
     while (k->nsenders > 0) {
-        status = o->send_control(o->core, k->sender[0], o->cumulative ? k->total + n : n);
+        status = o->send_control(o->core, k->sender[0],
+                                 o->cumulative ? (k->total + n) & MR_CREDIT_TOTAL_MASK : n);
         if (status == MR_OK) {
             credit_granted(o, key, n);
             return MR_OK;
@@ -262,6 +274,14 @@ static void credit_owed_return(mr_credit_owed_t *o, int key)
     if (credit_send(o, key, mr__credit_owed_returnable(o, key)) == MR_AGAIN) credit_queue(o, key);
 }
 
+/* The shortest credit loop of this epoch or the last, or 0. */
+static uint64_t credit_shortest_loop_ns(const mr_credit_window_t *w)
+{
+    return w->loop_fresh_ns != 0 && (w->loop_ns == 0 || w->loop_fresh_ns < w->loop_ns)
+               ? w->loop_fresh_ns
+               : w->loop_ns;
+}
+
 /*
  * Sizes the window: the arrivals of one horizon at the receiver's best recent
  * rate, shared by the ranks that send to it (mr__credit_owed_window() applies
@@ -269,9 +289,7 @@ static void credit_owed_return(mr_credit_owed_t *o, int key)
  */
 void mr__credit_window_resize(mr_credit_window_t *w, uint32_t limit)
 {
-    uint64_t loop = w->loop_fresh_ns != 0 && (w->loop_ns == 0 || w->loop_fresh_ns < w->loop_ns)
-                        ? w->loop_fresh_ns
-                        : w->loop_ns;
+    uint64_t loop = credit_shortest_loop_ns(w);
     uint64_t horizon = 2 * loop > w->horizon_min_ns ? 2 * loop : w->horizon_min_ns;
     /*
      * Twice the mean, as twice the shortest: a window of one mean loop at
@@ -297,6 +315,17 @@ static void credit_epoch(mr_credit_window_t *w, uint64_t now)
     w->epoch_end_ns = now + CREDIT_EPOCH_NS;
 }
 
+/* A grown window halves for every whole epoch in which its senders never asked. */
+static void credit_grown_decay(mr_credit_owed_t *o, mr_credit_key_t *k)
+{
+    uint32_t idle = o->win.epoch - k->asked_epoch;
+
+    if (idle < 2) return;
+    k->grown = idle - 1 < 32 ? k->grown >> (idle - 1) : 0;
+    k->asked_epoch = o->win.epoch - 1;
+    mr__credit_key_refresh(o, k);
+}
+
 /* Counts an arrival for the rate, times loops, rolls epochs over, resizes the window. */
 static void credit_window_arrival(mr_credit_owed_t *o, mr_credit_key_t *k)
 {
@@ -306,6 +335,7 @@ static void credit_window_arrival(mr_credit_owed_t *o, mr_credit_key_t *k)
     if (k->epoch != w->epoch) {
         k->epoch = w->epoch;
         k->epoch_arrivals = 0;
+        if (k->grown != 0) credit_grown_decay(o, k);
     }
     if (++k->epoch_arrivals == CREDIT_ACTIVE_ARRIVALS) w->active_now += k->weight;
     if (k->probe_t0 != 0) {
@@ -375,6 +405,58 @@ void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
     if (!k->queued && mr__credit_owed_returnable(o, key) >= mr__credit_key_return_at(o, k)) {
         credit_queue(o, key);
     }
+}
+
+/*
+ * How long after a change of a grown window its effect on the rate can show,
+ * or 0 before any credit loop was timed: the mean of the latest loops, twice
+ * the shortest, or the shortest horizon, whichever is longest.
+ */
+static uint64_t credit_settle_ns(const mr_credit_window_t *w)
+{
+    uint64_t shortest = credit_shortest_loop_ns(w), t = credit_mean_loop_ns(w);
+
+    if (shortest == 0) return 0;
+    if (2 * shortest > t) t = 2 * shortest;
+    return t > w->horizon_min_ns ? t : w->horizon_min_ns;
+}
+
+void mr__credit_owed_asked(mr_credit_owed_t *o, int key)
+{
+    mr_credit_key_t *k = &o->key[key];
+    const mr_credit_window_t *w = &o->win;
+    uint64_t now;
+
+    if (!o->grow || !k->adaptive) return;
+    k->asked_epoch = w->epoch;
+    /* Not before a loop is timed, nor within one of the last change, nor in the epoch of a brake. */
+    uint64_t settle = credit_settle_ns(w);
+    if (settle == 0 || k->braked_epoch == w->epoch + 1) return;
+    now = mr__now_ns();
+    if (k->grown_ns != 0 && now - k->grown_ns < settle) return;
+    uint64_t of_rate = mr__credit_rate_window(o, k);
+    uint32_t window = mr__credit_owed_window(o, key);
+    if (k->grown > of_rate && w->rate < CREDIT_GROW_GAIN * k->grown_rate) {
+        /* The last doubling did not raise the rate: something else holds it. */
+        k->grown = k->grown / 2 > of_rate ? k->grown / 2 : 0;
+        k->braked_epoch = w->epoch + 1;
+        o->brakes++;
+    } else if (window < o->limit) {
+        k->grown = window < o->limit / 2 ? 2 * window : o->limit;
+        o->grows++;
+    } else {
+        return;
+    }
+    k->grown_ns = now;
+    k->grown_rate = w->rate;
+    mr__credit_key_refresh(o, k); /* The return threshold follows the window. */
+    if (!k->queued && mr__credit_owed_returnable(o, key) >= k->return_at) credit_queue(o, key);
+}
+
+mr_status_t mr__credit_ask(const mr_credit_owed_t *o, int key, int dest)
+{
+    if (!o->grow || !o->key[key].adaptive) return MR_OK;
+    return o->send_control(o->core, dest, MR_CREDIT_ASK);
 }
 
 void mr__credit_owed_consume(mr_credit_owed_t *o, int key, int rank)

@@ -24,6 +24,12 @@ const mr_config_entry_t mr__flowctl_config_table[] = {
      "one makes larger windows, which need fewer credit returns and so less CPU, but let more "
      "data wait in front of a bottleneck: 2000 keeps about 50 KB in front of a 200 Mbit/s "
      "port. Measured credit loops lengthen it (docs/flowctl.md)."},
+    {"MAILRAIL_CREDIT_GROW", "yes", MR_CONFIG_BOOL, offsetof(mr_flowctl_config_t, credit_grow),
+     0, 0, NULL,
+     "Under the rank and node policies with adaptive grants, a receiver doubles the window of "
+     "a sender (rank or node) that used all its credits, up to its share, and halves it when "
+     "a credit loop of that sender took four times the shortest (a loss or a queue), or after "
+     "an epoch (250 ms) in which it never ran dry. no keeps the window at rate x horizon."},
     {"MAILRAIL_PIGGYBACK", "yes", MR_CONFIG_BOOL, offsetof(mr_flowctl_config_t, piggyback), 0, 0,
      NULL,
      "Under the rank and node policies, a data message to a rank also carries the credits "

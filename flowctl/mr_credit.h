@@ -27,7 +27,8 @@
  * `rate` is its best recent arrival rate, `horizon` is 2 ms, twice the
  * shortest credit loop it measured, or twice the mean of its latest loops (up
  * to 500 ms), whichever is longest. A key that stands
- * for several ranks (a node) gets the shares of its ranks. docs/flowctl.md
+ * for several ranks (a node) gets the shares of its ranks, and one whose
+ * senders ask for credit may get more (mr_credit_owed_t.grow). docs/flowctl.md
  * explains it, docs/incast.md measures it. Static grants keep window = limit.
  */
 #define MR_CREDIT_INITIAL 2
@@ -83,6 +84,12 @@ typedef struct mr_credit_key {
     uint32_t return_at;
     uint32_t weight;          /* Adaptive: the sending ranks it stands for. */
     uint64_t return_at_q8;
+    /*
+     * A window grown because the key's senders asked for credit
+     * (mr_credit_owed_t.grow), or 0: the key may hold this many when the
+     * window of the rate is smaller.
+     */
+    uint32_t grown;
     uint8_t nsenders;         /* Its last distinct senders, the latest first: */
     uint8_t queued;           /* On the retry list. */
     bool adaptive;            /* Granted up to the window (else the whole share). */
@@ -90,8 +97,12 @@ typedef struct mr_credit_key {
     uint32_t epoch;           /* The last epoch it sent in, and how much: */
     uint32_t epoch_arrivals;
     uint64_t probe_t0;        /* When credits went to it with none held, or 0. */
+    uint32_t asked_epoch;     /* The last epoch its senders asked for credit in, */
+    uint64_t grown_ns;        /* when `grown` last changed (or 0), */
+    double grown_rate;        /* and the receiver's rate then; */
+    uint32_t braked_epoch;    /* the epoch it was last halved in, plus 1 (0: never). */
     /* Cumulative returns (mr_credit_owed_t.cumulative): */
-    uint32_t total;           /* credits granted back so far, mod 2^32: what a return says; */
+    uint32_t total;           /* credits granted back so far, mod 2^30: what a return says; */
     uint32_t last_take;       /* the last mr__credit_owed_take(), for a put-back; */
     uint32_t arrivals;        /* messages that came, mod 2^32; */
     uint32_t arrivals_seen;   /* as of the last look at the watch list; */
@@ -113,6 +124,18 @@ typedef struct mr_credit_owed {
     int nretry;
     mr_credit_window_t win;
     /*
+     * MAILRAIL_CREDIT_GROW: a sender that finds no credit asks its receiver
+     * for more (mr__credit_ask(): a control message of MR_CREDIT_ASK, once per
+     * wait, once per node under `node`), and the receiver doubles the key's
+     * window, up to `limit`, at most once per credit loop, while that raises
+     * its rate; when a doubling did not, it halves the window back and lets
+     * it grow again only from the next epoch on. The window of the rate alone
+     * can starve senders that no bottleneck holds back: it covers the rate
+     * the window itself let through (docs/flowctl.md).
+     */
+    bool grow;
+    uint64_t grows, brakes; /* How often windows grew and were halved (logged at fini). */
+    /*
      * Returns say the total granted back so far instead of the count of this
      * one (`node`): a return said twice, or late, adds nothing, so a return
      * that a lost packet holds up is said again, after a few credit loops
@@ -125,6 +148,28 @@ typedef struct mr_credit_owed {
     void *core;
     mr_status_t (*send_control)(void *core, int dest, uint32_t imm);
 } mr_credit_owed_t;
+
+/*
+ * Control immediates (mr_flowctl_params_t.send_control): a count of credits
+ * (`rank`), a total mod 2^30 (`node`, mr_credit_owed_t.cumulative), or
+ * MR_CREDIT_ASK, a sender's request for more (mr__credit_ask()). The core
+ * keeps bit 31 for failure notices.
+ */
+#define MR_CREDIT_TOTAL_MASK 0x3fffffffu
+#define MR_CREDIT_ASK 0x40000000u
+
+/*
+ * The credits a cumulative `total` adds to the total `applied` so far: none
+ * when it is the same or older (said twice, or overtaken by a later one).
+ * Totals wrap at 2^30; two that are applied one after the other differ by
+ * at most a key's share, far less than 2^29.
+ */
+static inline uint32_t mr__credit_total_gain(uint32_t applied, uint32_t total)
+{
+    uint32_t gain = (total - applied) & MR_CREDIT_TOTAL_MASK;
+
+    return gain <= MR_CREDIT_TOTAL_MASK / 2 ? gain : 0;
+}
 
 /* The credits a sender starts with for a remote receiver: same on both sides. */
 static inline uint32_t mr__credit_initial(uint32_t limit, bool adaptive)
@@ -163,13 +208,20 @@ void mr__credit_owed_fini(mr_credit_owed_t *o);
 /* Sizes per_rank_q8 from the rate, the loops and the horizon (credit.c; tests call it). */
 void mr__credit_window_resize(mr_credit_window_t *w, uint32_t limit);
 
+/* The window of the receiver's rate for key `k`, before the floor, growth and limit. */
+static inline uint64_t mr__credit_rate_window(const mr_credit_owed_t *o, const mr_credit_key_t *k)
+{
+    return ((uint64_t)o->win.per_rank_q8 * k->weight + 255) >> 8;
+}
+
 /* How many credits `key` may have outstanding now. */
 static inline uint32_t mr__credit_owed_window(const mr_credit_owed_t *o, int key)
 {
     const mr_credit_key_t *k = &o->key[key];
-    uint64_t window = ((uint64_t)o->win.per_rank_q8 * k->weight + 255) >> 8;
+    uint64_t window = mr__credit_rate_window(o, k);
     uint32_t floor = o->limit < MR_CREDIT_INITIAL ? o->limit : MR_CREDIT_INITIAL;
 
+    if (k->grown > window) window = k->grown;
     if (!k->adaptive || window >= o->limit) return o->limit;
     return window > floor ? (uint32_t)window : floor;
 }
@@ -218,6 +270,19 @@ static inline uint32_t mr__credit_owed_wire(const mr_credit_owed_t *o, int key, 
 
 /* A data message of `key`, sent by `rank`, arrived on one of the key's credits. */
 void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank);
+
+/*
+ * The senders of `key` asked for credit (a control message of MR_CREDIT_ASK):
+ * grows its window, or halves it back (mr_credit_owed_t.grow).
+ */
+void mr__credit_owed_asked(mr_credit_owed_t *o, int key);
+
+/*
+ * The sender's side: a send to `dest`, whose receiver knows this rank as
+ * `key` in `o` (symmetric: a key is adaptive on both sides or neither), found
+ * no credit; asks for more when the receiver grows windows.
+ */
+mr_status_t mr__credit_ask(const mr_credit_owed_t *o, int key, int dest);
 
 /* One slot of `key` was freed by a message from `rank`; returns credits when due. */
 void mr__credit_owed_consume(mr_credit_owed_t *o, int key, int rank);
@@ -284,7 +349,7 @@ static inline uint32_t mr__credit_owed_put_back(mr_credit_owed_t *o, int key, ui
 
     k->owed += n;
     k->held -= n;
-    k->total -= n;
+    k->total = (k->total - n) & MR_CREDIT_TOTAL_MASK;
     return n;
 }
 

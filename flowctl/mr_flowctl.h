@@ -25,6 +25,7 @@ typedef struct mr_flowctl_config {
     unsigned policy;                  /* Index into mr__flowctl_names. */
     uint64_t credit_return_threshold; /* Return credits after 1/this of them were consumed. */
     uint64_t credit_horizon_us;       /* The shortest time an adaptive window covers. */
+    bool credit_grow;                 /* Grow the window of a key whose senders run dry. */
     bool piggyback;                   /* Carry owed credits on data messages. */
 } mr_flowctl_config_t;
 
@@ -42,6 +43,7 @@ typedef struct mr_flowctl_params {
     size_t recv_slots;
     unsigned return_threshold;   /* MAILRAIL_CREDIT_RETURN_THRESHOLD. */
     uint64_t horizon_ns;         /* MAILRAIL_CREDIT_HORIZON_US; 0 takes its default. */
+    bool grow;                   /* MAILRAIL_CREDIT_GROW. */
     bool piggyback;              /* MAILRAIL_PIGGYBACK. */
     const char *job_id;
     const void *config;     /* The policy's settings, parsed from its table. */

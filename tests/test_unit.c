@@ -596,6 +596,93 @@ START_TEST(credit_window_follows_the_horizon)
 END_TEST
 
 /*
+ * MAILRAIL_CREDIT_GROW: a key whose senders ask for credit (a control message
+ * of MR_CREDIT_ASK) gets twice its window, up to its share, at most once per
+ * credit loop (never before one was timed), and the credits that makes due go
+ * back at progress. A doubling that did not raise the receiver's rate by a
+ * quarter is halved back at the next ask, and grows again only from the next
+ * epoch. Every whole epoch without an ask halves it. Without the setting, or for a static key, asks change nothing.
+ */
+START_TEST(credit_window_grows_for_senders_that_ask)
+{
+    credit_calls_t calls = {.failed_rank = -1};
+    mr_flowctl_params_t params = {.return_threshold = 2, .core = &calls,
+                                  .send_control = credit_record};
+    const uint32_t weight[2] = {4, 0};
+    mr_credit_owed_t o;
+
+    ck_assert_int_eq(mr__credit_owed_init(&o, 2, 64, true, weight, &params), MR_OK);
+    ck_assert_int_eq(mr__credit_ask(&o, 0, 7), MR_OK);
+    ck_assert_int_eq(calls.n, 0);
+    mr__credit_owed_asked(&o, 0);
+    ck_assert_uint_eq(o.key[0].grown, 0);
+    ck_assert_uint_eq(mr__credit_owed_window(&o, 0), MR_CREDIT_INITIAL);
+    mr__credit_owed_fini(&o);
+
+    params.grow = true;
+    ck_assert_int_eq(mr__credit_owed_init(&o, 2, 64, true, weight, &params), MR_OK);
+    /* The sender's side: a control message of MR_CREDIT_ASK, to an adaptive key only. */
+    ck_assert_int_eq(mr__credit_ask(&o, 0, 7), MR_OK);
+    ck_assert_int_eq(mr__credit_ask(&o, 1, 9), MR_OK);
+    ck_assert_int_eq(calls.n, 1);
+    ck_assert_int_eq(calls.dest[0], 7);
+    ck_assert_uint_eq(calls.credits[0], MR_CREDIT_ASK);
+    calls.n = 0;
+    mr__credit_owed_arrived(&o, 0, 10);
+    mr__credit_owed_asked(&o, 1);
+    ck_assert_uint_eq(o.key[1].grown, 0);
+    /* No credit loop timed yet: nothing to judge a change by. */
+    mr__credit_owed_asked(&o, 0);
+    ck_assert_uint_eq(o.key[0].grown, 0);
+    /* Doubled: 2 of the 4 go back at progress, to the latest sender. */
+    o.win.loop_ns = 1000000;
+    mr__credit_owed_asked(&o, 0);
+    ck_assert_uint_eq(o.key[0].grown, 4);
+    ck_assert_uint_eq(mr__credit_owed_window(&o, 0), 4);
+    ck_assert_uint_eq(mr__credit_owed_return_at(&o, 0), 2);
+    ck_assert_int_eq(mr__credit_owed_progress(&o), 1);
+    ck_assert_int_eq(calls.dest[0], 10);
+    ck_assert_uint_eq(calls.credits[0], 3);
+    ck_assert_uint_eq(o.key[0].held, 4);
+    /* Asked again within a loop: nothing. */
+    mr__credit_owed_asked(&o, 0);
+    ck_assert_uint_eq(o.key[0].grown, 4);
+    /* A loop later, the rate rose: doubled again. */
+    o.key[0].grown_ns -= 10000000;
+    o.win.rate = 1000.0;
+    mr__credit_owed_asked(&o, 0);
+    ck_assert_uint_eq(o.key[0].grown, 8);
+    ck_assert_uint_eq(o.grows, 2);
+    /* The rate rose by less than a quarter: halved back, and no growth for the epoch. */
+    o.key[0].grown_ns -= 10000000;
+    o.win.rate = 1200.0;
+    mr__credit_owed_asked(&o, 0);
+    ck_assert_uint_eq(o.key[0].grown, 4);
+    ck_assert_uint_eq(o.brakes, 1);
+    o.key[0].grown_ns -= 10000000;
+    o.win.rate = 1600.0;
+    mr__credit_owed_asked(&o, 0);
+    ck_assert_uint_eq(o.key[0].grown, 4);
+    o.win.epoch++;
+    mr__credit_owed_asked(&o, 0);
+    ck_assert_uint_eq(o.key[0].grown, 8);
+    /* Up to the share, never beyond. */
+    o.key[0].grown = 40;
+    o.key[0].grown_ns -= 10000000;
+    o.win.rate = 4000.0;
+    mr__credit_owed_asked(&o, 0);
+    ck_assert_uint_eq(o.key[0].grown, 64);
+    ck_assert_uint_eq(mr__credit_owed_window(&o, 0), 64);
+    /* Two whole epochs without an ask: a quarter, at the next arrival. */
+    o.win.epoch = o.key[0].asked_epoch + 3;
+    mr__credit_owed_arrived(&o, 0, 10);
+    ck_assert_uint_eq(o.key[0].grown, 16);
+    ck_assert_uint_eq(mr__credit_owed_window(&o, 0), 16);
+    mr__credit_owed_fini(&o);
+}
+END_TEST
+
+/*
  * Cumulative returns (the node policy): a return says the total granted back
  * so far, a piggyback too, and one put back is taken off it. A key that sends
  * nothing while it holds credits has its total said again after the repeat
@@ -647,6 +734,50 @@ START_TEST(credit_cumulative_returns_are_said_again)
     ck_assert_int_ne(calls.dest[2], calls.dest[1]);
     ck_assert_uint_eq(o.repeats, 2);
     mr__credit_owed_fini(&o);
+}
+END_TEST
+
+/*
+ * Cumulative totals wrap at 2^30 (bit 30 asks for credit, bit 31 is the
+ * core's failure notice): a return across the wrap says a small total, a
+ * piggyback that would say 0 waits, and the node applies the difference
+ * across the wrap and nothing for a total it has seen or passed.
+ */
+START_TEST(credit_totals_wrap_below_the_ask_and_notice_bits)
+{
+    credit_calls_t calls = {.failed_rank = -1};
+    mr_flowctl_params_t params = {.return_threshold = 2, .core = &calls,
+                                  .send_control = credit_record};
+    const uint32_t weight[1] = {4};
+    mr_credit_owed_t o;
+
+    ck_assert_int_eq(mr__credit_owed_init(&o, 1, 64, false, weight, &params), MR_OK);
+    mr__credit_owed_cumulative(&o);
+    o.key[0].total = MR_CREDIT_TOTAL_MASK - 9;
+    for (int i = 0; i < 32; i++) mr__credit_owed_arrived(&o, 0, 11);
+    for (int i = 0; i < 32; i++) mr__credit_owed_consume(&o, 0, 11);
+    ck_assert_int_eq(calls.n, 1);
+    ck_assert_uint_eq(calls.credits[0], 22);
+    ck_assert_uint_eq(o.key[0].total, 22);
+    /* 20 short of the wrap, a piggyback of 20 would say 0: it waits; 21 short, it goes. */
+    o.key[0].total = MR_CREDIT_TOTAL_MASK - 19;
+    for (int i = 0; i < 20; i++) mr__credit_owed_arrived(&o, 0, 11);
+    for (int i = 0; i < 20; i++) mr__credit_owed_consume_fast(&o, 0, 11) ||
+                                  (mr__credit_owed_consume(&o, 0, 11), true);
+    ck_assert_uint_eq(o.key[0].owed, 20);
+    ck_assert_uint_eq(mr__credit_owed_take(&o, 0), 0);
+    o.key[0].total = MR_CREDIT_TOTAL_MASK - 20;
+    ck_assert_uint_eq(mr__credit_owed_take(&o, 0), 20);
+    ck_assert_uint_eq(mr__credit_owed_wire(&o, 0, 20), MR_CREDIT_TOTAL_MASK);
+    ck_assert_int_eq(calls.n, 1);
+    mr__credit_owed_fini(&o);
+
+    ck_assert_uint_eq(mr__credit_total_gain(MR_CREDIT_TOTAL_MASK - 9, 22), 32);
+    ck_assert_uint_eq(mr__credit_total_gain(22, MR_CREDIT_TOTAL_MASK - 9), 0);
+    ck_assert_uint_eq(mr__credit_total_gain(22, 22), 0);
+    ck_assert_uint_eq(mr__credit_total_gain(0, 64), 64);
+    ck_assert_uint_eq(MR_CREDIT_TOTAL_MASK & MR_CREDIT_ASK, 0);
+    ck_assert_uint_eq((MR_CREDIT_TOTAL_MASK | MR_CREDIT_ASK) & 0x80000000u, 0);
 }
 END_TEST
 
@@ -1155,7 +1286,9 @@ static Suite *unit_suite(void)
     tcase_add_test(tc, credit_piggyback_from_half_a_return);
     tcase_add_test(tc, credit_thresholds_follow_the_window);
     tcase_add_test(tc, credit_window_follows_the_horizon);
+    tcase_add_test(tc, credit_window_grows_for_senders_that_ask);
     tcase_add_test(tc, credit_cumulative_returns_are_said_again);
+    tcase_add_test(tc, credit_totals_wrap_below_the_ask_and_notice_bits);
     tcase_add_test(tc, node_stash_goes_back_at_progress);
     tcase_add_test(tc, node_wakes_as_many_as_can_use_the_credits);
     tcase_add_test(tc, node_deposit_keeps_what_it_can_send);

@@ -493,7 +493,8 @@ typedef struct mr_stats {
     uint64_t peak_deferred_depth;     /* Most messages deferred at once. */
     uint64_t peak_recv_slots_in_use;  /* Most receive slots held at once. */
     uint64_t recv_slots_in_use;       /* Receive slots held now. */
-    uint64_t credit_returns_sent;     /* Control messages sent by flow control. */
+    uint64_t credit_returns_sent;     /* Control messages sent by flow control: returns, and
+                                         asks for credit (MAILRAIL_CREDIT_GROW). */
     uint64_t credit_returns_received;
     uint64_t piggybacked_credits;     /* Credits carried on data messages. */
     uint64_t zero_credit_ns;          /* Time sends waited for credit, summed over the

@@ -151,6 +151,7 @@ static mr_flowctl_params_t rt_flowctl_params(void)
         .recv_slots = rt.cfg.recv_slots,
         .return_threshold = (unsigned)rt.fcfg.credit_return_threshold,
         .horizon_ns = rt.fcfg.credit_horizon_us * 1000u,
+        .grow = rt.fcfg.credit_grow,
         .piggyback = rt.fcfg.piggyback,
         .job_id = rt.job_id,
         .config = rt.flowctl_config,

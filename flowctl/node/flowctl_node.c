@@ -303,6 +303,25 @@ static void node_stash_return(mr_flowctl_t *fc, bool keep_wanted)
 }
 
 /*
+ * The node's pool for `dest` ran dry under a send of this rank: asks the
+ * receiver for more credit (mr__credit_ask()), unless a rank of the node
+ * asked since the last deposit.
+ */
+static void node_ask(mr_flowctl_t *fc, int dest)
+{
+    _Atomic uint32_t *asked = &fc->seg->credits[dest].asked;
+    int dest_node = fc->node_of[dest];
+
+    if (!fc->owed.grow || !fc->owed.key[dest_node].adaptive ||
+        atomic_exchange_explicit(asked, 1, memory_order_relaxed) != 0) {
+        return;
+    }
+    if (mr__credit_ask(&fc->owed, dest_node, dest) != MR_OK) {
+        atomic_store_explicit(asked, 0, memory_order_relaxed); /* Another rank may ask. */
+    }
+}
+
+/*
  * The per-message hooks handle the common case inline, without a call (and so
  * without a stack frame), and leave the rest to an out-of-line half that does
  * all of it: `_slow` is the whole hook.
@@ -317,6 +336,7 @@ __attribute__((noinline)) static bool node_acquire_slow(mr_flowctl_t *fc, int de
         if (fc->clock.since[dest] == 0) {
             fc->nblocked++;
             fc->blocked_hint = dest;
+            node_ask(fc, dest);
         }
         mr__credit_clock_blocked(&fc->clock, dest);
         return false;
@@ -382,6 +402,12 @@ static uint32_t node_acquire_n(mr_flowctl_t *fc, int dest, uint32_t want, uint32
 static void node_deposit(mr_flowctl_t *fc, int dest, uint32_t n)
 {
     uint32_t keep = dest == fc->rank ? 0 : node_demand(fc, dest);
+    _Atomic uint32_t *asked = &fc->seg->credits[dest].asked;
+
+    /* Credit came: the next rank to run dry may ask again. */
+    if (atomic_load_explicit(asked, memory_order_relaxed) != 0) {
+        atomic_store_explicit(asked, 0, memory_order_relaxed);
+    }
 
     if (keep > n) keep = n;
     if (keep > 0) {
@@ -413,13 +439,14 @@ static void node_deposit(mr_flowctl_t *fc, int dest, uint32_t n)
 static void node_deposit_total(mr_flowctl_t *fc, int dest, uint32_t total)
 {
     _Atomic uint32_t *applied = &fc->seg->credits[dest].total;
-    uint32_t old = atomic_load_explicit(applied, memory_order_relaxed);
+    uint32_t old = atomic_load_explicit(applied, memory_order_relaxed), gain;
 
     do {
-        if ((int32_t)(total - old) <= 0) return; /* Said before, or overtaken. */
+        gain = mr__credit_total_gain(old, total);
+        if (gain == 0) return; /* Said before, or overtaken. */
     } while (!atomic_compare_exchange_weak_explicit(applied, &old, total, memory_order_acq_rel,
                                                     memory_order_relaxed));
-    node_deposit(fc, dest, total - old);
+    node_deposit(fc, dest, gain);
 }
 
 static void node_unacquire(mr_flowctl_t *fc, int dest, uint32_t imm)
@@ -490,6 +517,13 @@ static void node_on_release(mr_flowctl_t *fc, int source)
 
 static void node_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 {
+    int source_node = fc->node_of[source];
+
+    /* A rank of that node asks for more (node_ask()). */
+    if (imm == MR_CREDIT_ASK) {
+        if (source_node != fc->node) mr__credit_owed_asked(&fc->owed, source_node);
+        return;
+    }
     node_deposit_total(fc, source, imm);
 }
 

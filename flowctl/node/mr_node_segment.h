@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define MR_NODE_SEGMENT_MAGIC 0x31304e4f4e524d00ull /* "\0MRNON01" */
-#define MR_NODE_SEGMENT_VERSION 5
+#define MR_NODE_SEGMENT_VERSION 6
 #define MR_NODE_SEGMENT_PREFIX "mailrail-"
 
 /*
@@ -27,7 +27,8 @@
  */
 typedef struct mr_node_credit {
     _Alignas(64) _Atomic uint32_t n;
-    _Atomic uint32_t total; /* The receiver's cumulative returns applied so far, mod 2^32. */
+    _Atomic uint32_t total; /* The receiver's cumulative returns applied so far, mod 2^30. */
+    _Atomic uint32_t asked; /* A rank asked the receiver for credit since the last deposit. */
 } mr_node_credit_t;
 
 /*

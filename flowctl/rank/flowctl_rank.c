@@ -126,6 +126,8 @@ __attribute__((noinline)) static bool rank_acquire_slow(mr_flowctl_t *fc, int de
                                                         uint32_t *imm)
 {
     if (fc->credits[dest] == 0) {
+        /* A new wait asks the receiver for more credit. */
+        if (fc->clock.since[dest] == 0 && dest != fc->rank) mr__credit_ask(&fc->owed, dest, dest);
         mr__credit_clock_blocked(&fc->clock, dest);
         return false;
     }
@@ -215,7 +217,9 @@ static void rank_on_release(mr_flowctl_t *fc, int source)
 
 static void rank_on_control(mr_flowctl_t *fc, int source, uint32_t imm)
 {
-    rank_refill(fc, source, imm);
+    /* The sender asks for more (mr__credit_ask()). */
+    if (imm == MR_CREDIT_ASK) mr__credit_owed_asked(&fc->owed, source);
+    else rank_refill(fc, source, imm);
 }
 
 static int rank_progress(mr_flowctl_t *fc)
