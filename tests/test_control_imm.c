@@ -13,6 +13,7 @@
 #include "mr_config.h"
 #include "mr_plugin.h"
 #include "mr_substrate.h"
+#include "upcalls_idle.h"
 
 #include <mpi.h>
 #include <stdarg.h>
@@ -33,43 +34,6 @@ typedef struct got {
     int failed;
 } got_t;
 
-static char slot[1 << 16];
-
-static void *up_slot_acquire(void *core)
-{
-    (void)core;
-    return slot;
-}
-static void up_slot_abandon(void *core, void *s)
-{
-    (void)core;
-    (void)s;
-}
-static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t imm, void *data,
-                              size_t length, void *handle)
-{
-    (void)core, (void)source, (void)kind, (void)imm, (void)data, (void)length, (void)handle;
-    return MR_OK;
-}
-static mr_status_t up_deliver_copy(void *core, int source, unsigned kind, uint32_t imm,
-                                   const void *data, size_t length)
-{
-    (void)core, (void)source, (void)kind, (void)imm, (void)data, (void)length;
-    return MR_OK;
-}
-static mr_status_t up_handler_now(void *core, int source, uint32_t imm, unsigned id,
-                                  const void *data, size_t length)
-{
-    (void)core, (void)source, (void)imm, (void)id, (void)data, (void)length;
-    return MR_AGAIN;
-}
-static unsigned up_now_frames(void *core, int source, const void *frames, size_t length,
-                              size_t *consumed)
-{
-    (void)core, (void)source, (void)frames, (void)length;
-    *consumed = 0;
-    return 0;
-}
 static void up_send_complete(void *core, void *cookie)
 {
     (void)core, (void)cookie;
@@ -93,12 +57,12 @@ static void up_peer_failed(void *core, int rank, mr_status_t why)
 }
 
 static const mr_substrate_upcalls_t upcalls = {
-    .recv_slot_acquire = up_slot_acquire,
-    .recv_slot_abandon = up_slot_abandon,
-    .deliver = up_deliver,
-    .deliver_copy = up_deliver_copy,
-    .deliver_handler_now = up_handler_now,
-    .deliver_now_frames = up_now_frames,
+    .recv_slot_acquire = idle_slot_acquire,
+    .recv_slot_abandon = idle_slot_abandon,
+    .deliver = idle_deliver,
+    .deliver_copy = idle_deliver_copy,
+    .deliver_handler_now = idle_handler_now,
+    .deliver_now_frames = idle_now_frames,
     .send_complete = up_send_complete,
     .control = up_control,
     .peer_failed = up_peer_failed,

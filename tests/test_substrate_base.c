@@ -7,6 +7,7 @@
 #include "mr_batch.h"
 #include "mr_random.h"
 #include "mr_substrate_base.h"
+#include "upcalls_idle.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -29,33 +30,6 @@ static struct {
     mr__sreq_t *resend;        /* Expected from the free list inside the first send_complete(). */
 } seen;
 
-static void *up_acquire(void *core) { (void)core; return NULL; }
-static void up_abandon(void *core, void *slot) { (void)core; (void)slot; }
-static mr_status_t up_deliver(void *core, int source, unsigned kind, uint32_t imm, void *data,
-                              size_t length, void *handle)
-{
-    (void)core, (void)source, (void)kind, (void)imm, (void)data, (void)length, (void)handle;
-    return MR_OK;
-}
-static mr_status_t up_deliver_copy(void *core, int source, unsigned kind, uint32_t imm,
-                                   const void *data, size_t length)
-{
-    (void)core, (void)source, (void)kind, (void)imm, (void)data, (void)length;
-    return MR_OK;
-}
-static mr_status_t up_handler_now(void *core, int source, uint32_t imm, unsigned id,
-                                  const void *data, size_t length)
-{
-    (void)core, (void)source, (void)imm, (void)id, (void)data, (void)length;
-    return MR_AGAIN;
-}
-static unsigned up_now_frames(void *core, int source, const void *frames, size_t length,
-                              size_t *consumed)
-{
-    (void)core, (void)source, (void)frames, (void)length;
-    *consumed = 0;
-    return 0;
-}
 static void up_control(void *core, int source, uint32_t imm)
 {
     (void)core, (void)source, (void)imm;
@@ -80,9 +54,10 @@ static void up_complete(void *core, void *cookie)
 }
 
 static const mr_substrate_upcalls_t upcalls = {
-    .recv_slot_acquire = up_acquire, .recv_slot_abandon = up_abandon, .deliver = up_deliver,
-    .deliver_copy = up_deliver_copy, .deliver_handler_now = up_handler_now,
-    .deliver_now_frames = up_now_frames, .send_complete = up_complete, .control = up_control,
+    .recv_slot_acquire = idle_slot_acquire, .recv_slot_abandon = idle_slot_abandon,
+    .deliver = idle_deliver, .deliver_copy = idle_deliver_copy,
+    .deliver_handler_now = idle_handler_now, .deliver_now_frames = idle_now_frames,
+    .send_complete = up_complete, .control = up_control,
     .peer_failed = up_failed};
 
 static const uint8_t key[MR_JOB_KEY_LEN];
