@@ -315,7 +315,10 @@ static void credit_epoch(mr_credit_window_t *w, uint64_t now)
     w->epoch_end_ns = now + CREDIT_EPOCH_NS;
 }
 
-/* A grown window halves for every whole epoch in which its senders never asked. */
+/*
+ * A grown window halves for every whole epoch in which its senders never
+ * asked; the next ask judges it afresh (the rate it grew at is gone).
+ */
 static void credit_grown_decay(mr_credit_owed_t *o, mr_credit_key_t *k)
 {
     uint32_t idle = o->win.epoch - k->asked_epoch;
@@ -323,6 +326,8 @@ static void credit_grown_decay(mr_credit_owed_t *o, mr_credit_key_t *k)
     if (idle < 2) return;
     k->grown = idle - 1 < 32 ? k->grown >> (idle - 1) : 0;
     k->asked_epoch = o->win.epoch - 1;
+    k->grown_ns = 0;
+    k->grown_rate = 0;
     mr__credit_key_refresh(o, k);
 }
 

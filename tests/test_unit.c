@@ -678,6 +678,10 @@ START_TEST(credit_window_grows_for_senders_that_ask)
     mr__credit_owed_arrived(&o, 0, 10);
     ck_assert_uint_eq(o.key[0].grown, 16);
     ck_assert_uint_eq(mr__credit_owed_window(&o, 0), 16);
+    /* Judged afresh: the next ask doubles it at once, whatever the rate now. */
+    o.win.rate = 100.0;
+    mr__credit_owed_asked(&o, 0);
+    ck_assert_uint_eq(o.key[0].grown, 32);
     mr__credit_owed_fini(&o);
 }
 END_TEST
