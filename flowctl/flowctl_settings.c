@@ -26,10 +26,11 @@ const mr_config_entry_t mr__flowctl_config_table[] = {
      "port. Measured credit loops lengthen it (docs/flowctl.md)."},
     {"MAILRAIL_CREDIT_GROW", "yes", MR_CONFIG_BOOL, offsetof(mr_flowctl_config_t, credit_grow),
      0, 0, NULL,
-     "Under the rank and node policies with adaptive grants, a receiver doubles the window of "
-     "a sender (rank or node) that used all its credits, up to its share, and halves it when "
-     "a credit loop of that sender took four times the shortest (a loss or a queue), or after "
-     "an epoch (250 ms) in which it never ran dry. no keeps the window at rate x horizon."},
+     "Under the rank and node policies with adaptive grants, a send that finds no credit asks "
+     "its receiver for more (one control message per wait, per node under node), and the "
+     "receiver doubles that sender's window, up to its share, at most once per credit loop "
+     "while that raises its arrival rate; a doubling that did not is undone. no keeps the "
+     "window at rate x horizon and sends no asks (docs/flowctl.md)."},
     {"MAILRAIL_PIGGYBACK", "yes", MR_CONFIG_BOOL, offsetof(mr_flowctl_config_t, piggyback), 0, 0,
      NULL,
      "Under the rank and node policies, a data message to a rank also carries the credits "

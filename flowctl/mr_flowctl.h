@@ -25,7 +25,7 @@ typedef struct mr_flowctl_config {
     unsigned policy;                  /* Index into mr__flowctl_names. */
     uint64_t credit_return_threshold; /* Return credits after 1/this of them were consumed. */
     uint64_t credit_horizon_us;       /* The shortest time an adaptive window covers. */
-    bool credit_grow;                 /* Grow the window of a key whose senders run dry. */
+    bool credit_grow;                 /* Senders that wait ask; their windows grow. */
     bool piggyback;                   /* Carry owed credits on data messages. */
 } mr_flowctl_config_t;
 
