@@ -100,12 +100,16 @@ void rt_busy(void);
 /* A datagram handed to a consumer: a receive slot, or a send slot kept for oneself. */
 typedef uint32_t rt_msg_t;
 
-/* A FIFO of message handles; the links live in the datapath's slot tables. */
+/*
+ * A FIFO of message handles; the links live in the datapath's slot tables.
+ * `parked` is the last of the messages at its head that rt_msgq_park() has
+ * parked (MR_NIL: none), so that parking again starts after them.
+ */
 typedef struct rt_msgq {
-    rt_msg_t head, tail;
+    rt_msg_t head, tail, parked;
 } rt_msgq_t;
 
-#define RT_MSGQ_INIT ((rt_msgq_t){MR_NIL, MR_NIL})
+#define RT_MSGQ_INIT ((rt_msgq_t){MR_NIL, MR_NIL, MR_NIL})
 
 typedef struct rt_consumer {
     /* A datagram of this kind arrived; the consumer owns it until rt_msg_consumed(). */
@@ -154,7 +158,7 @@ void rt_msg_drop(rt_msg_t msg);
  * (the same handle when it is parked already, or when memory runs out).
  */
 rt_msg_t rt_msg_park(rt_msg_t msg);
-/* Parks every message of a queue, in order. */
+/* Parks every message of a queue in place, in order: those parked before cost nothing. */
 void rt_msgq_park(rt_msgq_t *q);
 
 #endif /* MR_DATAPATH_H */

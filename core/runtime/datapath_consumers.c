@@ -31,6 +31,7 @@ static rt_msg_t dp_msgq_pop(rt_msgq_t *q)
     if (msg == MR_NIL) return MR_NIL;
     q->head = *dp_msg_next(msg);
     if (q->head == MR_NIL) q->tail = MR_NIL;
+    if (msg == q->parked) q->parked = MR_NIL;
     return msg;
 }
 
@@ -163,10 +164,26 @@ rt_msg_t rt_msg_park(rt_msg_t msg)
     return i | RT_MSG_PARKED;
 }
 
+/*
+ * Each copy takes its original's place in the list. A handler that waits
+ * parks its queue at every progress call; starting after the messages parked
+ * already keeps that linear in the arrivals, not in the queue's length.
+ */
 void rt_msgq_park(rt_msgq_t *q)
 {
-    rt_msgq_t parked = RT_MSGQ_INIT;
+    rt_msg_t prev = q->parked, msg = prev == MR_NIL ? q->head : *dp_msg_next(prev);
+    bool all = true;
 
-    for (rt_msg_t msg; (msg = dp_msgq_pop(q)) != MR_NIL;) dp_msgq_push(&parked, rt_msg_park(msg));
-    *q = parked;
+    while (msg != MR_NIL) {
+        rt_msg_t next = *dp_msg_next(msg), copy = rt_msg_park(msg);
+        *dp_msg_next(copy) = next;
+        if (prev == MR_NIL) q->head = copy;
+        else *dp_msg_next(prev) = copy;
+        if (next == MR_NIL) q->tail = copy;
+        /* One that found no memory kept its slot: the next park tries it again. */
+        all = all && (copy & RT_MSG_PARKED);
+        if (all) q->parked = copy;
+        prev = copy;
+        msg = next;
+    }
 }
