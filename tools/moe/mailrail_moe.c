@@ -110,7 +110,7 @@ static int moe_rank0_printf(const moe_rank_t *r, const char *fmt, ...)
  * after its quiescence.
  */
 enum { MOE_COST_CPU_S, MOE_COST_RETURNS, MOE_COST_PIGGYBACKED, MOE_COST_ZERO_CREDIT_S,
-       MOE_COST_DEFERRED, MOE_COSTS };
+       MOE_COST_DEFERRED, MOE_COST_PARKED, MOE_COSTS };
 
 /* What one trial of one contender measured, the same on every rank. */
 typedef struct moe_trial {
@@ -135,6 +135,7 @@ static void moe_costs(bool mailrail, double cost[MOE_COSTS])
     cost[MOE_COST_PIGGYBACKED] = (double)st.piggybacked_credits;
     cost[MOE_COST_ZERO_CREDIT_S] = (double)st.zero_credit_ns * 1e-9;
     cost[MOE_COST_DEFERRED] = (double)st.deferred_sends;
+    cost[MOE_COST_PARKED] = (double)st.handler_parked;
 }
 
 /* Runs the --warmup steps, untimed, and one timed step of `c`; false when MailRail failed. */
@@ -611,6 +612,10 @@ int main(int argc, char **argv)
                 printf(", %.0f credit returns, %.2f s of sends blocked on credit "
                        "(destinations summed)", tool_median(costs[c][MOE_COST_RETURNS], o.trials),
                        tool_median(costs[c][MOE_COST_ZERO_CREDIT_S], o.trials));
+            }
+            if (o.contenders[c].handlers) {
+                printf(", %.0f messages parked while handlers waited to send",
+                       tool_median(costs[c][MOE_COST_PARKED], o.trials));
             }
             printf("\n");
         }

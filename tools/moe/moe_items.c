@@ -50,15 +50,19 @@ static mr_status_t moe_items_unpark(moe_rank_t *r)
     return MR_OK;
 }
 
+/*
+ * MR_AGAIN: the handler is called again later with the same item (handlers
+ * run in order), whose result stays in scratch meanwhile, computed once.
+ */
 static mr_status_t moe_on_dispatch_item(const mr_item_t *item, void *arg)
 {
     moe_rank_t *r = arg;
-    size_t out = moe_expert(r, item->data, item->length, item->source, r->scratch);
+    size_t out = r->scratch_unsent;
 
+    if (out == 0) out = moe_expert(r, item->data, item->length, item->source, r->scratch);
     if (out == 0) return MR_OK;
     mr_status_t st = mr_items_push(r->combine_items, r->scratch, out, item->source);
-    /* MR_AGAIN: called again later with the same item, whose bytes count then. */
-    if (st == MR_AGAIN) r->bytes_received -= out;
+    r->scratch_unsent = st == MR_AGAIN ? out : 0;
     return st;
 }
 

@@ -56,6 +56,7 @@ void moe_step_reset(moe_rank_t *r)
     r->bytes_received = 0;
     r->errors = 0;
     r->parked_len = r->parked_head = 0;
+    r->scratch_unsent = 0;
 }
 
 /* The bytes of piece `piece`: [offset, offset + length) of the token. */

@@ -88,6 +88,8 @@ typedef struct moe_rank {
     /* --pack: the aggregators of the dispatch and the combine, and a result's room. */
     struct mr_items *dispatch_items, *combine_items;
     uint8_t *scratch;
+    /* +h: the result in scratch that found no room (its length), for the retry of its item. */
+    size_t scratch_unsent;
     /* Replies owed while no send buffer was free, in a growing arena. */
     uint8_t *parked;
     size_t parked_len, parked_cap, parked_head;
