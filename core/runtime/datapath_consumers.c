@@ -76,12 +76,20 @@ const uint8_t *rt_msg_data(rt_msg_t msg, size_t *length, int *source)
     return dp.recvs[msg].data;
 }
 
+/*
+ * Entries below this index keep their block when their copy is dropped: as
+ * much memory as the receive pool, at most, stays with parking.
+ */
+#define DP_PARKED_KEEP ((uint32_t)(rt.cfg.recv_slots < RT_MSG_INDEX ? rt.cfg.recv_slots : RT_MSG_INDEX))
+
 void rt_msg_drop(rt_msg_t msg)
 {
     if (msg & RT_MSG_PARKED) {
         uint32_t i = msg & RT_MSG_INDEX;
-        free(dp.parked[i]);
-        dp.parked[i] = NULL;
+        if (i >= DP_PARKED_KEEP) {
+            free(dp.parked[i]);
+            dp.parked[i] = NULL;
+        }
         dp.parked_next[i] = dp.parked_free;
         dp.parked_free = i;
         return;
@@ -147,10 +155,19 @@ rt_msg_t rt_msg_park(rt_msg_t msg)
 
     if (msg & RT_MSG_PARKED) return msg;
     data = rt_msg_data(msg, &length, &source);
-    p = malloc(sizeof(*p) + length);
-    i = p != NULL ? dp_parked_entry() : MR_NIL;
-    if (i == MR_NIL) {
+    i = dp_parked_entry();
+    p = i != MR_NIL ? dp.parked[i] : NULL;
+    if (i != MR_NIL && (p == NULL || p->room < length)) {
+        /* A datagram's room, so that the block fits whatever parks in this entry next. */
+        size_t room = length > rt.cfg.datagram_size ? length : (size_t)rt.cfg.datagram_size;
         free(p);
+        if ((p = dp.parked[i] = malloc(sizeof(*p) + room)) != NULL) p->room = room;
+    }
+    if (p == NULL) {
+        if (i != MR_NIL) {
+            dp.parked_next[i] = dp.parked_free;
+            dp.parked_free = i;
+        }
         mr_warn("Cannot park a message of %zu bytes: it keeps its slot.", length);
         return msg;
     }

@@ -47,11 +47,16 @@ typedef struct rt_recv {
                            double release is recognised; NULL if none. */
 } rt_recv_t;
 
-/* A message copied out of its slot while its consumer waits to send. */
+/*
+ * A message copied out of its slot while its consumer waits to send. The
+ * block stays with its entry of dp.parked when the copy is dropped, so that
+ * parking does not allocate once entries have been used (DP_PARKED_KEEP).
+ */
 typedef struct dp_parked {
-    uint32_t next;       /* Queue link, as rt_recv_t.next; a free-list link when unused. */
+    uint32_t next;       /* Queue link, as rt_recv_t.next. */
     int source;
     size_t length;
+    size_t room;         /* Bytes data[] can hold. */
     uint8_t data[];
 } dp_parked_t;
 
@@ -77,7 +82,7 @@ typedef struct rt_datapath {
     /* The consumers with a progress() hook, run at the end of rt_progress(). */
     int (*consumer_progress[MR_KIND_HANDLER + 1])(void);
     int nconsumer_progress;
-    dp_parked_t **parked;    /* Parked messages by index (rt_msg_park()), ... */
+    dp_parked_t **parked;    /* Parked messages by index (rt_msg_park()), or kept blocks, ... */
     uint32_t nparked_cap;    /* ... the table's size ... */
     uint32_t parked_free;    /* ... and its free entries, linked through parked_next. */
     uint32_t *parked_next;

@@ -11,8 +11,8 @@
  * by waiting handlers would keep the credits their senders need to drain the
  * very sends this rank waits for, and ranks whose handlers send to each
  * other would deadlock. Quiescence counts each message as received when its
- * handler returns MR_OK. Parking allocates, but only while handlers are
- * starved of send buffers.
+ * handler returns MR_OK. Parking copies, but allocates only when more
+ * messages wait at once than ever before (rt_msg_park()).
  */
 #include "datapath.h"
 
