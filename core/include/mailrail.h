@@ -329,8 +329,8 @@ MR_API mr_status_t mr_release(void *buffer);
  * slots, whose credits go back at once, so that ranks whose handlers send to
  * each other cannot hold the very credits they wait for (no deadlock, at the
  * cost of a copy each, and of the memory of the most messages parked at once;
- * handler_parked in mr_stats_t counts them). A handler must not assume it runs once per
- * message unless it returns MR_OK.
+ * handler_parked in mr_stats_t counts them). A handler must not assume it
+ * runs once per message unless it returns MR_OK.
  *
  * Quiescence counts a handler's message as received when its handler returns
  * MR_OK, so that what a handler sends keeps the phase open. A message whose

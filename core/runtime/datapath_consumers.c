@@ -80,7 +80,8 @@ const uint8_t *rt_msg_data(rt_msg_t msg, size_t *length, int *source)
  * Entries below this index keep their block when their copy is dropped: as
  * much memory as the receive pool, at most, stays with parking.
  */
-#define DP_PARKED_KEEP ((uint32_t)(rt.cfg.recv_slots < RT_MSG_INDEX ? rt.cfg.recv_slots : RT_MSG_INDEX))
+#define DP_PARKED_KEEP \
+    ((uint32_t)(rt.cfg.recv_slots < RT_MSG_INDEX ? rt.cfg.recv_slots : RT_MSG_INDEX))
 
 void rt_msg_drop(rt_msg_t msg)
 {
