@@ -434,7 +434,7 @@ void mr__credit_owed_asked(mr_credit_owed_t *o, int key)
 
     if (!o->grow || !k->adaptive) return;
     k->asked_epoch = w->epoch;
-    /* Not before a loop is timed, nor within one of the last change, nor in the epoch of a brake. */
+    /* Not before a loop is timed, nor within a loop of the last change, nor in a brake's epoch. */
     uint64_t settle = credit_settle_ns(w);
     if (settle == 0 || k->braked_epoch == w->epoch + 1) return;
     now = mr__now_ns();

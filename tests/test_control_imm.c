@@ -19,7 +19,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 static const uint32_t imms[] = {1,           32767,       32768,       0x07ffffffu,

@@ -601,7 +601,8 @@ END_TEST
  * credit loop (never before one was timed), and the credits that makes due go
  * back at progress. A doubling that did not raise the receiver's rate by a
  * quarter is halved back at the next ask, and grows again only from the next
- * epoch. Every whole epoch without an ask halves it. Without the setting, or for a static key, asks change nothing.
+ * epoch. Every whole epoch without an ask halves it. Without the setting, or
+ * for a static key, asks change nothing.
  */
 START_TEST(credit_window_grows_for_senders_that_ask)
 {
@@ -687,6 +688,20 @@ START_TEST(credit_window_grows_for_senders_that_ask)
 END_TEST
 
 /*
+ * A receiver's credits owed to one key (4 ranks on another host, static
+ * grants of 64) with cumulative returns, which *calls records.
+ */
+static void credit_owed_cumulative_one(mr_credit_owed_t *o, credit_calls_t *calls)
+{
+    mr_flowctl_params_t params = {.return_threshold = 2, .core = calls,
+                                  .send_control = credit_record};
+    const uint32_t weight[1] = {4};
+
+    ck_assert_int_eq(mr__credit_owed_init(o, 1, 64, false, weight, &params), MR_OK);
+    mr__credit_owed_cumulative(o);
+}
+
+/*
  * Cumulative returns (the node policy): a return says the total granted back
  * so far, a piggyback too, and one put back is taken off it. A key that sends
  * nothing while it holds credits has its total said again after the repeat
@@ -696,13 +711,9 @@ END_TEST
 START_TEST(credit_cumulative_returns_are_said_again)
 {
     credit_calls_t calls = {.failed_rank = -1};
-    mr_flowctl_params_t params = {.return_threshold = 2, .core = &calls,
-                                  .send_control = credit_record};
-    const uint32_t weight[1] = {4};
     mr_credit_owed_t o;
 
-    ck_assert_int_eq(mr__credit_owed_init(&o, 1, 64, false, weight, &params), MR_OK);
-    mr__credit_owed_cumulative(&o);
+    credit_owed_cumulative_one(&o, &calls);
     /* Static: 64 held; 32 freed make a return of 32, to the latest of 3 senders. */
     for (int i = 0; i < 32; i++) mr__credit_owed_arrived(&o, 0, 10 + i % 3);
     for (int i = 0; i < 32; i++) mr__credit_owed_consume(&o, 0, 10 + i % 3);
@@ -750,13 +761,9 @@ END_TEST
 START_TEST(credit_totals_wrap_below_the_ask_and_notice_bits)
 {
     credit_calls_t calls = {.failed_rank = -1};
-    mr_flowctl_params_t params = {.return_threshold = 2, .core = &calls,
-                                  .send_control = credit_record};
-    const uint32_t weight[1] = {4};
     mr_credit_owed_t o;
 
-    ck_assert_int_eq(mr__credit_owed_init(&o, 1, 64, false, weight, &params), MR_OK);
-    mr__credit_owed_cumulative(&o);
+    credit_owed_cumulative_one(&o, &calls);
     o.key[0].total = MR_CREDIT_TOTAL_MASK - 9;
     for (int i = 0; i < 32; i++) mr__credit_owed_arrived(&o, 0, 11);
     for (int i = 0; i < 32; i++) mr__credit_owed_consume(&o, 0, 11);
