@@ -1118,6 +1118,127 @@ START_TEST(handlers_exactly_once_with_replies)
 }
 END_TEST
 
+enum { H_WAITER = 9, H_OTHER = 10 };
+
+/* Rank 0's state in handlers_wait_per_source. */
+typedef struct wait_state {
+    tally_t others;            /* H_OTHER's messages, per source. */
+    int expected;              /* How many sources send one each: every rank but rank 1. */
+    uint64_t waited;           /* H_WAITER's calls that asked to be called again. */
+} wait_state_t;
+
+/* Rank 1's message: called again until every other source's message has run. */
+static mr_status_t on_waiter(const mr_message_t *m, void *arg)
+{
+    wait_state_t *ws = arg;
+    uint32_t seq = check_message(m);
+
+    ck_assert_int_eq(m->source, 1);
+    ck_assert_uint_eq(seq, 0);
+    int seen = 0;
+    for (int r = 0; r < world_size; r++) seen += r != 1 && ws->others.seen[r] != 0;
+    if (seen < ws->expected) {
+        ws->waited++;
+        return MR_AGAIN;
+    }
+    return MR_OK;
+}
+
+static mr_status_t on_other(const mr_message_t *m, void *arg)
+{
+    wait_state_t *ws = arg;
+
+    ck_assert_int_ne(m->source, 1);
+    tally_mark(&ws->others, m->source, check_message(m));
+    return MR_OK;
+}
+
+/*
+ * A handler that waits holds up its own source only. Rank 1 sends rank 0 a
+ * message whose handler asks to be called again until rank 0 has run one
+ * message from every other rank (itself included). Those are sent only once
+ * rank 1's handler has asked at least once, so they arrive behind it: under
+ * one queue for all sources they would wait behind it for ever, and the test
+ * fails at its time limit. Payloads and sources are checked.
+ */
+START_TEST(handlers_wait_per_source)
+{
+    wait_state_t ws = {.expected = world_size - 1};
+    tally_t unused;
+    double start;
+    void *buf;
+    bool go = false;
+
+    setup_env("16", "64", "512");
+    init_on_world();
+    tally_init(&ws.others, 1);
+    tally_init(&unused, 1);
+    ck_assert_int_eq(mr_handler_register(H_WAITER, on_waiter, &ws), MR_OK);
+    ck_assert_int_eq(mr_handler_register(H_OTHER, on_other, &ws), MR_OK);
+    if (world_rank == 1) {
+        buf = reserve_or_progress(&unused);
+        fill_message(buf, 100, 1, 0, 0);
+        ck_assert_int_eq(mr_send_handler(buf, 100, 0, H_WAITER), MR_OK);
+    }
+    /* Rank 0 says "go" once rank 1's handler has asked to be called again. */
+    start = now_s();
+    if (world_rank == 0) {
+        while (ws.waited == 0) {
+            mr_status_t st = mr_poll();
+            ck_assert_msg(st == MR_OK || st == MR_AGAIN, "mr_poll: %s", mr_status_string(st));
+            ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "rank 1's message never ran");
+        }
+        for (int r = 2; r < world_size; r++) {
+            buf = reserve_or_progress(&unused);
+            ck_assert_int_eq(mr_send(buf, 1, r), MR_OK);
+        }
+        go = true;
+    } else if (world_rank > 1) {
+        mr_message_t m;
+        while (!go) {
+            mr_status_t st = mr_receive(&m);
+            if (st == MR_AGAIN) {
+                ck_assert_msg(now_s() - start < WAIT_LIMIT_S, "no go from rank 0");
+                continue;
+            }
+            ck_assert_int_eq(st, MR_OK);
+            ck_assert_int_eq(m.source, 0);
+            ck_assert_int_eq(mr_release(m.data), MR_OK);
+            go = true;
+        }
+    }
+    if (world_rank != 1) {
+        buf = reserve_or_progress(&unused);
+        fill_message(buf, 200, world_rank, 0, 0);
+        ck_assert_int_eq(mr_send_handler(buf, 200, 0, H_OTHER), MR_OK);
+    }
+    if (world_rank == 0) {
+        int all_but_1[MR_TEST_MAX_RANKS], n = 0;
+        for (int r = 0; r < world_size; r++) {
+            if (r != 1) all_but_1[n++] = r;
+        }
+        start = now_s();
+        /* Rank 1's handler returns MR_OK once the others ran: its message counts then. */
+        for (;;) {
+            mr_stats_t stats = {.size = sizeof(stats)};
+            mr_status_t st = mr_poll();
+            ck_assert_msg(st == MR_OK || st == MR_AGAIN, "mr_poll: %s", mr_status_string(st));
+            ck_assert_int_eq(mr_get_stats(&stats), MR_OK);
+            if (stats.handler_calls == (uint64_t)world_size) break;
+            ck_assert_msg(now_s() - start < WAIT_LIMIT_S,
+                          "the other sources' messages waited behind rank 1's (%llu of %d "
+                          "handled)", (unsigned long long)stats.handler_calls, world_size);
+        }
+        expect_all_from(&ws.others, all_but_1, n, 1);
+        ck_assert_uint_gt(ws.waited, 0);
+    }
+    quiesce_with(progress_handlers, NULL);
+    ck_assert_int_eq(finalize_checked(), MR_OK);
+    free(ws.others.seen);
+    free(unused.seen);
+}
+END_TEST
+
 /* ---- Topology ------------------------------------------------------------------------ */
 
 /* mr_init_mpi() on a thread of its own: what it returns. */
@@ -1633,6 +1754,7 @@ static Suite *conformance_suite(void)
     tcase_add_test(tc, backpressure);
     tcase_add_test(tc, quiescence_waits_for_chains);
     tcase_add_test(tc, handlers_exactly_once_with_replies);
+    tcase_add_test(tc, handlers_wait_per_source);
     tcase_add_test(tc, bad_input_loses_nothing);
     tcase_add_test(tc, wait_sleeps_and_wakes_at_once);
     tcase_add_test(tc, wait_naps_and_wakes);

@@ -324,8 +324,10 @@ MR_API mr_status_t mr_release(void *buffer);
  * Backpressure inside a handler: a handler that cannot send now (mr_reserve()
  * or mr_send_handler_copy() returns MR_AGAIN) returns MR_AGAIN, having sent nothing for that message
  * yet (reserve first, or send one message per call); it is called again with
- * the same message by a later progress call, and the messages behind it wait
- * their turn. While they wait they are parked: copied out of their receive
+ * the same message by a later progress call, and the messages from the same
+ * source behind it wait their turn (those from other sources run meanwhile,
+ * the sources with messages waiting taking turns). While they wait they are
+ * parked: copied out of their receive
  * slots, whose credits go back at once, so that ranks whose handlers send to
  * each other cannot hold the very credits they wait for (no deadlock, at the
  * cost of a copy each, and of the memory of the most messages parked at once;

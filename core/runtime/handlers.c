@@ -5,17 +5,22 @@
  * waits before it (now), otherwise queued in arrival order and run at the
  * end of each progress call. A message's last byte names its handler.
  *
- * A handler that cannot send now returns MR_AGAIN. Its message, and every
- * message waiting behind it, is then parked (rt_msg_park()): copied out of
- * its receive slot, whose credit goes back at once. Otherwise the slots held
- * by waiting handlers would keep the credits their senders need to drain the
+ * Order is kept per source: each source has its own queue, and the sources
+ * with messages waiting take turns, round robin. A handler that cannot send
+ * now returns MR_AGAIN. Its message, and every message from the same source
+ * waiting behind it, is then parked (rt_msg_park()): copied out of its
+ * receive slot, whose credit goes back at once. Otherwise the slots held by
+ * waiting handlers would keep the credits their senders need to drain the
  * very sends this rank waits for, and ranks whose handlers send to each
- * other would deadlock. Quiescence counts each message as received when its
- * handler returns MR_OK. Parking copies, but allocates only when more
- * messages wait at once than ever before (rt_msg_park()).
+ * other would deadlock. Messages from other sources run meanwhile: a reply
+ * that needs no send is not held up behind a request that waits to send.
+ * Quiescence counts each message as received when its handler returns
+ * MR_OK. Parking copies, but allocates only when more messages wait at once
+ * than ever before (rt_msg_park()).
  */
 #include "datapath.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct rt_handler {
@@ -24,13 +29,37 @@ typedef struct rt_handler {
 } rt_handler_t;
 
 static rt_handler_t handlers[MR_HANDLERS_MAX];
-static rt_msgq_t waiting;      /* Arrived (in their slots, or parked), handlers not run yet. */
+/* Arrived (in their slots, or parked), handlers not run yet: one queue per source. */
+static rt_msgq_t *waiting;
 static uint64_t nwaiting;
+/* The sources with messages waiting, in turn: a ring of nturns of rt.size. */
+static int *turns;
+static int turn_head, nturns;
+static bool *listed;           /* listed[s]: s is in the ring. */
 static int nregistered;        /* Handlers registered. */
-static bool blocked;           /* A handler asked to be called again in this progress call. */
+static bool blocked;           /* Every source waiting asked to be called again in this call. */
 static bool stopped;           /* Finalize began: handlers run no more. */
 
 static void handlers_consume(void);
+
+/* Puts `source` at the end of the ring of sources with messages waiting. */
+static void handlers_list(int source)
+{
+    turns[(turn_head + nturns) % rt.size] = source;
+    nturns++;
+    listed[source] = true;
+}
+
+/* Takes the source whose turn it is off the ring. */
+static int handlers_unlist(void)
+{
+    int source = turns[turn_head];
+
+    turn_head = turn_head + 1 < rt.size ? turn_head + 1 : 0;
+    nturns--;
+    listed[source] = false;
+    return source;
+}
 
 /* Handler messages run per progress call at most, so that one sent to oneself
  * by its own handler cannot keep progress from returning. */
@@ -97,15 +126,18 @@ static void handlers_arrived(rt_msg_t msg, const uint8_t *data, size_t length, i
 {
     (void)data;
     (void)length;
-    (void)source;
-    rt_msgq_push(&waiting, msg);
+    rt_msgq_push(&waiting[source], msg);
+    if (!listed[source]) handlers_list(source);
     if (nwaiting++ == 0 && nregistered == 0) handlers_consume(); /* To drop it, in order. */
 }
 
-/* Handlers may run now: none waits before (order is kept), none runs, and not finalizing. */
-static inline bool handlers_open(void)
+/*
+ * Handlers may run now for `source`: none of its messages waits before (order
+ * is kept per source), none runs, and not finalizing.
+ */
+static inline bool handlers_open(int source)
 {
-    return nwaiting == 0 && !stopped && rt_state == RT_READY;
+    return rt_msgq_empty(&waiting[source]) && !stopped && rt_state == RT_READY;
 }
 
 /* Runnable now: not while the last attempt found a handler unable to send (mr_wait() sleeps). */
@@ -117,7 +149,7 @@ static bool handlers_waiting(void)
 /* Handler `id` on a `length`-byte payload, in the transport's callback, if it may run now. */
 static mr_status_t handlers_now(unsigned id, const uint8_t *payload, size_t length, int source)
 {
-    if (!handlers_open()) return MR_AGAIN;
+    if (!handlers_open(source)) return MR_AGAIN;
     if (handler_run_id(id, payload, length, source) == MR_AGAIN) return MR_AGAIN;
     rt.stats.handler_now++;
     handler_done(length + 1);
@@ -131,11 +163,12 @@ static unsigned handlers_now_frames(const uint8_t *frames, size_t length, int so
     unsigned n = 0;
 
     /*
-     * As handlers_now(), frame by frame: each in order, unless one waits
-     * before it. Only a handler's message to this rank can make one wait
-     * meanwhile (finalize and progress are refused inside a handler).
+     * As handlers_now(), frame by frame: each in order, unless one of the
+     * source's waits before it. Only a handler's message to this rank can
+     * make one wait meanwhile (finalize and progress are refused inside a
+     * handler).
      */
-    if (handlers_open()) {
+    if (handlers_open(source)) {
         while (off < length) {
             uint32_t hdr = 0;
             size_t size = mr_frame_read(frames + off, length - off, &hdr);
@@ -145,7 +178,7 @@ static unsigned handlers_now_frames(const uint8_t *frames, size_t length, int so
             handler_done(plen);
             off += size;
             n++;
-            if (__builtin_expect(nwaiting != 0, 0)) break;
+            if (__builtin_expect(!rt_msgq_empty(&waiting[source]), 0)) break;
         }
     }
     rt.stats.handler_now += n;
@@ -154,32 +187,50 @@ static unsigned handlers_now_frames(const uint8_t *frames, size_t length, int so
 }
 
 /*
- * Runs the waiting messages' handlers in order, until one asks to be called
- * again; then parks it and those behind it, so that their credits go back.
+ * Runs a source's waiting messages' handlers in order, until one asks to be
+ * called again (then parks it and those behind it, so that their credits go
+ * back, and returns true) or the burst is spent.
  */
-static int handlers_progress(void)
+static bool handlers_run_source(rt_msgq_t *q, int *events)
 {
-    int events = 0;
-
-    blocked = false;
-    if (nwaiting == 0 || stopped || rt_state != RT_READY) return 0;
-    while (waiting.head != MR_NIL && events < RT_HANDLER_BURST) {
-        rt_msg_t msg = waiting.head;
+    while (q->head != MR_NIL && *events < RT_HANDLER_BURST) {
+        rt_msg_t msg = q->head;
         size_t length;
         int source;
         const uint8_t *data = rt_msg_data(msg, &length, &source);
 
         if (handler_run(data, length, source) == MR_AGAIN) {
-            blocked = true;
-            rt_msgq_park(&waiting);
-            break;
+            rt_msgq_park(q);
+            return true;
         }
-        rt_msgq_pop(&waiting);
+        rt_msgq_pop(q);
         nwaiting--;
         handler_done(length);
         rt_msg_drop(msg);
-        events++;
+        (*events)++;
     }
+    return false;
+}
+
+/*
+ * Gives each source with messages waiting one turn, round robin. Blocked
+ * (mr_wait() may sleep) when every source still waiting asked to be called
+ * again in this call.
+ */
+static int handlers_progress(void)
+{
+    int events = 0, waits = 0, turns_now = nturns;
+
+    blocked = false;
+    if (nwaiting == 0 || stopped || rt_state != RT_READY) return 0;
+    for (int i = 0; i < turns_now && events < RT_HANDLER_BURST; i++) {
+        int source = handlers_unlist();
+
+        waits += handlers_run_source(&waiting[source], &events);
+        /* A handler's message to this rank may have listed its source again. */
+        if (!rt_msgq_empty(&waiting[source]) && !listed[source]) handlers_list(source);
+    }
+    blocked = waits > 0 && waits == nturns;
     return events;
 }
 
@@ -205,15 +256,36 @@ static void handlers_consume(void)
                                              : &rt_handlers_consumer_idle);
 }
 
-void rt_handlers_init(void)
+mr_status_t rt_handlers_init(void)
 {
+    waiting = malloc((size_t)rt.size * sizeof(*waiting));
+    turns = malloc((size_t)rt.size * sizeof(*turns));
+    listed = calloc((size_t)rt.size, sizeof(*listed));
+    if (waiting == NULL || turns == NULL || listed == NULL) {
+        mr_error("Cannot allocate the handlers' queues of %d ranks.", rt.size);
+        rt_handlers_fini();
+        return MR_ERR_NO_MEMORY;
+    }
+    for (int s = 0; s < rt.size; s++) waiting[s] = RT_MSGQ_INIT;
+    turn_head = 0;
+    nturns = 0;
     memset(handlers, 0, sizeof(handlers));
-    waiting = RT_MSGQ_INIT;
     nwaiting = 0;
     nregistered = 0;
     blocked = false;
     stopped = false;
     handlers_consume();
+    return MR_OK;
+}
+
+void rt_handlers_fini(void)
+{
+    free(listed);
+    free(turns);
+    free(waiting);
+    listed = NULL;
+    turns = NULL;
+    waiting = NULL;
 }
 
 uint64_t rt_handlers_stop(void)
@@ -221,7 +293,10 @@ uint64_t rt_handlers_stop(void)
     uint64_t dropped = 0;
 
     stopped = true;
-    for (rt_msg_t msg; (msg = rt_msgq_pop(&waiting)) != MR_NIL; dropped++) rt_msg_drop(msg);
+    while (nturns > 0) {
+        rt_msgq_t *q = &waiting[handlers_unlist()];
+        for (rt_msg_t msg; (msg = rt_msgq_pop(q)) != MR_NIL; dropped++) rt_msg_drop(msg);
+    }
     nwaiting = 0;
     return dropped;
 }

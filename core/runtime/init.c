@@ -102,6 +102,7 @@ out:
 /* Frees the datapath and the peer table; safe on partly allocated state. */
 static void rt_free_pools(void)
 {
+    rt_handlers_fini();
     rt_datapath_fini();
     free(rt.peer);
     rt.peer = NULL;
@@ -119,8 +120,9 @@ static mr_status_t rt_alloc_pools(void)
         return MR_ERR_NO_MEMORY;
     }
     rt_items_init();
-    rt_handlers_init();
-    return MR_OK;
+    status = rt_handlers_init();
+    if (status != MR_OK) rt_free_pools();
+    return status;
 }
 
 /*

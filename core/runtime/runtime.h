@@ -143,8 +143,10 @@ void rt_items_fini(void);
 uint64_t rt_items_drop_arrivals(void);
 
 /* handlers.c: active-message handlers (mailrail.h), the consumer of MR_KIND_HANDLER. */
-/* Empties the table and registers with the datapath. */
-void rt_handlers_init(void);
+/* Empties the table, allocates a queue per source and registers with the datapath. */
+mr_status_t rt_handlers_init(void);
+/* Frees the queues (after rt_handlers_stop(), with the datapath); safe when not allocated. */
+void rt_handlers_fini(void);
 /* At finalize: handlers run no more; returns how many waiting messages were dropped. */
 uint64_t rt_handlers_stop(void);
 
