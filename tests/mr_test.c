@@ -252,7 +252,10 @@ int run_suite_on_all_ranks(int argc, char **argv, Suite *(*make_suite)(void))
     srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, world_rank == 0 ? CK_NORMAL : CK_SILENT);
     failed = srunner_ntests_failed(sr);
-    /* A filter (CK_RUN_CASE, CK_RUN_TEST) that matches nothing must not pass. */
+    /*
+     * A filter (CK_RUN_SUITE, CK_RUN_CASE; Check 0.15 has none per test) that
+     * matches nothing must not pass.
+     */
     if (srunner_ntests_run(sr) == 0) {
         if (world_rank == 0) fprintf(stderr, "No test ran: a run that checks nothing fails.\n");
         failed = 1;

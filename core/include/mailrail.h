@@ -322,17 +322,17 @@ MR_API mr_status_t mr_release(void *buffer);
  * with MR_ERR_IN_HANDLER: a handler never waits.
  *
  * Backpressure inside a handler: a handler that cannot send now (mr_reserve()
- * or mr_send_handler_copy() returns MR_AGAIN) returns MR_AGAIN, having sent nothing for that message
- * yet (reserve first, or send one message per call); it is called again with
- * the same message by a later progress call, and the messages from the same
- * source behind it wait their turn (those from other sources run meanwhile,
- * the sources with messages waiting taking turns). While they wait they are
- * parked: copied out of their receive
- * slots, whose credits go back at once, so that ranks whose handlers send to
- * each other cannot hold the very credits they wait for (no deadlock, at the
- * cost of a copy each, and of the memory of the most messages parked at once;
- * handler_parked in mr_stats_t counts them). A handler must not assume it
- * runs once per message unless it returns MR_OK.
+ * or mr_send_handler_copy() returns MR_AGAIN) returns MR_AGAIN, having sent
+ * nothing for that message yet (reserve first, or send one message per call);
+ * it is called again with the same message by a later progress call, and the
+ * messages from the same source behind it wait their turn (those from other
+ * sources run meanwhile, the sources with messages waiting taking turns). While
+ * they wait they are parked: copied out of their receive slots, whose credits
+ * go back at once, so that ranks whose handlers send to each other cannot hold
+ * the very credits they wait for (no deadlock, at the cost of a copy each, and
+ * of the memory of the most messages parked at once; handler_parked in
+ * mr_stats_t counts them). A handler must not assume it runs once per message
+ * unless it returns MR_OK.
  *
  * Quiescence counts a handler's message as received when its handler returns
  * MR_OK, so that what a handler sends keeps the phase open. A message whose

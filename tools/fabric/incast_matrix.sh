@@ -116,7 +116,8 @@
 #                      fraction, seconds, CPU per MiB; medians of drops and returns
 #   NAME_verdicts.csv  per cell: status and the three verdicts, with node/none,
 #                      node/rank and node's line fraction (medians)
-#   NAME_job_KEY.out   the whole output of a cell's job that did not end ok (KEY is
+#   NAME_job_KEY.out   the whole output of a cell's job that did not end ok, or of every
+#                      cell's job with --keep-output (KEY is
 #                      the cell with _ for :)
 #   NAME.png, NAME_cpu.png   goodput and CPU seconds per MiB per policy per cell
 #
@@ -136,6 +137,9 @@
 #   --job-timeout S   each job's bound instead of the per-ratio one
 #   --budget S        the whole run's bound (default 3600; --quick 420)
 #   --strict          a verdict "spread" counts as FAIL
+#   --keep-output     keep every job's whole output (NAME_job_KEY.out), not only a failed
+#                     one's: the ranks' log lines, e.g. with MAILRAIL_LOG_LEVEL=debug the
+#                     victim's credit window per epoch (docs/flowctl.md)
 # Exit status: 0 when every job ran (the full matrix reports its verdicts but does
 # not fail on them; timed-out and budget-cut cells are reported, not failures);
 # 1 when a job failed (a rank's error, a verification), or with --quick when a
@@ -202,7 +206,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=build/incast name='' trials='' messages='' bytes=4096 policies='' build=build
 rate=200mbit buffer=32kb cells_opt='' ratios='' waits='' cpus='' substrates='' all_cells=0
-job_timeout_opt='' budget='' strict=0 mode=matrix list=0
+job_timeout_opt='' budget='' strict=0 mode=matrix list=0 keep_output=0
 while [ $# -gt 0 ]; do
     case $1 in
         -o) out=$2; shift 2 ;;
@@ -223,6 +227,7 @@ while [ $# -gt 0 ]; do
         --job-timeout) job_timeout_opt=$2; shift 2 ;;
         --budget) budget=$2; shift 2 ;;
         --strict) strict=1; shift ;;
+        --keep-output) keep_output=1; shift ;;
         --list) list=1; shift ;;
         --quick|--loss|--report)
             [ "$mode" = matrix ] || { echo "incast_matrix: --$mode and $1 exclude each other" >&2; exit 2; }
@@ -420,9 +425,10 @@ run_fabric() {
         fi
         echo "${c//:/,},$st,$n,$secs" >>"$out/${name}_cells.csv"
         # A job that did not end well keeps its whole output, for a post-mortem.
-        if [ "$st" != ok ] && [ -s "$tmp/job.$key.out" ]; then
+        if [ -s "$tmp/job.$key.out" ] && { [ "$st" != ok ] || [ "$keep_output" = 1 ]; }; then
             cp "$tmp/job.$key.out" "$out/${name}_job_$key.out"
-            echo "incast_matrix: $c: $st; its output is in $out/${name}_job_$key.out" >&2
+            [ "$st" = ok ] ||
+                echo "incast_matrix: $c: $st; its output is in $out/${name}_job_$key.out" >&2
         fi
     done
 }
