@@ -1167,7 +1167,6 @@ START_TEST(handlers_wait_per_source)
     tally_t unused;
     double start;
     void *buf;
-    bool go = false;
 
     setup_env("16", "64", "512");
     init_on_world();
@@ -1192,9 +1191,9 @@ START_TEST(handlers_wait_per_source)
             buf = reserve_or_progress(&unused);
             ck_assert_int_eq(mr_send(buf, 1, r), MR_OK);
         }
-        go = true;
     } else if (world_rank > 1) {
         mr_message_t m;
+        bool go = false;
         while (!go) {
             mr_status_t st = mr_receive(&m);
             if (st == MR_AGAIN) {

@@ -32,10 +32,14 @@ static rt_handler_t handlers[MR_HANDLERS_MAX];
 /* Arrived (in their slots, or parked), handlers not run yet: one queue per source. */
 static rt_msgq_t *waiting;
 static uint64_t nwaiting;
-/* The sources with messages waiting, in turn: a ring of nturns of rt.size. */
+/*
+ * The sources with messages waiting, in turn: a ring of nturns of rt.size. A
+ * source is in it exactly when its queue is not empty, except while its turn
+ * runs (a handler's message to this rank then finds its source's queue
+ * holding the message being handled).
+ */
 static int *turns;
 static int turn_head, nturns;
-static bool *listed;           /* listed[s]: s is in the ring. */
 static int nregistered;        /* Handlers registered. */
 static bool blocked;           /* Every source waiting asked to be called again in this call. */
 static bool stopped;           /* Finalize began: handlers run no more. */
@@ -47,7 +51,6 @@ static void handlers_list(int source)
 {
     turns[(turn_head + nturns) % rt.size] = source;
     nturns++;
-    listed[source] = true;
 }
 
 /* Takes the source whose turn it is off the ring. */
@@ -57,7 +60,6 @@ static int handlers_unlist(void)
 
     turn_head = turn_head + 1 < rt.size ? turn_head + 1 : 0;
     nturns--;
-    listed[source] = false;
     return source;
 }
 
@@ -126,8 +128,8 @@ static void handlers_arrived(rt_msg_t msg, const uint8_t *data, size_t length, i
 {
     (void)data;
     (void)length;
+    if (rt_msgq_empty(&waiting[source])) handlers_list(source);
     rt_msgq_push(&waiting[source], msg);
-    if (!listed[source]) handlers_list(source);
     if (nwaiting++ == 0 && nregistered == 0) handlers_consume(); /* To drop it, in order. */
 }
 
@@ -227,8 +229,7 @@ static int handlers_progress(void)
         int source = handlers_unlist();
 
         waits += handlers_run_source(&waiting[source], &events);
-        /* A handler's message to this rank may have listed its source again. */
-        if (!rt_msgq_empty(&waiting[source]) && !listed[source]) handlers_list(source);
+        if (!rt_msgq_empty(&waiting[source])) handlers_list(source);
     }
     blocked = waits > 0 && waits == nturns;
     return events;
@@ -260,8 +261,7 @@ mr_status_t rt_handlers_init(void)
 {
     waiting = malloc((size_t)rt.size * sizeof(*waiting));
     turns = malloc((size_t)rt.size * sizeof(*turns));
-    listed = calloc((size_t)rt.size, sizeof(*listed));
-    if (waiting == NULL || turns == NULL || listed == NULL) {
+    if (waiting == NULL || turns == NULL) {
         mr_error("Cannot allocate the handlers' queues of %d ranks.", rt.size);
         rt_handlers_fini();
         return MR_ERR_NO_MEMORY;
@@ -280,10 +280,8 @@ mr_status_t rt_handlers_init(void)
 
 void rt_handlers_fini(void)
 {
-    free(listed);
     free(turns);
     free(waiting);
-    listed = NULL;
     turns = NULL;
     waiting = NULL;
 }
