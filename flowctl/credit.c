@@ -42,12 +42,6 @@
 #define CREDIT_REPEATS 2
 /* A key that sent fewer messages than this in an epoch does not count as active. */
 #define CREDIT_ACTIVE_ARRIVALS 2
-/*
- * A grown window doubles again only when the receiver's rate rose by this
- * factor since it last grew; otherwise the bottleneck is elsewhere (a port,
- * the receiver) and it halves back.
- */
-#define CREDIT_GROW_GAIN 1.25
 
 mr_status_t mr__credit_share(const char *policy, const char *setting, const char *what,
                              uint64_t configured, size_t recv_slots, int keys, uint32_t *out)
@@ -144,8 +138,8 @@ void mr__credit_owed_fini(mr_credit_owed_t *o)
     }
     if (o->repeats > 0) mr_debug("Credit returns said again: %llu.", (unsigned long long)o->repeats);
     if (o->grows > 0) {
-        mr_debug("Credit windows doubled for senders that asked %llu time(s), halved %llu time(s).",
-                 (unsigned long long)o->grows, (unsigned long long)o->brakes);
+        mr_debug("Credit windows doubled for senders that asked %llu time(s).",
+                 (unsigned long long)o->grows);
     }
     free(o->key);
     free(o->retry);
@@ -317,7 +311,7 @@ static void credit_epoch(mr_credit_window_t *w, uint64_t now)
 
 /*
  * A grown window halves for every whole epoch in which its senders never
- * asked; the next ask judges it afresh (the rate it grew at is gone).
+ * asked, and the next ask may double it at once.
  */
 static void credit_grown_decay(mr_credit_owed_t *o, mr_credit_key_t *k)
 {
@@ -327,7 +321,6 @@ static void credit_grown_decay(mr_credit_owed_t *o, mr_credit_key_t *k)
     k->grown = idle - 1 < 32 ? k->grown >> (idle - 1) : 0;
     k->asked_epoch = o->win.epoch - 1;
     k->grown_ns = 0;
-    k->grown_rate = 0;
     mr__credit_key_refresh(o, k);
 }
 
@@ -413,8 +406,8 @@ void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
 }
 
 /*
- * How long after a change of a grown window its effect on the rate can show,
- * or 0 before any credit loop was timed: the mean of the latest loops, twice
+ * How long after a doubling its credits can have come back, or 0 before any
+ * credit loop was timed: the mean of the latest loops, twice
  * the shortest, or the shortest horizon, whichever is longest.
  */
 static uint64_t credit_settle_ns(const mr_credit_window_t *w)
@@ -434,26 +427,16 @@ void mr__credit_owed_asked(mr_credit_owed_t *o, int key)
 
     if (!o->grow || !k->adaptive) return;
     k->asked_epoch = w->epoch;
-    /* Not before a loop is timed, nor within a loop of the last change, nor in a brake's epoch. */
+    /* Not before a loop is timed, nor within a loop of the last doubling. */
     uint64_t settle = credit_settle_ns(w);
-    if (settle == 0 || k->braked_epoch == w->epoch + 1) return;
+    if (settle == 0) return;
     now = mr__now_ns();
     if (k->grown_ns != 0 && now - k->grown_ns < settle) return;
-    uint64_t of_rate = mr__credit_rate_window(o, k);
     uint32_t window = mr__credit_owed_window(o, key);
-    if (k->grown > of_rate && w->rate < CREDIT_GROW_GAIN * k->grown_rate) {
-        /* The last doubling did not raise the rate: something else holds it. */
-        k->grown = k->grown / 2 > of_rate ? k->grown / 2 : 0;
-        k->braked_epoch = w->epoch + 1;
-        o->brakes++;
-    } else if (window < o->limit) {
-        k->grown = window < o->limit / 2 ? 2 * window : o->limit;
-        o->grows++;
-    } else {
-        return;
-    }
+    if (window >= o->limit) return;
+    k->grown = window < o->limit / 2 ? 2 * window : o->limit;
+    o->grows++;
     k->grown_ns = now;
-    k->grown_rate = w->rate;
     mr__credit_key_refresh(o, k); /* The return threshold follows the window. */
     if (!k->queued && mr__credit_owed_returnable(o, key) >= k->return_at) credit_queue(o, key);
 }

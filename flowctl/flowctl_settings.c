@@ -28,9 +28,9 @@ const mr_config_entry_t mr__flowctl_config_table[] = {
      0, 0, NULL,
      "Under the rank and node policies with adaptive grants, a send that finds no credit asks "
      "its receiver for more (one control message per wait, per node under node), and the "
-     "receiver doubles that sender's window, up to its share, at most once per credit loop "
-     "while that raises its arrival rate; a doubling that did not is undone. no keeps the "
-     "window at rate x horizon and sends no asks (docs/flowctl.md)."},
+     "receiver doubles that sender's window, up to its share, at most once per credit loop; "
+     "a window whose senders stop asking halves every 250 ms. no keeps the window at rate x "
+     "horizon and sends no asks (docs/flowctl.md)."},
     {"MAILRAIL_PIGGYBACK", "yes", MR_CONFIG_BOOL, offsetof(mr_flowctl_config_t, piggyback), 0, 0,
      NULL,
      "Under the rank and node policies, a data message to a rank also carries the credits "

@@ -98,9 +98,7 @@ typedef struct mr_credit_key {
     uint32_t epoch_arrivals;
     uint64_t probe_t0;        /* When credits went to it with none held, or 0. */
     uint32_t asked_epoch;     /* The last epoch its senders asked for credit in, */
-    uint64_t grown_ns;        /* when `grown` last changed (or 0), */
-    double grown_rate;        /* and the receiver's rate then; */
-    uint32_t braked_epoch;    /* the epoch it was last halved in, plus 1 (0: never). */
+    uint64_t grown_ns;        /* and when `grown` last doubled (or 0). */
     /* Cumulative returns (mr_credit_owed_t.cumulative): */
     uint32_t total;           /* credits granted back so far, mod 2^30: what a return says; */
     uint32_t last_take;       /* the last mr__credit_owed_take(), for a put-back; */
@@ -127,14 +125,13 @@ typedef struct mr_credit_owed {
      * MAILRAIL_CREDIT_GROW: a sender that finds no credit asks its receiver
      * for more (mr__credit_ask(): a control message of MR_CREDIT_ASK, once per
      * wait, once per node under `node`), and the receiver doubles the key's
-     * window, up to `limit`, at most once per credit loop, while that raises
-     * its rate; when a doubling did not, it halves the window back and lets
-     * it grow again only from the next epoch on. The window of the rate alone
+     * window, up to `limit`, at most once per credit loop; a window whose
+     * senders stop asking halves every epoch. The window of the rate alone
      * can starve senders that no bottleneck holds back: it covers the rate
      * the window itself let through (docs/flowctl.md).
      */
     bool grow;
-    uint64_t grows, brakes; /* How often windows grew and were halved (logged at fini). */
+    uint64_t grows;       /* How often windows doubled (logged at fini). */
     /*
      * Returns say the total granted back so far instead of the count of this
      * one (`node`): a return said twice, or late, adds nothing, so a return
@@ -273,7 +270,7 @@ void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank);
 
 /*
  * The senders of `key` asked for credit (a control message of MR_CREDIT_ASK):
- * grows its window, or halves it back (mr_credit_owed_t.grow).
+ * doubles its window, at most once per credit loop (mr_credit_owed_t.grow).
  */
 void mr__credit_owed_asked(mr_credit_owed_t *o, int key);
 
