@@ -4,7 +4,8 @@
 # kept CI under 20 minutes): 256:1 on the emulated fabric, mr_wait(100), a CPU
 # share per host, the TCP substrate, one trial of none and node. Fails when a
 # cell did not complete or node's goodput is below none's in one (the script's
-# exit status), or when its CSVs lack the columns the matrix reports.
+# exit status), or when its CSVs lack the columns the matrix reports (the CPU
+# cost, and the phases outside the clock).
 #
 #   run_incast_matrix.sh INCAST_MATRIX_SH BUILD_DIR
 #
@@ -38,5 +39,10 @@ head -1 "$out/matrix_quick.csv" | grep -q "^ratio,wait,cpu,substrate,policy,tria
 rows=$(awk -F, 'NR > 1 && $10 > 0 && ($5 == "none" || $5 == "node") { k[$1 "," $5] = 1 }
                 END { print length(k) }' "$out/matrix_quick.csv" 2>/dev/null)
 [ "${rows:-0}" -eq 2 ] || { echo "FAIL: $rows (cell, policy) pairs with cpu_s_per_mib > 0, expected 2"; status=1; }
+# And what each trial cost outside its clock: mr_init() and mr_finalize() take time.
+rows=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+                ("init_s" in col) && $col["init_s"] > 0 && $col["finalize_s"] > 0 && $col["connect_s"] != "" { k[$5] = 1 }
+                END { print length(k) }' "$out/matrix_quick.csv" 2>/dev/null)
+[ "${rows:-0}" -eq 2 ] || { echo "FAIL: $rows policies with init_s and finalize_s > 0, expected 2"; status=1; }
 [ -s "$out/matrix_quick.png" ] || { echo "FAIL: no figure"; status=1; }
 exit $status

@@ -30,8 +30,13 @@
  * the same span on every rank, waiting included. (A sender that handed its
  * messages to the kernel early, as under `none`, would otherwise stop its
  * count while it still woke every millisecond.) Their sum over all ranks is
- * reported as cpu_s, and per MiB delivered to the victims as cpu_s_per_mib:
- * in the summary lines and as the last two CSV columns.
+ * reported as cpu_s, and per MiB delivered to the victims as cpu_s_per_mib,
+ * in the summary lines and the CSV. What a trial costs outside its clock
+ * follows them in the CSV, the slowest rank's wall seconds in each phase:
+ * init_s (mr_init_mpi), connect_s (mr_connect), around_s (drawing the
+ * sends, the barrier that starts the clock, and quiescence after it stops),
+ * checks_s (the checks and reductions after quiescence) and finalize_s
+ * (mr_finalize).
  *
  * The policies are interleaved: trial 0 of every policy, then trial 1, and so
  * on, so that a slow phase of a shared machine does not fall on one policy.
@@ -104,6 +109,20 @@ typedef struct incast_sample {
     uint64_t slots_in_use;   /* Victims: receive slots held. */
 } incast_sample_t;
 
+/*
+ * The untimed phases of a trial, each rank's wall seconds in it: what a trial
+ * costs besides its clock (a 1,024-rank trial takes minutes for a few seconds
+ * of traffic).
+ */
+typedef enum {
+    INCAST_INIT,     /* mr_init_mpi(). */
+    INCAST_CONNECT,  /* mr_connect() to the victims (0 with -d). */
+    INCAST_AROUND,   /* Around the clock: drawing the sends, the barrier, quiescence. */
+    INCAST_CHECKS,   /* From the end of quiescence to mr_finalize(): checks, reductions. */
+    INCAST_FINALIZE, /* mr_finalize(). */
+    INCAST_PHASES
+} incast_phase_t;
+
 /* What one rank measured in one trial. */
 typedef struct incast_trial {
     double seconds;          /* Max over ranks. */
@@ -116,6 +135,7 @@ typedef struct incast_trial {
     int nodes;               /* As MailRail sees them. */
     bool verified;
     long long port[3];       /* -P: bytes, packets, drops during the trial; -1 without. */
+    double phase_s[INCAST_PHASES]; /* Untimed phases, max over ranks (incast_phase_t). */
 } incast_trial_t;
 
 /* What every message starts with; bytes derived from it follow. */
@@ -586,6 +606,7 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     uint64_t rng = 0x853c49e6748fea9bull ^ ((uint64_t)o->seed << 32) ^ (uint64_t)r->rank ^
                    ((uint64_t)trial << 16);
     double seconds, cpu = 0;
+    double phase[INCAST_PHASES] = {0}, t0 = tool_now();
     mr_status_t st;
 
     r->policy = policy;
@@ -594,6 +615,7 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     setenv("MAILRAIL_FLOWCTL", policy, 1);
     st = mr_init_mpi(&comm, sizeof(comm));
     if (st != MR_OK) return st;
+    phase[INCAST_INIT] = tool_now() - t0;
     if (o->bytes > mr_datagram_size()) {
         if (r->rank == 0) {
             fprintf(stderr, "mailrail_incast: -b %zu exceeds MAILRAIL_DATAGRAM_SIZE=%zu\n",
@@ -619,17 +641,22 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     if (!r->is_victim || r->samples == NULL) r->nodes = 0;
     tool_reset_peak_rss();
     /* Every connection a trial uses is made before its clock starts: it times flow control. */
+    t0 = tool_now();
     if (!o->dial_in_run && (st = mr_connect(r->victims, o->victims)) != MR_OK) {
         fprintf(stderr, "mailrail_incast: rank %d: mr_connect() to the victims: %s\n", r->rank,
                 mr_status_string(st));
         mr_finalize();
         return st;
     }
+    phase[INCAST_CONNECT] = tool_now() - t0;
 
     long long before[3] = {-1, -1, -1}, after[3] = {-1, -1, -1};
     bool probed = r->rank == 0 && o->port_command != NULL &&
                   tool_port_probe("mailrail_incast", o->port_command, before);
+    t0 = tool_now();
     st = incast_communicate(&run, &rng, &seconds, &cpu);
+    phase[INCAST_AROUND] = tool_now() - t0 - seconds;
+    t0 = tool_now();
     mr_get_stats(&stats);
     uint64_t rss = tool_peak_rss_kb();
     if (probed && tool_port_probe("mailrail_incast", o->port_command, after)) {
@@ -664,7 +691,13 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
                 trial, o->seed, o->seed);
         tool_abort();
     }
-    return mr_finalize();
+    phase[INCAST_CHECKS] = tool_now() - t0;
+    t0 = tool_now();
+    st = mr_finalize();
+    phase[INCAST_FINALIZE] = tool_now() - t0;
+    /* MPI outlives MailRail here: the slowest rank's phases, on every rank. */
+    incast_allreduce(phase, out->phase_s, INCAST_PHASES, MPI_DOUBLE, MPI_MAX);
+    return st;
 }
 
 /* Reads -V: `n` distinct ranks below `size`, comma-separated. */
@@ -827,7 +860,8 @@ int main(int argc, char **argv)
                 fprintf(csv, "policy,trial,ranks,nodes,victims,bytes,messages_per_rank,seconds,"
                              "goodput_gbps,victim_peak_recv_slots,victim_peak_rss_kb,"
                              "credit_returns,deferred_sends,verified,port_bytes,port_packets,"
-                             "port_drops,cpu_s,cpu_s_per_mib\n");
+                             "port_drops,cpu_s,cpu_s_per_mib,init_s,connect_s,around_s,checks_s,"
+                             "finalize_s\n");
             }
         }
         if (!o.quiet) {
@@ -874,12 +908,14 @@ int main(int argc, char **argv)
             }
             if (csv != NULL) {
                 fprintf(csv, "%s,%d,%d,%d,%d,%zu,%ld,%.6f,%.4f,%llu,%llu,%llu,%llu,1,%lld,%lld,%lld,"
-                             "%.4f,%.6f\n",
+                             "%.4f,%.6f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
                         o.policies[p], k, r.size, t.nodes, o.victims, o.bytes, o.messages,
                         t.seconds, gbps[p][k], (unsigned long long)t.peak_slots,
                         (unsigned long long)t.peak_rss_kb, (unsigned long long)t.credit_returns,
                         (unsigned long long)t.deferred, t.port[0], t.port[1], t.port[2], t.cpu_s,
-                        cpu_mib[p][k]);
+                        cpu_mib[p][k], t.phase_s[INCAST_INIT], t.phase_s[INCAST_CONNECT],
+                        t.phase_s[INCAST_AROUND], t.phase_s[INCAST_CHECKS],
+                        t.phase_s[INCAST_FINALIZE]);
                 fflush(csv);
             }
         }

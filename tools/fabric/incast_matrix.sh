@@ -107,11 +107,14 @@
 # Output (OUT/NAME*, NAME matrix, matrix_quick or matrix_loss unless --name):
 #   NAME.csv           ratio,wait,cpu,substrate,policy,trial,seconds,goodput_mbps,
 #                      line_fraction,cpu_s_per_mib,port_drops,credit_returns,cpu_s,
-#                      messages_per_sender,bytes,ranks,victim_peak_recv_slots
+#                      messages_per_sender,bytes,ranks,victim_peak_recv_slots,
+#                      init_s,connect_s,around_s,checks_s,finalize_s
 #                      (goodput: bits received by the victim over the trial's time;
 #                      line_fraction: goodput over the line rate; cpu_s: CPU seconds
 #                      of all ranks in the timed part, getrusage; port_drops: the
-#                      victim's switch port during the trial)
+#                      victim's switch port during the trial; the last five: the
+#                      slowest rank's seconds outside the clock, mailrail_incast's
+#                      phases)
 #   NAME_cells.csv     ratio,wait,cpu,substrate,status,trials_done,job_seconds; status
 #                      ok, timed out, failed (status N), failed: the fabric ended
 #                      with status N, not run: budget, not run: interrupted, stopped:
@@ -348,7 +351,7 @@ out=$(cd "$out" && pwd)
 tmp=$(mktemp -d /tmp/incast_matrix.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
-rows_header="ratio,wait,cpu,substrate,policy,trial,seconds,goodput_mbps,line_fraction,cpu_s_per_mib,port_drops,credit_returns,cpu_s,messages_per_sender,bytes,ranks,victim_peak_recv_slots"
+rows_header="ratio,wait,cpu,substrate,policy,trial,seconds,goodput_mbps,line_fraction,cpu_s_per_mib,port_drops,credit_returns,cpu_s,messages_per_sender,bytes,ranks,victim_peak_recv_slots,init_s,connect_s,around_s,checks_s,finalize_s"
 cells_header="ratio,wait,cpu,substrate,status,trials_done,job_seconds"
 
 # One cell's rows from the incast tool's CSV (read by column name).
@@ -360,11 +363,15 @@ cell_rows() {
         NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
         {
             g = $col["goodput_gbps"] * 1000
-            printf "%d,%s,%s,%s,%s,%d,%.6f,%.2f,%.4f,%s,%d,%d,%s,%d,%d,%d,%d\n", r, w, c, s,
+            phases = ""
+            split("init_s connect_s around_s checks_s finalize_s", ph, " ")
+            for (i = 1; i <= 5; i++) phases = phases "," ((ph[i] in col) ? $col[ph[i]] : "")
+            printf "%d,%s,%s,%s,%s,%d,%.6f,%.2f,%.4f,%s,%d,%d,%s,%d,%d,%d,%d%s\n", r, w, c, s,
                 $col["policy"], $col["trial"] + 1, $col["seconds"], g, g / line,
                 ("cpu_s_per_mib" in col) ? $col["cpu_s_per_mib"] : "", $col["port_drops"],
                 $col["credit_returns"], ("cpu_s" in col) ? $col["cpu_s"] : "",
-                $col["messages_per_rank"], $col["bytes"], $col["ranks"], $col["victim_peak_recv_slots"]
+                $col["messages_per_rank"], $col["bytes"], $col["ranks"], $col["victim_peak_recv_slots"],
+                phases
         }' "$csv"
 }
 
