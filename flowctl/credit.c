@@ -407,8 +407,8 @@ void mr__credit_owed_arrived(mr_credit_owed_t *o, int key, int rank)
 
 /*
  * How long after a doubling its credits can have come back, or 0 before any
- * credit loop was timed: the mean of the latest loops, twice
- * the shortest, or the shortest horizon, whichever is longest.
+ * credit loop was timed: the mean of the latest loops, twice the shortest, or
+ * the shortest horizon, whichever is longest.
  */
 static uint64_t credit_settle_ns(const mr_credit_window_t *w)
 {

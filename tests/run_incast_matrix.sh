@@ -41,7 +41,8 @@ rows=$(awk -F, 'NR > 1 && $10 > 0 && ($5 == "none" || $5 == "node") { k[$1 "," $
 [ "${rows:-0}" -eq 2 ] || { echo "FAIL: $rows (cell, policy) pairs with cpu_s_per_mib > 0, expected 2"; status=1; }
 # And what each trial cost outside its clock: mr_init() and mr_finalize() take time.
 rows=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-                ("init_s" in col) && $col["init_s"] > 0 && $col["finalize_s"] > 0 && $col["connect_s"] != "" { k[$5] = 1 }
+                ("init_s" in col) && $col["init_s"] > 0 && $col["finalize_s"] > 0 &&
+                $col["connect_s"] != "" { k[$5] = 1 }
                 END { print length(k) }' "$out/matrix_quick.csv" 2>/dev/null)
 [ "${rows:-0}" -eq 2 ] || { echo "FAIL: $rows policies with init_s and finalize_s > 0, expected 2"; status=1; }
 [ -s "$out/matrix_quick.png" ] || { echo "FAIL: no figure"; status=1; }
