@@ -194,7 +194,7 @@ mr_status_t mr__plugin_load_bootstrap(const mr_plugin_dirs_t *dirs, const char *
         snprintf(why, why_len, "the entry point returned no ops table");
     } else if (plugin_header_valid(o->abi_version, MR_BOOTSTRAP_ABI_VERSION, o->ops_size,
                                    sizeof(*o), o->name, name, why, why_len)) {
-        if (o->init && o->allgather && o->bcast && o->iallreduce_sum && o->ibarrier &&
+        if (o->init && o->iallgather && o->ibcast && o->iallreduce_sum && o->ibarrier &&
             o->test && o->comm && o->finalize) {
             *handle = h;
             *ops = o;

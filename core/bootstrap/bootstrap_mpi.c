@@ -18,10 +18,32 @@
  */
 static bool bootstrap_started_mpi;
 
+/*
+ * An allgather in rounds (Bruck): in the round of distance k, each rank sends
+ * the min(k, size - k) blocks it holds to rank - k and receives as many from
+ * rank + k, so that after ceil(log2(size)) rounds it holds all blocks, its own
+ * first. MPICH's MPI_Iallgather goes around a ring, one round per rank, once
+ * the gathered bytes pass 80 KiB: at 1,025 ranks the node map's 104 bytes a
+ * rank took 1,024 rounds, each waiting for a rank to be scheduled.
+ */
+typedef struct bootstrap_gather {
+    uint8_t *blocks; /* size * len: block i is rank (rank + i) % size's. */
+    uint8_t *recv;
+    size_t len;
+    int distance; /* The round under way; 0 when no gather is. */
+    MPI_Request reqs[2];
+} bootstrap_gather_t;
+
+/* The tag of the gather's messages: collectives never match point-to-point ones. */
+#define BOOTSTRAP_GATHER_TAG 0x4d52
+
 struct mr_bootstrap {
     MPI_Comm comm;
     MPI_Request pending;
+    bootstrap_gather_t gather;
+    int rank, size;
     int initialized_mpi;
+    uint64_t nap_ns; /* mr__backoff()'s, from the launcher's count of local ranks. */
     void (*log)(mr_log_level_t, const char *, ...);
 };
 
@@ -50,7 +72,7 @@ static mr_status_t bootstrap_wait(mr_bootstrap_t *b, MPI_Request *req, const cha
     for (;;) {
         mr_status_t status = bootstrap_check(b, MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
         if (status != MR_OK || done) return status;
-        mr__backoff(&polls);
+        mr__backoff(&polls, b->nap_ns);
     }
 }
 
@@ -138,6 +160,8 @@ static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
     }
     b->log = log;
     b->pending = MPI_REQUEST_NULL;
+    b->gather.reqs[0] = b->gather.reqs[1] = MPI_REQUEST_NULL;
+    b->nap_ns = mr__backoff_nap_ns(mr__launcher_local_ranks());
     b->initialized_mpi = initialized_here;
     /* Errors come back as codes so that MailRail can report them. */
     MPI_Request req;
@@ -147,8 +171,8 @@ static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
         return MR_ERR_BOOTSTRAP;
     }
     MPI_Comm_set_errhandler(b->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(b->comm, rank);
-    MPI_Comm_size(b->comm, size);
+    MPI_Comm_rank(b->comm, &b->rank);
+    MPI_Comm_size(b->comm, &b->size);
     /* mr_init_mpi() with the application's own communicator is not second-guessed. */
     int tasks = user_comm == NULL ? bootstrap_unconnected_tasks() : 0;
     if (tasks > 1) {
@@ -161,27 +185,94 @@ static mr_status_t bootstrap_init(const void *user_comm, size_t user_comm_size,
         return MR_ERR_BOOTSTRAP;
     }
     *out = b;
+    *rank = b->rank;
+    *size = b->size;
     return MR_OK;
 }
 
-static mr_status_t bootstrap_allgather(mr_bootstrap_t *b, const void *send, void *recv,
-                                       size_t len)
+/* Starts the gather's round of distance g->distance. */
+static mr_status_t bootstrap_gather_round(mr_bootstrap_t *b)
 {
-    MPI_Request req;
-    mr_status_t status = bootstrap_check(
-        b, MPI_Iallgather(send, (int)len, MPI_BYTE, recv, (int)len, MPI_BYTE, b->comm, &req),
-        "MPI_Iallgather");
+    bootstrap_gather_t *g = &b->gather;
+    int k = g->distance, n = k < b->size - k ? k : b->size - k;
+    int count = (int)((size_t)n * g->len);
+    int to = (b->rank - k + b->size) % b->size, from = (b->rank + k) % b->size;
+    mr_status_t status;
 
-    return status == MR_OK ? bootstrap_wait(b, &req, "MPI_Iallgather") : status;
+    status = bootstrap_check(b, MPI_Irecv(g->blocks + (size_t)k * g->len, count, MPI_BYTE, from,
+                                          BOOTSTRAP_GATHER_TAG, b->comm, &g->reqs[0]),
+                             "MPI_Irecv");
+    if (status != MR_OK) return status;
+    return bootstrap_check(b, MPI_Isend(g->blocks, count, MPI_BYTE, to, BOOTSTRAP_GATHER_TAG,
+                                        b->comm, &g->reqs[1]),
+                           "MPI_Isend");
 }
 
-static mr_status_t bootstrap_bcast(mr_bootstrap_t *b, void *buf, size_t len, int root)
+/* Puts the gathered blocks in rank order and ends the gather. */
+static void bootstrap_gather_end(mr_bootstrap_t *b)
 {
-    MPI_Request req;
-    mr_status_t status = bootstrap_check(
-        b, MPI_Ibcast(buf, (int)len, MPI_BYTE, root, b->comm, &req), "MPI_Ibcast");
+    bootstrap_gather_t *g = &b->gather;
 
-    return status == MR_OK ? bootstrap_wait(b, &req, "MPI_Ibcast") : status;
+    for (int i = 0; i < b->size; i++) {
+        memcpy(g->recv + (size_t)((b->rank + i) % b->size) * g->len,
+               g->blocks + (size_t)i * g->len, g->len);
+    }
+    free(g->blocks);
+    g->blocks = NULL;
+    g->distance = 0;
+}
+
+/* Advances the gather as far as its messages allow: MR_OK once it is done. */
+static mr_status_t bootstrap_gather_test(mr_bootstrap_t *b)
+{
+    bootstrap_gather_t *g = &b->gather;
+
+    for (;;) {
+        int done = 0;
+        MPI_Status statuses[2]; /* Not MPI_STATUSES_IGNORE, which GCC 12 takes for an array. */
+        mr_status_t status =
+            bootstrap_check(b, MPI_Testall(2, g->reqs, &done, statuses), "MPI_Testall");
+        if (status != MR_OK) return status;
+        if (!done) return MR_AGAIN;
+        if (g->distance >= b->size - g->distance) break;
+        g->distance *= 2;
+        status = bootstrap_gather_round(b);
+        if (status != MR_OK) return status;
+    }
+    bootstrap_gather_end(b);
+    return MR_OK;
+}
+
+static mr_status_t bootstrap_iallgather(mr_bootstrap_t *b, const void *send, void *recv,
+                                        size_t len)
+{
+    bootstrap_gather_t *g = &b->gather;
+
+    if ((size_t)b->size * len > INT32_MAX) {
+        b->log(MR_LOG_ERROR, "An allgather of %zu bytes from %d ranks is more than MPI counts.",
+               len, b->size);
+        return MR_ERR_BOOTSTRAP;
+    }
+    g->blocks = malloc((size_t)b->size * len + 1);
+    if (g->blocks == NULL) {
+        b->log(MR_LOG_ERROR, "Cannot allocate an allgather of %d x %zu bytes.", b->size, len);
+        return MR_ERR_NO_MEMORY;
+    }
+    memcpy(g->blocks, send, len);
+    g->recv = recv;
+    g->len = len;
+    g->distance = 1;
+    if (b->size == 1) {
+        bootstrap_gather_end(b);
+        return MR_OK;
+    }
+    return bootstrap_gather_round(b);
+}
+
+static mr_status_t bootstrap_ibcast(mr_bootstrap_t *b, void *buf, size_t len, int root)
+{
+    return bootstrap_check(b, MPI_Ibcast(buf, (int)len, MPI_BYTE, root, b->comm, &b->pending),
+                           "MPI_Ibcast");
 }
 
 static mr_status_t bootstrap_iallreduce_sum(mr_bootstrap_t *b, const uint64_t *in,
@@ -202,6 +293,7 @@ static mr_status_t bootstrap_test(mr_bootstrap_t *b)
     int done = 0;
     mr_status_t status;
 
+    if (b->gather.distance > 0) return bootstrap_gather_test(b);
     if (b->pending == MPI_REQUEST_NULL) return MR_OK;
     status = bootstrap_check(b, MPI_Test(&b->pending, &done, MPI_STATUS_IGNORE), "MPI_Test");
     if (status != MR_OK) return status;
@@ -229,6 +321,8 @@ static void bootstrap_finalize(mr_bootstrap_t *b, mr_bootstrap_end_t end)
         b->log(MR_LOG_WARN, "MPI is left unfinalized: a peer failed or a collective could "
                             "not complete.");
     }
+    /* An abandoned gather's receives may still land in its blocks: they stay. */
+    if (end != MR_BOOTSTRAP_END_ABANDON || b->gather.distance == 0) free(b->gather.blocks);
     free(b);
 }
 
@@ -238,8 +332,8 @@ static const mr_bootstrap_ops_t bootstrap_mpi_ops = {
     .name = "mpi",
     .description = "MPI (MPICH) bootstrap: ranks, address exchange, non-blocking collectives.",
     .init = bootstrap_init,
-    .allgather = bootstrap_allgather,
-    .bcast = bootstrap_bcast,
+    .iallgather = bootstrap_iallgather,
+    .ibcast = bootstrap_ibcast,
     .iallreduce_sum = bootstrap_iallreduce_sum,
     .ibarrier = bootstrap_ibarrier,
     .test = bootstrap_test,

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MR_BOOTSTRAP_ABI_VERSION 2
+#define MR_BOOTSTRAP_ABI_VERSION 3
 #define MR_BOOTSTRAP_ENTRY "mr_bootstrap_get_ops"
 #define MR_BOOTSTRAP_PREFIX "mailrail_bootstrap_"
 
@@ -49,23 +49,30 @@ typedef struct mr_bootstrap_ops {
                         void (*log)(mr_log_level_t, const char *, ...), mr_bootstrap_t **out,
                         int *rank, int *size);
 
-    /* Blocking: every rank's `len` bytes, in rank order, into `recv`. */
-    mr_status_t (*allgather)(mr_bootstrap_t *b, const void *send, void *recv, size_t len);
-
-    /* Blocking: `len` bytes from rank `root` to all. */
-    mr_status_t (*bcast)(mr_bootstrap_t *b, void *buf, size_t len, int root);
+    /*
+     * The operations below start a collective and return; test() drives it.
+     * At most one is pending at a time, and its buffers must stay valid until
+     * test() says it is done. The core waits between tests, so that a wait
+     * can time out and ranks that share CPUs can sleep.
+     */
 
     /*
-     * Starts a non-blocking sum of `count` uint64_t over all ranks into `out`
-     * (which must stay valid). At most one non-blocking operation at a time.
+     * Starts gathering every rank's `len` bytes, in rank order, into `recv`,
+     * in ceil(log2(size)) rounds whatever `len` (Bruck's algorithm).
      */
+    mr_status_t (*iallgather)(mr_bootstrap_t *b, const void *send, void *recv, size_t len);
+
+    /* Starts sending `len` bytes from rank `root` to all. */
+    mr_status_t (*ibcast)(mr_bootstrap_t *b, void *buf, size_t len, int root);
+
+    /* Starts a sum of `count` uint64_t over all ranks into `out`. */
     mr_status_t (*iallreduce_sum)(mr_bootstrap_t *b, const uint64_t *in, uint64_t *out,
                                   int count);
 
     /* Starts a non-blocking barrier. */
     mr_status_t (*ibarrier)(mr_bootstrap_t *b);
 
-    /* Tests the pending operation: MR_OK done, MR_AGAIN not yet, or an error. */
+    /* Tests and advances the pending operation: MR_OK done, MR_AGAIN not yet, or an error. */
     mr_status_t (*test)(mr_bootstrap_t *b);
 
     /* The duplicated MPI_Comm the bootstrap uses, for the MPI substrate. */

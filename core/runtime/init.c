@@ -313,6 +313,8 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
                                     &rt.substrate_config);
     if (status != MR_OK) goto err_plugins;
 
+    /* Until the ranks have met, the launcher's count of the ranks on this machine. */
+    rt.nap_ns = mr__backoff_nap_ns(mr__launcher_local_ranks());
     status = rt.bootstrap->init(user_comm, user_comm_size, mr__log_write, &rt.bs, &rt.rank,
                                 &rt.size);
     if (status != MR_OK) goto err_substrate_config;
@@ -330,12 +332,14 @@ static mr_status_t rt_init(const void *user_comm, size_t user_comm_size)
     status = rt_map_nodes();
     if (status != MR_OK) goto err_nodes;
     bool over = rt_oversubscribed();
+    rt.nap_ns = mr__backoff_nap_ns(rt.machine_ranks);
     rt.idle_yield = rt.cfg.yield == MR_WHEN_AUTO ? over : rt.cfg.yield == MR_WHEN_ALWAYS;
     rt.wait_naps = rt.cfg.wait_nap == MR_WHEN_AUTO ? over && rt.substrate->wait_is_costly
                                                    : rt.cfg.wait_nap == MR_WHEN_ALWAYS;
-    mr_debug("%d ranks on this machine%s: idle polls %s, mr_wait() %s.", rt.machine_ranks,
+    mr_debug("%d ranks on this machine%s: idle polls %s, mr_wait() %s, waits on the "
+             "bootstrap nap %.1f ms.", rt.machine_ranks,
              over ? ", more than its CPUs" : "", rt.idle_yield ? "yield" : "spin",
-             rt.wait_naps ? "naps first" : "sleeps until news");
+             rt.wait_naps ? "naps first" : "sleeps until news", (double)rt.nap_ns / 1e6);
     status = rt_share_job_key();
     if (status != MR_OK) goto err_nodes;
     rt_clock_step(&clock, "nodes and key");

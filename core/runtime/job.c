@@ -22,18 +22,6 @@ static void rt_count_collective(size_t bytes)
     rt.stats.init_bootstrap_bytes += bytes;
 }
 
-mr_status_t rt_allgather(const void *send, void *recv, size_t len)
-{
-    rt_count_collective(len);
-    return rt.bootstrap->allgather(rt.bs, send, recv, len);
-}
-
-mr_status_t rt_bcast(void *buf, size_t len, int root)
-{
-    rt_count_collective(rt.rank == root ? len : 0);
-    return rt.bootstrap->bcast(rt.bs, buf, len, root);
-}
-
 /* Waits for the bootstrap's pending collective, up to `deadline`, without progress. */
 static mr_status_t rt_wait_bootstrap(uint64_t deadline)
 {
@@ -49,9 +37,28 @@ static mr_status_t rt_wait_bootstrap(uint64_t deadline)
             rt.unclean = true;
             return MR_ERR_TIMEOUT;
         }
-        mr__backoff(&polls);
+        mr__backoff(&polls, rt.nap_ns);
     }
     return status;
+}
+
+/* Waits for a collective just started (`status` is how starting it went). */
+static mr_status_t rt_finish_collective(mr_status_t status)
+{
+    if (status != MR_OK) return status;
+    return rt_wait_bootstrap(mr__now_ns() + rt.cfg.timeout_s * MR_NS_PER_S);
+}
+
+mr_status_t rt_allgather(const void *send, void *recv, size_t len)
+{
+    rt_count_collective(len);
+    return rt_finish_collective(rt.bootstrap->iallgather(rt.bs, send, recv, len));
+}
+
+mr_status_t rt_bcast(void *buf, size_t len, int root)
+{
+    rt_count_collective(rt.rank == root ? len : 0);
+    return rt_finish_collective(rt.bootstrap->ibcast(rt.bs, buf, len, root));
 }
 
 /*
@@ -67,9 +74,7 @@ mr_status_t rt_agree(mr_status_t local)
     rt_reduce_in[0] = local != MR_OK;
     rt_count_collective(sizeof(rt_reduce_in[0]));
     status = rt.bootstrap->iallreduce_sum(rt.bs, rt_reduce_in, rt_reduce_out, 1);
-    if (status == MR_OK) {
-        status = rt_wait_bootstrap(mr__now_ns() + rt.cfg.timeout_s * MR_NS_PER_S);
-    }
+    status = rt_finish_collective(status);
     if (status != MR_OK) {
         rt.unclean = true;
         return local != MR_OK ? local : status;
@@ -221,15 +226,9 @@ mr_status_t rt_share_job_key(void)
 /* A blocking barrier over the bootstrap, for flow-control policies at init. */
 mr_status_t rt_barrier(void *core)
 {
-    mr_status_t status;
-
     (void)core;
     rt_count_collective(0);
-    status = rt.bootstrap->ibarrier(rt.bs);
-    if (status != MR_OK) return status;
-    unsigned polls = 0;
-    while ((status = rt.bootstrap->test(rt.bs)) == MR_AGAIN) mr__backoff(&polls);
-    return status;
+    return rt_finish_collective(rt.bootstrap->ibarrier(rt.bs));
 }
 
 /* All-gathers the substrate addresses, padded to the longest. */

@@ -44,6 +44,7 @@ typedef struct rt_runtime {
     int *host_of;          /* Physical host index per rank. */
     int machine_ranks;     /* Ranks sharing this machine's kernel, whatever their host names. */
     bool idle_yield;       /* Idle polls give the core away (MAILRAIL_YIELD). */
+    uint64_t nap_ns;       /* mr__backoff()'s nap in waits on the bootstrap. */
     bool wait_naps;        /* mr_wait() naps before it sleeps (MAILRAIL_WAIT_NAP). */
     uint8_t job_key[MR_JOB_KEY_LEN];
     char job_id[RT_JOB_ID_MAX];

@@ -153,11 +153,11 @@ mr_status_t rt_agree_settings(void)
         return MR_ERR_NO_MEMORY;
     }
     status = rt_allgather(mine.hash, all, sizeof(mine.hash));
-    if (status == MR_OK) {
-        memcpy(first, mine.text, sizeof(first));
-        status = rt_bcast(first, sizeof(first), 0);
-    }
-    /* The first setting, in table order, on which some rank differs from rank 0. */
+    /*
+     * The first setting, in table order, on which some rank differs from rank
+     * 0. Every rank holds every digest and so finds the same one: the values
+     * are sent (two broadcasts) only then.
+     */
     for (int i = 0; status == MR_OK && bad < 0 && i < RT_AGREED_MAX; i++) {
         for (int r = 1; r < rt.size; r++) {
             if (all[(size_t)r * RT_AGREED_MAX + i] != all[i]) {
@@ -170,10 +170,12 @@ mr_status_t rt_agree_settings(void)
     free(all);
     if (status != MR_OK) return status;
     if (bad < 0) return MR_OK;
-    /* Every rank learns the other value too: the first differing rank's. */
+    /* Every rank learns rank 0's value and the first differing rank's. */
     char other[RT_AGREED_MAX][RT_AGREED_TEXT];
+    memcpy(first, mine.text, sizeof(first));
     memcpy(other, mine.text, sizeof(other));
-    status = rt_bcast(other, sizeof(other), first_rank);
+    status = rt_bcast(first, sizeof(first), 0);
+    if (status == MR_OK) status = rt_bcast(other, sizeof(other), first_rank);
     if (status != MR_OK) return status;
     mr_error("%s must be the same on every rank: it is \"%s\" on rank 0 but \"%s\" on rank %d "
              "(%d rank(s) differ from rank 0; this rank has \"%s\").",

@@ -41,10 +41,11 @@ static int comm_dup_yielding(MPI_Comm base, MPI_Comm *out)
     MPI_Request req;
     int done = 0, rc = MPI_Comm_idup(base, out, &req);
     unsigned polls = 0;
+    uint64_t nap_ns = mr__backoff_nap_ns(mr__launcher_local_ranks());
 
     while (rc == MPI_SUCCESS && !done) {
         rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (rc == MPI_SUCCESS && !done) mr__backoff(&polls);
+        if (rc == MPI_SUCCESS && !done) mr__backoff(&polls, nap_ns);
     }
     return rc;
 }
