@@ -36,7 +36,9 @@
  * init_s (mr_init_mpi), connect_s (mr_connect), around_s (drawing the
  * sends, the barrier that starts the clock, and quiescence after it stops),
  * checks_s (the checks and reductions after quiescence) and finalize_s
- * (mr_finalize).
+ * (mr_finalize). Then start_skew_s, how long after the first rank the last
+ * started its clock, and span_s, the first start to the last end (wall
+ * clock): ranks leave the barrier apart when hundreds share a core.
  *
  * The policies are interleaved: trial 0 of every policy, then trial 1, and so
  * on, so that a slow phase of a shared machine does not fall on one policy.
@@ -136,6 +138,8 @@ typedef struct incast_trial {
     bool verified;
     long long port[3];       /* -P: bytes, packets, drops during the trial; -1 without. */
     double phase_s[INCAST_PHASES]; /* Untimed phases, max over ranks (incast_phase_t). */
+    double start_skew_s; /* The last rank's clock start after the first's (wall clock). */
+    double span_s;       /* The first rank's clock start to the last rank's end (wall clock). */
 } incast_trial_t;
 
 /* What every message starts with; bytes derived from it follow. */
@@ -161,6 +165,7 @@ typedef struct incast_rank {
     int nodes;               /* Nodes as MailRail sees them (per trial). */
     bool have_grants;        /* The policy grants credits. */
     double start, next_sample, last_send, last_recv, max_send_gap, max_recv_gap;
+    double wall_start, wall_end; /* The clock's start and end on the wall clock. */
     uint64_t sent_total, sent_total_bytes;
     /* Victims, per source: the sequence number due next, and how many will come. */
     uint64_t *next, *due;
@@ -383,11 +388,21 @@ typedef struct incast_run {
 
 /* -w: collectives wait without spinning (see incast_wait). */
 static bool incast_sleepy;
+static long incast_crowd_nap_ns;
 
-/* Completes `req`; with -w without spinning, napping up to 5 ms between tests. */
+/*
+ * Completes `req`; with -w without spinning: napping up to 5 ms between tests,
+ * or, with more ranks than CPUs, the crowd's nap from the first test (at 513
+ * ranks on two cores, MPICH's collectives waited for with 5 ms naps took up
+ * to 5.6 s, with 20 ms naps 0.3-0.9 s: docs/scale.md).
+ */
 static void incast_wait(MPI_Request *req)
 {
-    tool_mpi_wait(req, incast_sleepy ? 5000000 : 0);
+    if (incast_sleepy && incast_crowd_nap_ns > 0) {
+        tool_mpi_nap_wait(req, incast_crowd_nap_ns);
+    } else {
+        tool_mpi_wait(req, incast_sleepy ? 5000000 : 0);
+    }
 }
 
 static void incast_allreduce(const void *in, void *out, int n, MPI_Datatype type, MPI_Op op)
@@ -467,6 +482,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
     incast_barrier();
     double cpu0 = tool_cpu_s();
     r->start = r->last_send = r->last_recv = r->last_progress = tool_now();
+    r->wall_start = tool_wall_now();
     r->next_sample = r->start;
     st = incast_receive_all(r, bytes);
     for (long i = 0; st == MR_OK && others > 0 && i < o->messages; i++) {
@@ -510,6 +526,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
         st = incast_idle(o, r, bytes, "the messages due");
     }
     *seconds = tool_now() - r->start;
+    r->wall_end = tool_wall_now();
     if (run->period_s > 0) {
         r->next_sample = 0;
         incast_sample(r, tool_now());
@@ -679,6 +696,16 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     incast_allreduce(mine, sum, 5, MPI_UINT64_T, MPI_SUM);
     incast_allreduce(mine, max, 5, MPI_UINT64_T, MPI_MAX);
     incast_allreduce(&seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX);
+    /*
+     * Each rank's clock starts as it leaves the barrier, and with hundreds of
+     * ranks per core they leave it up to a second apart: the span from the
+     * first start to the last end, on the wall clock (exact on one machine,
+     * as good as the clocks' synchronization across machines), shows it.
+     */
+    double wall[3] = {-r->wall_start, r->wall_start, r->wall_end}, latest[3];
+    incast_allreduce(wall, latest, 3, MPI_DOUBLE, MPI_MAX);
+    out->start_skew_s = latest[1] + latest[0];
+    out->span_s = latest[2] + latest[0];
     incast_allreduce(&cpu, &out->cpu_s, 1, MPI_DOUBLE, MPI_SUM);
     out->nodes = mr_node_count();
     out->bits_received = sum[0];
@@ -774,6 +801,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &r.size);
     int parsed = incast_parse(argc, argv, &o);
     incast_sleepy = o.wait;
+    incast_crowd_nap_ns = tool_mpi_crowd_nap_ns();
     if (parsed != 0 || o.victims > r.size) {
         if (r.rank == 0) {
             fprintf(stderr, "usage: mpiexec -n N mailrail_incast [-v victims<=N | -V rank,rank...] [-b bytes] "
@@ -861,7 +889,7 @@ int main(int argc, char **argv)
                              "goodput_gbps,victim_peak_recv_slots,victim_peak_rss_kb,"
                              "credit_returns,deferred_sends,verified,port_bytes,port_packets,"
                              "port_drops,cpu_s,cpu_s_per_mib,init_s,connect_s,around_s,checks_s,"
-                             "finalize_s\n");
+                             "finalize_s,start_skew_s,span_s\n");
             }
         }
         if (!o.quiet) {
@@ -908,14 +936,14 @@ int main(int argc, char **argv)
             }
             if (csv != NULL) {
                 fprintf(csv, "%s,%d,%d,%d,%d,%zu,%ld,%.6f,%.4f,%llu,%llu,%llu,%llu,1,%lld,%lld,%lld,"
-                             "%.4f,%.6f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
+                             "%.4f,%.6f,%.3f,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f\n",
                         o.policies[p], k, r.size, t.nodes, o.victims, o.bytes, o.messages,
                         t.seconds, gbps[p][k], (unsigned long long)t.peak_slots,
                         (unsigned long long)t.peak_rss_kb, (unsigned long long)t.credit_returns,
                         (unsigned long long)t.deferred, t.port[0], t.port[1], t.port[2], t.cpu_s,
                         cpu_mib[p][k], t.phase_s[INCAST_INIT], t.phase_s[INCAST_CONNECT],
                         t.phase_s[INCAST_AROUND], t.phase_s[INCAST_CHECKS],
-                        t.phase_s[INCAST_FINALIZE]);
+                        t.phase_s[INCAST_FINALIZE], t.start_skew_s, t.span_s);
                 fflush(csv);
             }
         }

@@ -11,8 +11,10 @@
 #include "tool_common.h"
 
 #include <mpi.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -35,6 +37,37 @@ static inline void tool_mpi_wait(MPI_Request *req, long max_nap_ns)
         nanosleep(&ts, NULL);
         if (ns < max_nap_ns) ns += ns / 4;
     }
+}
+
+/*
+ * The nap of an untimed wait when more ranks than CPUs share this machine, by
+ * the launcher's count (MPI_LOCALNRANKS from MPICH's hydra,
+ * OMPI_COMM_WORLD_LOCAL_SIZE from Open MPI): 80 us per rank per CPU, up to 50
+ * ms, as MailRail's own waits on its bootstrap nap (docs/scale.md). 0 when
+ * every rank has a CPU or the launcher does not say.
+ */
+static inline long tool_mpi_crowd_nap_ns(void)
+{
+    const char *v = getenv("MPI_LOCALNRANKS");
+    cpu_set_t cpus;
+    long ranks, ncpus = 1;
+
+    if (v == NULL) v = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    ranks = v != NULL ? strtol(v, NULL, 10) : 0;
+    if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) > 0) {
+        ncpus = CPU_COUNT(&cpus);
+    }
+    if (ranks <= ncpus) return 0;
+    return ranks * 80000L / ncpus < 50000000L ? ranks * 80000L / ncpus : 50000000L;
+}
+
+/* Completes `req`, sleeping `nap_ns` between tests from the first. */
+static inline void tool_mpi_nap_wait(MPI_Request *req, long nap_ns)
+{
+    int done = 0;
+    struct timespec ts = {.tv_sec = nap_ns / 1000000000L, .tv_nsec = nap_ns % 1000000000L};
+
+    while (MPI_Test(req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) nanosleep(&ts, NULL);
 }
 
 /*

@@ -108,13 +108,15 @@
 #   NAME.csv           ratio,wait,cpu,substrate,policy,trial,seconds,goodput_mbps,
 #                      line_fraction,cpu_s_per_mib,port_drops,credit_returns,cpu_s,
 #                      messages_per_sender,bytes,ranks,victim_peak_recv_slots,
-#                      init_s,connect_s,around_s,checks_s,finalize_s
+#                      init_s,connect_s,around_s,checks_s,finalize_s,start_skew_s,
+#                      span_s
 #                      (goodput: bits received by the victim over the trial's time;
 #                      line_fraction: goodput over the line rate; cpu_s: CPU seconds
 #                      of all ranks in the timed part, getrusage; port_drops: the
-#                      victim's switch port during the trial; the last five: the
-#                      slowest rank's seconds outside the clock, mailrail_incast's
-#                      phases)
+#                      victim's switch port during the trial; init_s to finalize_s:
+#                      the slowest rank's seconds outside the clock, mailrail_incast's
+#                      phases; start_skew_s: how long after the first rank the last
+#                      started its clock; span_s: the first start to the last end)
 #   NAME_cells.csv     ratio,wait,cpu,substrate,status,trials_done,job_seconds; status
 #                      ok, timed out, failed (status N), failed: the fabric ended
 #                      with status N, not run: budget, not run: interrupted, stopped:
@@ -351,7 +353,7 @@ out=$(cd "$out" && pwd)
 tmp=$(mktemp -d /tmp/incast_matrix.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
-rows_header="ratio,wait,cpu,substrate,policy,trial,seconds,goodput_mbps,line_fraction,cpu_s_per_mib,port_drops,credit_returns,cpu_s,messages_per_sender,bytes,ranks,victim_peak_recv_slots,init_s,connect_s,around_s,checks_s,finalize_s"
+rows_header="ratio,wait,cpu,substrate,policy,trial,seconds,goodput_mbps,line_fraction,cpu_s_per_mib,port_drops,credit_returns,cpu_s,messages_per_sender,bytes,ranks,victim_peak_recv_slots,init_s,connect_s,around_s,checks_s,finalize_s,start_skew_s,span_s"
 cells_header="ratio,wait,cpu,substrate,status,trials_done,job_seconds"
 
 # One cell's rows from the incast tool's CSV (read by column name).
@@ -364,8 +366,8 @@ cell_rows() {
         {
             g = $col["goodput_gbps"] * 1000
             phases = ""
-            split("init_s connect_s around_s checks_s finalize_s", ph, " ")
-            for (i = 1; i <= 5; i++) phases = phases "," ((ph[i] in col) ? $col[ph[i]] : "")
+            split("init_s connect_s around_s checks_s finalize_s start_skew_s span_s", ph, " ")
+            for (i = 1; i <= 7; i++) phases = phases "," ((ph[i] in col) ? $col[ph[i]] : "")
             printf "%d,%s,%s,%s,%s,%d,%.6f,%.2f,%.4f,%s,%d,%d,%s,%d,%d,%d,%d%s\n", r, w, c, s,
                 $col["policy"], $col["trial"] + 1, $col["seconds"], g, g / line,
                 ("cpu_s_per_mib" in col) ? $col["cpu_s_per_mib"] : "", $col["port_drops"],
