@@ -698,9 +698,10 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     incast_allreduce(&seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX);
     /*
      * Each rank's clock starts as it leaves the barrier, and with hundreds of
-     * ranks per core they leave it up to a second apart: the span from the
-     * first start to the last end, on the wall clock (exact on one machine,
-     * as good as the clocks' synchronization across machines), shows it.
+     * ranks per core they leave it seconds apart (4 s at 1,025 ranks on two
+     * cores): the span from the first start to the last end, on the wall
+     * clock (exact on one machine, as good as the clocks' synchronization
+     * across machines), shows it.
      */
     double wall[3] = {-r->wall_start, r->wall_start, r->wall_end}, latest[3];
     incast_allreduce(wall, latest, 3, MPI_DOUBLE, MPI_MAX);
