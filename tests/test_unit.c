@@ -12,6 +12,7 @@
 #include "mr_node_segment.h"
 #include "mr_node_wake.h"
 #include "mr_pool.h"
+#include "mr_time.h"
 
 #include <check.h>
 #include <errno.h>
@@ -1215,6 +1216,35 @@ START_TEST(node_segment_closed_to_other_users)
 END_TEST
 
 /* The item datagram's header and its variable-size lengths, at their boundaries. */
+/*
+ * Waits on the bootstrap nap only with more ranks than CPUs, 80 us per rank
+ * per CPU within 0.1-50 ms; the launcher's count is read strictly.
+ */
+START_TEST(backoff_nap_follows_the_crowd)
+{
+    long cpus = mr__affinity_cpus();
+
+    ck_assert_int_gt(cpus, 0);
+    ck_assert_uint_eq(mr__backoff_nap_ns(1), 0);
+    ck_assert_uint_eq(mr__backoff_nap_ns(cpus), 0);
+    ck_assert_uint_eq(mr__backoff_nap_ns(cpus + 1),
+                      (cpus + 1) * 80000 / cpus < 100000 ? 100000 : (cpus + 1) * 80000 / cpus);
+    ck_assert_uint_eq(mr__backoff_nap_ns(256 * cpus), 256 * 80000);
+    ck_assert_uint_eq(mr__backoff_nap_ns(1000000 * cpus), 50000000);
+
+    unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    setenv("MPI_LOCALNRANKS", "513", 1);
+    ck_assert_int_eq(mr__launcher_local_ranks(), 513);
+    setenv("MPI_LOCALNRANKS", "12x", 1);
+    ck_assert_int_eq(mr__launcher_local_ranks(), 0);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "7", 1);
+    ck_assert_int_eq(mr__launcher_local_ranks(), 7);
+    unsetenv("MPI_LOCALNRANKS");
+    unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    ck_assert_int_eq(mr__launcher_local_ranks(), 0);
+}
+END_TEST
+
 START_TEST(items_wire_known_answers)
 {
     const size_t lengths[] = {0, 1, 127, 128, 16383, 16384, ITEMS_WIRE_VAR_MAX};
@@ -1262,6 +1292,7 @@ static Suite *unit_suite(void)
     TCase *tc = tcase_create("config");
 
     tcase_add_test(tc, config_defaults);
+    tcase_add_test(tc, backoff_nap_follows_the_crowd);
     tcase_add_test(tc, config_good_values);
     tcase_add_test(tc, config_send_bytes_follow_the_datagram);
     tcase_add_loop_test(tc, config_bad_values, 0, sizeof(bad_values) / sizeof(bad_values[0]));

@@ -56,7 +56,6 @@ static inline void mr__backoff(unsigned *polls, uint64_t nap_ns)
     } else {
         unsigned shift = (n - MR_BACKOFF_YIELDS) / 16;
         ns = shift >= 8 ? 10000000L : 50000L << shift;
-        if (ns > 10000000L) ns = 10000000L;
     }
     struct timespec ts = {.tv_sec = ns / 1000000000L, .tv_nsec = ns % 1000000000L};
     nanosleep(&ts, NULL);
@@ -68,13 +67,19 @@ static inline void mr__backoff(unsigned *polls, uint64_t nap_ns)
  * ms, so that all of them together poll about 12,500 times a second per CPU
  * (20 ms for 513 ranks on two cores, the best of 5 to 50 ms there).
  */
+/* The CPUs this process may run on, or 0 when the affinity cannot be read. */
+static inline long mr__affinity_cpus(void)
+{
+    cpu_set_t cpus;
+
+    return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
+}
+
 #define MR_BACKOFF_NAP_PER_RANK_NS 80000L
 static inline uint64_t mr__backoff_nap_ns(long ranks)
 {
-    cpu_set_t cpus;
-    long ncpus = 0, ns;
+    long ncpus = mr__affinity_cpus(), ns;
 
-    if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) ncpus = CPU_COUNT(&cpus);
     if (ncpus <= 0) ncpus = 1;
     if (ranks <= ncpus) return 0;
     ns = ranks * MR_BACKOFF_NAP_PER_RANK_NS / ncpus;

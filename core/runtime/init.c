@@ -134,10 +134,8 @@ static mr_status_t rt_alloc_pools(void)
  */
 static bool rt_oversubscribed(void)
 {
-    cpu_set_t cpus;
-    int ncpus = 0;
+    long ncpus = mr__affinity_cpus();
 
-    if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) ncpus = CPU_COUNT(&cpus);
     return ncpus <= 0 || rt.machine_ranks > ncpus;
 }
 

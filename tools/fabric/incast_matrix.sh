@@ -38,11 +38,11 @@
 # Estimated from the costs measured on the 2-core machine (a 16:1 cell 36 s, a 64:1
 # cell about 1.5 minutes, a 256:1 cell 3): the 28 cells up to 256:1 take about 40
 # minutes. The 1,024:1 cell does not fit in what is left of the hour: MPICH starts
-# 1,025 ranks in 7 to 11 minutes, and each trial of each policy takes 8 to 11, most
-# of it mr_init() (about 400 s; the CSV's phase columns, docs/incast.md), so its 3
-# trials of 3 policies need 1 h 20 to 1 h 50 and it is reported "not run: budget".
-# Run it on its own, e.g. --cells 1024:w100:host:tcp -p none,node -t 1 (about 30
-# minutes), or give the run a --budget of 3 hours.
+# 1,025 ranks in 7 to 15 minutes, and each trial of each policy takes 2 to 4 since
+# mr_init() naps (8 to 11 before, 400 s of it mr_init(); the CSV's phase columns,
+# docs/incast.md), so its 3 trials of 3 policies need 30 to 50 minutes and it is
+# reported "not run: budget". Run it on its own, e.g. --cells 1024:w100:host:tcp
+# -p none,node -t 1 (about 16 minutes), or give the run a --budget of 2 hours.
 # Not in it, and why:
 #   - spinning from 256:1 on: 257 ranks that never sleep on 2 cores leave each
 #     rank, the victim included, a few milliseconds of CPU now and then; a cell
@@ -66,10 +66,10 @@
 # Bounds. Every job is bounded by fabric.sh --timeout: per ratio, 30 + 0.55 x RATIO
 # seconds to start and 20 + 0.21 x RATIO + RATIO^2 / 1500 per trial and policy
 # (3 trials of 3 policies: 245 s at 16:1, 380 s at 64:1, 1,214 s at 256:1, 8,999 s
-# at 1,024:1, where a trial and policy took about 650 s), or --job-timeout. A job
-# that reaches it is stopped and its cell marked "timed out"; the trials it
-# finished count (the incast tool writes each trial's row at once). The whole run
-# is bounded by --budget seconds (default 3600): each fabric gets what is left as
+# at 1,024:1, where a trial and policy took about 650 s before mr_init() napped),
+# or --job-timeout. A job that reaches it is stopped and its cell marked "timed
+# out"; the trials it finished count (the incast tool writes each trial's row at
+# once). The whole run is bounded by --budget seconds (default 3600): each fabric gets what is left as
 # its --total-timeout and each job at most that; a fabric that cannot start the
 # first trial of its ratio in what is left is not built, and its cells are marked
 # "not run: budget". At most one fabric at a time, at most as many jobs per fabric
