@@ -22,11 +22,13 @@
  *                   $FABRIC_PORT_COUNTERS), and each trial's differences go to the CSV
  *     -d            dial inside the timed run: leave out the mr_connect() to the victims
  *                   that every trial makes before its clock starts (measures dialing)
+ *     -S            start each rank's clock as it leaves a barrier, as before 2026-12-07,
+ *                   instead of at one instant of the wall clock for all (incast_start())
  *     -q            quiet: only the summary lines
  *
  * CPU cost: every rank measures the CPU seconds it spent in each trial
  * (getrusage(RUSAGE_SELF), user + system, so that MPI's and UCX's threads
- * count too), from the barrier that starts the clock until global quiescence:
+ * count too), from the start of the clock until global quiescence:
  * the same span on every rank, waiting included. (A sender that handed its
  * messages to the kernel early, as under `none`, would otherwise stop its
  * count while it still woke every millisecond.) Their sum over all ranks is
@@ -34,11 +36,11 @@
  * in the summary lines and the CSV. What a trial costs outside its clock
  * follows them in the CSV, the slowest rank's wall seconds in each phase:
  * init_s (mr_init_mpi), connect_s (mr_connect), around_s (drawing the
- * sends, the barrier that starts the clock, and quiescence after it stops),
+ * sends, agreeing when the clock starts, and quiescence after it stops),
  * checks_s (the checks and reductions after quiescence) and finalize_s
  * (mr_finalize). Then start_skew_s, how long after the first rank the last
  * started its clock, and span_s, the first start to the last end (wall
- * clock): ranks leave the barrier apart when hundreds share a core.
+ * clock): with -S, ranks leave the barrier apart when hundreds share a core.
  *
  * The policies are interleaved: trial 0 of every policy, then trial 1, and so
  * on, so that a slow phase of a shared machine does not fall on one policy.
@@ -47,13 +49,14 @@
  * Every rank sends MESSAGES messages, each to a victim drawn at random (never
  * itself), and receives aggressively: before its first send, while waiting
  * for a send buffer and after each send. There is no compute. Only the
- * communication is timed: from a barrier to the moment the last message
- * arrived (every victim learns before the clock starts how many messages it
- * will receive) and every sender's deferred sends were handed over. Global
- * quiescence (mr_quiesce) follows, untimed, before the checks. Ranks wait in
- * the barrier and in quiescence with -w without spinning. Each trial
- * initializes MailRail afresh with the policy under test, so that counters and
- * peaks are per trial. Every message carries its source and its sequence
+ * communication is timed: from an instant agreed by all ranks (or with -S a
+ * barrier) to the moment the last message arrived (every victim learns before
+ * the clock starts how many messages it will receive) and every sender's
+ * deferred sends were handed over. Global quiescence (mr_quiesce) follows,
+ * untimed, before the checks. Ranks wait in the reductions before the clock
+ * and in quiescence with -w without spinning. Each trial initializes MailRail
+ * afresh with the policy under test, so that counters and peaks are per
+ * trial. Every message carries its source and its sequence
  * number among those its source sends to that victim, and bytes derived from
  * them; every victim checks each message as it arrives (source, sequence
  * number due next from that source, length, every byte) and the first fault
@@ -69,6 +72,7 @@
 #include "tool_common.h"
 #include "tool_mpi.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <mpi.h>
 #include <stdarg.h>
@@ -97,6 +101,7 @@ typedef struct incast_options {
     const char *stats_prefix;
     bool quiet;
     bool dial_in_run;        /* -d: no mr_connect() before the clock. */
+    bool barrier_start;      /* -S: each rank's clock starts as it leaves a barrier. */
     bool wait;               /* -w: mr_wait() when idle, */
     int wait_ms;             /* for at most this long (-W). */
     const char *port_command; /* -P, or NULL. */
@@ -119,7 +124,7 @@ typedef struct incast_sample {
 typedef enum {
     INCAST_INIT,     /* mr_init_mpi(). */
     INCAST_CONNECT,  /* mr_connect() to the victims (0 with -d). */
-    INCAST_AROUND,   /* Around the clock: drawing the sends, the barrier, quiescence. */
+    INCAST_AROUND,   /* Around the clock: drawing the sends, its start, quiescence. */
     INCAST_CHECKS,   /* From the end of quiescence to mr_finalize(): checks, reductions. */
     INCAST_FINALIZE, /* mr_finalize(). */
     INCAST_PHASES
@@ -454,8 +459,9 @@ static void incast_draw(const incast_options_t *o, incast_rank_t *r, uint64_t *r
 }
 
 /*
- * The barrier that starts the clock. With -w it sleeps between tests, so that
- * hundreds of ranks per core leave the early ones the cores (MPI_Barrier spins).
+ * The barrier that starts the clock with -S. With -w it sleeps between tests,
+ * so that hundreds of ranks per core leave the early ones the cores
+ * (MPI_Barrier spins).
  */
 static void incast_barrier(void)
 {
@@ -463,6 +469,42 @@ static void incast_barrier(void)
 
     MPI_Ibarrier(MPI_COMM_WORLD, &req);
     incast_wait(&req);
+}
+
+/*
+ * Where the clock starts: without -S, at one instant of the wall clock for
+ * every rank. Ranks leave a barrier seconds apart when hundreds share a core
+ * (2-4 s at 1,025 ranks on two cores), as long as the line needs for all the
+ * data, so a clock started by each rank as it leaves one times mostly the
+ * scheduler. Two reductions agree on the instant: the first says when the
+ * last rank came (E1), the second how long after it the last rank left the
+ * first (D) and when the last came to the second (E2); every rank has left
+ * the second by about E2 + D, and the clock starts at E2 + 2 D + 2 ms. A rank
+ * that learns the instant after it passed starts at once, and start_skew_s
+ * shows it. Exact on one machine; across machines as good as their clocks'
+ * synchronization. Returns the instant (or 0 with -S).
+ */
+static double incast_start(const incast_options_t *o)
+{
+    double in[2], out[2];
+
+    if (o->barrier_start) {
+        incast_barrier();
+        return 0;
+    }
+    in[0] = tool_wall_now();
+    incast_allreduce(in, out, 1, MPI_DOUBLE, MPI_MAX);
+    double e1 = out[0];
+    in[1] = tool_wall_now();
+    in[0] = in[1] - e1;
+    incast_allreduce(in, out, 2, MPI_DOUBLE, MPI_MAX);
+    double at = out[1] + 2 * out[0] + 0.002;
+    struct timespec ts = {.tv_sec = (time_t)at};
+    ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec > 999999999L) ts.tv_nsec = 999999999L;
+    while (clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+    return at;
 }
 
 /*
@@ -479,7 +521,7 @@ static mr_status_t incast_communicate(incast_run_t *run, uint64_t *rng, double *
     int others = o->victims - (r->is_victim ? 1 : 0);
 
     incast_draw(o, r, rng);
-    incast_barrier();
+    incast_start(o);
     double cpu0 = tool_cpu_s();
     r->start = r->last_send = r->last_recv = r->last_progress = tool_now();
     r->wall_start = tool_wall_now();
@@ -697,11 +739,10 @@ static mr_status_t incast_trial(const incast_options_t *o, incast_rank_t *r, con
     incast_allreduce(mine, max, 5, MPI_UINT64_T, MPI_MAX);
     incast_allreduce(&seconds, &out->seconds, 1, MPI_DOUBLE, MPI_MAX);
     /*
-     * Each rank's clock starts as it leaves the barrier, and with hundreds of
-     * ranks per core they leave it seconds apart (4 s at 1,025 ranks on two
-     * cores): the span from the first start to the last end, on the wall
-     * clock (exact on one machine, as good as the clocks' synchronization
-     * across machines), shows it.
+     * How far apart the clocks started (seconds with -S when hundreds of
+     * ranks share a core; a rank that learned the agreed instant late without
+     * it), and the span from the first start to the last end, on the wall
+     * clock.
      */
     double wall[3] = {-r->wall_start, r->wall_start, r->wall_end}, latest[3];
     incast_allreduce(wall, latest, 3, MPI_DOUBLE, MPI_MAX);
@@ -759,7 +800,7 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
     o->trials = 3;
     o->stats_prefix = "incast_stats";
     o->wait_ms = 1;
-    while ((c = getopt(argc, argv, "v:V:b:m:t:p:s:c:i:o:P:W:dqwh")) != -1) {
+    while ((c = getopt(argc, argv, "v:V:b:m:t:p:s:c:i:o:P:W:dqSwh")) != -1) {
         switch (c) {
         case 'v': ok &= tool_parse_int(optarg, 1, INT_MAX, &o->victims); break;
         case 'V': o->victim_list = optarg; break;
@@ -774,6 +815,7 @@ static int incast_parse(int argc, char **argv, incast_options_t *o)
         case 'q': o->quiet = true; break;
         case 'w': o->wait = true; break;
         case 'd': o->dial_in_run = true; break;
+        case 'S': o->barrier_start = true; break;
         case 'W': o->wait = true; ok &= tool_parse_int(optarg, 0, 60000, &o->wait_ms); break;
         case 'P': o->port_command = optarg; break;
         default: return -1;
@@ -808,7 +850,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: mpiexec -n N mailrail_incast [-v victims<=N | -V rank,rank...] [-b bytes] "
                             "[-m messages] [-t trials] [-p none,rank,node] [-s seed] "
                             "[-c file.csv] [-i period_ms] [-o stats_prefix] [-P command] [-w | -W ms] [-d] "
-                            "[-q]\n");
+                            "[-S] [-q]\n");
         }
         MPI_Finalize();
         return 2;
