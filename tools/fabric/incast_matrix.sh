@@ -35,14 +35,13 @@
 #   16:1 and 64:1   all 12 cells: spin, w1, w100 x host, shared x tcp, ucx
 #   256:1           w100 host tcp, w1 host tcp, w100 host ucx, w100 shared tcp
 #   1024:1          w100 host tcp
-# Estimated from the costs measured on the 2-core machine (a 16:1 cell 36 s, a 64:1
-# cell about 1.5 minutes, a 256:1 cell 3): the 28 cells up to 256:1 take about 40
-# minutes. The 1,024:1 cell does not fit in what is left of the hour: MPICH starts
-# 1,025 ranks in 7 to 15 minutes, and each trial of each policy takes 2 to 4 since
-# mr_init() naps (8 to 11 before, 400 s of it mr_init(); the CSV's phase columns,
-# docs/incast.md), so its 3 trials of 3 policies need 30 to 50 minutes and it is
-# reported "not run: budget". Run it on its own, e.g. --cells 1024:w100:host:tcp
-# -p none,node -t 1 (about 16 minutes), or give the run a --budget of 2 hours.
+# Measured on the 2-core machine on 2026-12-07 (m18, docs/incast.md): the 28 cells up
+# to 256:1 took 2,380 s (a 16:1 cell about 36 s, a 64:1 cell 1.5 minutes, a 256:1
+# cell 3), the 1,024:1 cell 1,186 s: MPICH's start and end of 1,025 ranks about 680
+# s, each trial of each policy 46 to 67 s. So the whole matrix takes about an hour,
+# and the 1,024:1 cell gets what the other cells left of the budget: it is run when
+# that covers MPICH's start and one trial (job_start below), and a cell cut short
+# keeps the trials it finished. Alone: --cells 1024:w100:host:tcp (about 20 minutes).
 # Not in it, and why:
 #   - spinning from 256:1 on: 257 ranks that never sleep on 2 cores leave each
 #     rank, the victim included, a few milliseconds of CPU now and then; a cell
@@ -319,8 +318,10 @@ job_bound() {
 }
 # One trial of one policy at RATIO: mr_init(), connecting, the run, mr_finalize().
 trial_bound() { echo $((20 + $1 * 21 / 100 + $1 * $1 / 1500)); }
-# The least a fabric of RATIO needs before its first trial ends: start plus one trial.
-job_start() { echo $((30 + $1 * 55 / 100 + $(trial_bound "$1"))); }
+# What a fabric of RATIO needs before its first trial ends, as expected rather than
+# bounded: the start plus a quarter of the trial's bound (at 1,024:1, 826 s; measured
+# 680 s and 46-67 s, while the bound is 934 s per trial).
+job_start() { echo $((30 + $1 * 55 / 100 + $(trial_bound "$1") / 4)); }
 
 if [ "$list" = 1 ]; then
     echo "incast_matrix: ${#cells[@]} cell(s), $trials trial(s) of $policies each, budget $budget s:"
