@@ -23,7 +23,8 @@
  *     -d            dial inside the timed run: leave out the mr_connect() to the victims
  *                   that every trial makes before its clock starts (measures dialing)
  *     -S            start each rank's clock as it leaves a barrier, as before 2026-12-07,
- *                   instead of at one instant of the wall clock for all (incast_start())
+ *                   instead of at one instant of the wall clock for all (incast_start()):
+ *                   for machines whose clocks are not synchronized
  *     -q            quiet: only the summary lines
  *
  * CPU cost: every rank measures the CPU seconds it spent in each trial
@@ -482,15 +483,15 @@ static void incast_barrier(void)
  * the second by about E2 + D, and the clock starts at E2 + 2 D + 2 ms. A rank
  * that learns the instant after it passed starts at once, and start_skew_s
  * shows it. Exact on one machine; across machines as good as their clocks'
- * synchronization. Returns the instant (or 0 with -S).
+ * synchronization (-S where they are not synchronized).
  */
-static double incast_start(const incast_options_t *o)
+static void incast_start(const incast_options_t *o)
 {
     double in[2], out[2];
 
     if (o->barrier_start) {
         incast_barrier();
-        return 0;
+        return;
     }
     in[0] = tool_wall_now();
     incast_allreduce(in, out, 1, MPI_DOUBLE, MPI_MAX);
@@ -504,7 +505,6 @@ static double incast_start(const incast_options_t *o)
     if (ts.tv_nsec > 999999999L) ts.tv_nsec = 999999999L;
     while (clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &ts, NULL) == EINTR) {
     }
-    return at;
 }
 
 /*
