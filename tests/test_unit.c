@@ -1215,7 +1215,6 @@ START_TEST(node_segment_closed_to_other_users)
 }
 END_TEST
 
-/* The item datagram's header and its variable-size lengths, at their boundaries. */
 /*
  * Waits on the bootstrap nap only with more ranks than CPUs, 80 us per rank
  * per CPU within 0.1-50 ms; the launcher's count is read strictly.
@@ -1245,6 +1244,7 @@ START_TEST(backoff_nap_follows_the_crowd)
 }
 END_TEST
 
+/* The item datagram's header and its variable-size lengths, at their boundaries. */
 START_TEST(items_wire_known_answers)
 {
     const size_t lengths[] = {0, 1, 127, 128, 16383, 16384, ITEMS_WIRE_VAR_MAX};

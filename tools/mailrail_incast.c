@@ -48,26 +48,26 @@
  * With -i a victim's samples also hold its receive slots in use and the
  * credits it has granted and not yet seen arrive, per sending node.
  * Every rank sends MESSAGES messages, each to a victim drawn at random (never
- * itself), and receives aggressively: before its first send, while waiting
- * for a send buffer and after each send. There is no compute. Only the
+ * itself), and receives aggressively: before its first send, while waiting for
+ * a send buffer and after each send. There is no compute. Only the
  * communication is timed: from an instant agreed by all ranks (or with -S a
  * barrier) to the moment the last message arrived (every victim learns before
  * the clock starts how many messages it will receive) and every sender's
  * deferred sends were handed over. Global quiescence (mr_quiesce) follows,
  * untimed, before the checks. Ranks wait in the reductions before the clock
  * and in quiescence with -w without spinning. Each trial initializes MailRail
- * afresh with the policy under test, so that counters and peaks are per
- * trial. Every message carries its source and its sequence
- * number among those its source sends to that victim, and bytes derived from
- * them; every victim checks each message as it arrives (source, sequence
- * number due next from that source, length, every byte) and the first fault
- * ends the job with an error that names the source and the sequence number
- * ("message 42 from rank 3 arrived twice"). Each victim knows before the clock
- * starts how many messages each rank will send it: when some are still due
- * and nothing has arrived or left for MAILRAIL_TIMEOUT seconds, it names the
- * first missing one. After quiescence, the totals (count, bytes and a
- * checksum) are compared with what was sent, and MailRail's credit
- * invariants are checked (tool_invariants_hold()).
+ * afresh with the policy under test, so that counters and peaks are per trial.
+ * Every message carries its source and its sequence number among those its
+ * source sends to that victim, and bytes derived from them; every victim
+ * checks each message as it arrives (source, sequence number due next from
+ * that source, length, every byte) and the first fault ends the job with an
+ * error that names the source and the sequence number ("message 42 from rank 3
+ * arrived twice"). Each victim knows before the clock starts how many messages
+ * each rank will send it: when some are still due and nothing has arrived or
+ * left for MAILRAIL_TIMEOUT seconds, it names the first missing one. After
+ * quiescence, the totals (count, bytes and a checksum) are compared with what
+ * was sent, and MailRail's credit invariants are checked
+ * (tool_invariants_hold()).
  */
 #include "mailrail.h"
 #include "tool_common.h"

@@ -61,12 +61,6 @@ static inline void mr__backoff(unsigned *polls, uint64_t nap_ns)
     nanosleep(&ts, NULL);
 }
 
-/*
- * The nap of mr__backoff() for `ranks` on this machine: 0 while each has a CPU
- * of this process's affinity, else 80 us per rank per CPU, from 100 us to 50
- * ms, so that all of them together poll about 12,500 times a second per CPU
- * (20 ms for 513 ranks on two cores, the best of 5 to 50 ms there).
- */
 /* The CPUs this process may run on, or 0 when the affinity cannot be read. */
 static inline long mr__affinity_cpus(void)
 {
@@ -75,6 +69,12 @@ static inline long mr__affinity_cpus(void)
     return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
 }
 
+/*
+ * The nap of mr__backoff() for `ranks` on this machine: 0 while each has a CPU
+ * of this process's affinity, else 80 us per rank per CPU, from 100 us to 50
+ * ms, so that all of them together poll about 12,500 times a second per CPU
+ * (20 ms for 513 ranks on two cores, the best of 5 to 50 ms there).
+ */
 #define MR_BACKOFF_NAP_PER_RANK_NS 80000L
 static inline uint64_t mr__backoff_nap_ns(long ranks)
 {

@@ -68,10 +68,10 @@
 # at 1,024:1, where a trial and policy took about 650 s before mr_init() napped),
 # or --job-timeout. A job that reaches it is stopped and its cell marked "timed
 # out"; the trials it finished count (the incast tool writes each trial's row at
-# once). The whole run is bounded by --budget seconds (default 3600): each fabric gets what is left as
-# its --total-timeout and each job at most that; a fabric that cannot start the
-# first trial of its ratio in what is left is not built, and its cells are marked
-# "not run: budget". At most one fabric at a time, at most as many jobs per fabric
+# once). The whole run is bounded by --budget seconds (default 3600): each fabric
+# gets what is left as its --total-timeout and each job at most that; a fabric
+# that cannot finish the first trial of its ratio in what is left, as expected
+# (job_start below), is not built, and its cells are marked "not run: budget". At most one fabric at a time, at most as many jobs per fabric
 # as it has cells (--max-jobs). All traffic stays inside the namespaces fabric.sh
 # creates and removes (on exit, failure, Ctrl-C and its time limit).
 #
