@@ -71,9 +71,10 @@
 # once). The whole run is bounded by --budget seconds (default 3600): each fabric
 # gets what is left as its --total-timeout and each job at most that; a fabric
 # that cannot finish the first trial of its ratio in what is left, as expected
-# (job_start below), is not built, and its cells are marked "not run: budget". At most one fabric at a time, at most as many jobs per fabric
-# as it has cells (--max-jobs). All traffic stays inside the namespaces fabric.sh
-# creates and removes (on exit, failure, Ctrl-C and its time limit).
+# (job_start below), is not built, and its cells are marked "not run: budget". At
+# most one fabric at a time, at most as many jobs per fabric as it has cells
+# (--max-jobs). All traffic stays inside the namespaces fabric.sh creates and
+# removes (on exit, failure, Ctrl-C and its time limit).
 #
 # The targets, per cell (NAME_verdicts.csv; each "pass", "spread", "FAIL" or "n/a"):
 #   node >= none   pass: node's median goodput >= none's median; spread: below it,
