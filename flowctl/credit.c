@@ -16,11 +16,11 @@
  * it 0): longer than a credit loop through shared memory or a switch, so that
  * a receiver that is not the bottleneck lets its senders run at full speed,
  * and short enough that what waits in a switch in front of a bottlenecked
- * receiver (2 ms at 200 Mbit/s is 50 KB) stays near a shallow buffer. A
+ * receiver (1 ms at 200 Mbit/s is 25 KB) fits a shallow buffer. A
  * measured loop longer than half of it lengthens it, and so does twice the
  * mean of the latest loops. docs/incast.md has the numbers.
  */
-#define CREDIT_HORIZON_NS (2 * MR_NS_PER_MS)
+#define CREDIT_HORIZON_NS (1 * MR_NS_PER_MS)
 /* Twice the mean of the latest loops (mr_credit_window_t.recent_us) lengthens it up to this. */
 #define CREDIT_HORIZON_MAX_NS (500 * MR_NS_PER_MS)
 /* Arrivals are counted in intervals of at least this long to estimate the rate. */

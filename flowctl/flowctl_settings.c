@@ -17,13 +17,13 @@ const mr_config_entry_t mr__flowctl_config_table[] = {
      "once it has consumed 1/this of the credits it grants it at a time (the adaptive window, "
      "or the static share): 2 returns them after half. "
      "Larger values return sooner, in more and smaller control messages."},
-    {"MAILRAIL_CREDIT_HORIZON_US", "2000", MR_CONFIG_UINT,
+    {"MAILRAIL_CREDIT_HORIZON_US", "1000", MR_CONFIG_UINT,
      offsetof(mr_flowctl_config_t, credit_horizon_us), 100, 500000, NULL,
      "Under the rank and node policies with adaptive grants, the shortest time (in "
      "microseconds) that a receiver's grants cover at its best recent arrival rate. A longer "
      "one makes larger windows, which need fewer credit returns and so less CPU, but let more "
-     "data wait in front of a bottleneck: 2000 keeps about 50 KB in front of a 200 Mbit/s "
-     "port. Measured credit loops lengthen it (docs/flowctl.md)."},
+     "data wait in front of a bottleneck: 1000 keeps about 25 KB in front of a 200 Mbit/s "
+     "port, under a 32 KB buffer. Measured credit loops lengthen it (docs/flowctl.md)."},
     {"MAILRAIL_CREDIT_GROW", "yes", MR_CONFIG_BOOL, offsetof(mr_flowctl_config_t, credit_grow),
      0, 0, NULL,
      "Under the rank and node policies with adaptive grants, a send that finds no credit asks "

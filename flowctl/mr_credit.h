@@ -24,7 +24,7 @@
  * host there is no switch to protect) a key starts with MR_CREDIT_INITIAL,
  * and the receiver keeps about `rate x horizon` credits outstanding over the
  * ranks that send to it, shared evenly, at least MR_CREDIT_INITIAL per rank:
- * `rate` is its best recent arrival rate, `horizon` is 2 ms, twice the
+ * `rate` is its best recent arrival rate, `horizon` is 1 ms, twice the
  * shortest credit loop it measured, or twice the mean of its latest loops (up
  * to 500 ms), whichever is longest. A key that stands
  * for several ranks (a node) gets the shares of its ranks, and one whose

@@ -80,7 +80,7 @@ START_TEST(config_defaults)
     ck_assert_int_eq(mr__config_parse(mr__flowctl_config_table, &fc), MR_OK);
     ck_assert_str_eq(mr__flowctl_names[fc.policy], "none");
     ck_assert_uint_eq(fc.credit_return_threshold, 2);
-    ck_assert_uint_eq(fc.credit_horizon_us, 2000);
+    ck_assert_uint_eq(fc.credit_horizon_us, 1000);
     ck_assert(fc.piggyback);
 }
 END_TEST
@@ -548,7 +548,7 @@ START_TEST(credit_thresholds_follow_the_window)
 END_TEST
 
 /*
- * The window covers MAILRAIL_CREDIT_HORIZON_US at the best recent rate (2 ms
+ * The window covers MAILRAIL_CREDIT_HORIZON_US at the best recent rate (1 ms
  * when the caller leaves it 0), or twice a longer credit loop, shared by the
  * active sending ranks, and at most the static share.
  */
@@ -563,7 +563,7 @@ START_TEST(credit_window_follows_the_horizon)
         uint32_t active;
         double per_rank;
     } cases[] = {
-        {0, 0, 1, 20.0},              /* 10,000 messages/s over the default 2 ms. */
+        {0, 0, 1, 10.0},              /* 10,000 messages/s over the default 1 ms. */
         {2000000, 0, 1, 20.0},
         {8000000, 0, 1, 80.0},        /* Four times the horizon, four times the window. */
         {8000000, 0, 4, 20.0},        /* Shared by four active ranks. */

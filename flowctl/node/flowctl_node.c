@@ -34,7 +34,7 @@ static const mr_config_entry_t node_config_table[] = {
      "Under MAILRAIL_FLOWCTL=node, the credits each receiver grants each sending node, shared "
      "by all ranks of that node, all at once (the paper used 512). 0 grants the share, "
      "MAILRAIL_RECV_SLOTS / nodes, at once to nodes on the same host and adaptively to nodes "
-     "on other hosts: 2 to start, then what the receiver takes in over 2 ms (or two credit "
+     "on other hosts: 2 to start, then what the receiver takes in over 1 ms (or two credit "
      "loops) at its best recent rate, shared by its active nodes. Credits times nodes must fit "
      "in MAILRAIL_RECV_SLOTS; when that is not set, the pool grows to them."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},

@@ -26,7 +26,7 @@ static const mr_config_entry_t rank_config_table[] = {
      "Under MAILRAIL_FLOWCTL=rank, the credits each receiver grants each sender, all at once "
      "(the paper used 8). 0 grants the share, MAILRAIL_RECV_SLOTS / ranks, at once to "
      "senders on the same host and adaptively to senders on other hosts: 2 to start, then "
-     "what the receiver takes in over 2 ms (or two credit loops) at its best recent rate, "
+     "what the receiver takes in over 1 ms (or two credit loops) at its best recent rate, "
      "shared by its active senders. Credits times ranks must fit in MAILRAIL_RECV_SLOTS; "
      "when that is not set, the pool grows to them."},
     {NULL, NULL, 0, 0, 0, 0, NULL, NULL},

@@ -38,10 +38,12 @@
 # Measured on the 2-core machine on 2026-12-07 (m18, docs/incast.md): the 28 cells up
 # to 256:1 took 2,380 s (a 16:1 cell about 36 s, a 64:1 cell 1.5 minutes, a 256:1
 # cell 3), the 1,024:1 cell 1,186 s: MPICH's start and end of 1,025 ranks about 680
-# s, each trial of each policy 46 to 67 s. So the whole matrix takes about an hour,
-# and the 1,024:1 cell gets what the other cells left of the budget: it is run when
-# that covers MPICH's start and one trial (job_start below), and a cell cut short
-# keeps the trials it finished. Alone: --cells 1024:w100:host:tcp (about 20 minutes).
+# s, each trial of each policy 46 to 67 s. On a machine of the same kind later that
+# day (mh1) all 29 cells took 2,613 s in one run, the 1,024:1 cell 571 s. So the
+# whole matrix takes up to an hour, and the 1,024:1 cell gets what the other cells
+# left of the budget: it is run when that covers MPICH's start and one trial
+# (job_start below), and a cell cut short keeps the trials it finished. Alone:
+# --cells 1024:w100:host:tcp (10 to 20 minutes).
 # Not in it, and why:
 #   - spinning from 256:1 on: 257 ranks that never sleep on 2 cores leave each
 #     rank, the victim included, a few milliseconds of CPU now and then; a cell
