@@ -298,12 +298,22 @@ void mr__credit_window_resize(mr_credit_window_t *w, uint32_t limit)
     w->per_rank_q8 = per >= (double)limit ? (uint64_t)limit << 8 : (uint64_t)(per * 256.0) + 1;
 }
 
-/* Starts a new epoch: the keys and loops of the last one are what counts now. */
+/*
+ * Starts a new epoch: the keys and loops of the last one are what counts now.
+ * A loop that no new one replaced in a whole epoch halves, until twice it is
+ * within the horizon: holders whose window is wide never run dry, so they
+ * time no loops, and one long loop of a job's start (a thousand ranks waking
+ * at once) would otherwise keep the window wide for good (docs/incast.md).
+ */
 static void credit_epoch(mr_credit_window_t *w, uint64_t now)
 {
     w->active = w->active_now;
     w->active_now = 0;
-    w->loop_ns = w->loop_fresh_ns != 0 ? w->loop_fresh_ns : w->loop_ns;
+    if (w->loop_fresh_ns != 0) {
+        w->loop_ns = w->loop_fresh_ns;
+    } else if (2 * w->loop_ns > w->horizon_min_ns) {
+        w->loop_ns /= 2;
+    }
     w->loop_fresh_ns = 0;
     w->epoch++;
     w->epoch_end_ns = now + CREDIT_EPOCH_NS;
