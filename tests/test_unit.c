@@ -676,6 +676,57 @@ START_TEST(credit_window_grows_for_senders_that_ask)
 }
 END_TEST
 
+/* Ends the window's epoch at key 0's next arrival (an interval of 16 arrivals, 2 ms long). */
+static void credit_roll_epoch(mr_credit_owed_t *o)
+{
+    o->key[0].held = 1000; /* The arrival comes on a credit. */
+    o->win.interval_start_ns = mr__now_ns() - 2 * MR_NS_PER_MS;
+    o->win.interval_arrivals = 15;
+    o->win.epoch_end_ns = 1;
+    mr__credit_owed_arrived(o, 0, 10);
+}
+
+/*
+ * The shortest credit loop is that of the last epoch: a new one replaces it,
+ * and one that no new loop replaced in a whole epoch halves, until twice it is
+ * within the horizon (1 ms by default). A 128 ms loop of a job's start held a
+ * 1,024:1 window wide for a whole trial before (docs/incast.md).
+ */
+START_TEST(credit_loop_not_timed_again_halves)
+{
+    credit_calls_t calls = {.failed_rank = -1};
+    mr_flowctl_params_t params = {.return_threshold = 2, .core = &calls,
+                                  .send_control = credit_record};
+    const uint32_t weight[1] = {4};
+    mr_credit_owed_t o;
+    uint64_t expect = 128 * MR_NS_PER_MS;
+    uint32_t epoch;
+
+    ck_assert_int_eq(mr__credit_owed_init(&o, 1, 1000, true, weight, &params), MR_OK);
+    o.win.loop_fresh_ns = expect;
+    credit_roll_epoch(&o);
+    ck_assert_uint_eq(o.win.loop_ns, expect);
+    epoch = o.win.epoch;
+    for (int i = 0; i < 8; i++) {
+        credit_roll_epoch(&o);
+        expect /= 2;
+        ck_assert_uint_eq(o.win.epoch, epoch + 1 + (uint32_t)i);
+        ck_assert_msg(o.win.loop_ns == expect, "epoch %d: %llu ns, not %llu", i,
+                      (unsigned long long)o.win.loop_ns, (unsigned long long)expect);
+    }
+    /* 0.5 ms: twice it is the horizon, so it stays. */
+    ck_assert_uint_eq(expect, MR_NS_PER_MS / 2);
+    credit_roll_epoch(&o);
+    ck_assert_uint_eq(o.win.loop_ns, MR_NS_PER_MS / 2);
+    /* A loop timed in the epoch replaces it, longer or not. */
+    o.win.loop_fresh_ns = 3 * MR_NS_PER_MS;
+    credit_roll_epoch(&o);
+    ck_assert_uint_eq(o.win.loop_ns, 3 * MR_NS_PER_MS);
+    ck_assert_uint_eq(o.uncredited, 0);
+    mr__credit_owed_fini(&o);
+}
+END_TEST
+
 /*
  * A receiver's credits owed to one key (4 ranks on another host, static
  * grants of 64) with cumulative returns, which *calls records.
@@ -1317,6 +1368,7 @@ static Suite *unit_suite(void)
     tcase_add_test(tc, credit_thresholds_follow_the_window);
     tcase_add_test(tc, credit_window_follows_the_horizon);
     tcase_add_test(tc, credit_window_grows_for_senders_that_ask);
+    tcase_add_test(tc, credit_loop_not_timed_again_halves);
     tcase_add_test(tc, credit_cumulative_returns_are_said_again);
     tcase_add_test(tc, credit_totals_wrap_below_the_ask_and_notice_bits);
     tcase_add_test(tc, node_stash_goes_back_at_progress);
