@@ -25,8 +25,8 @@
  * and the receiver keeps about `rate x horizon` credits outstanding over the
  * ranks that send to it, shared evenly, at least MR_CREDIT_INITIAL per rank:
  * `rate` is its best recent arrival rate, `horizon` is 1 ms, twice the
- * shortest credit loop it measured, or twice the mean of its latest loops (up
- * to 500 ms), whichever is longest. A key that stands
+ * shortest credit loop it measured lately, or twice the mean of its latest
+ * loops (up to 500 ms), whichever is longest. A key that stands
  * for several ranks (a node) gets the shares of its ranks, and one whose
  * senders ask for credit may get more (mr_credit_owed_t.grow). docs/flowctl.md
  * explains it, docs/incast.md measures it. Static grants keep window = limit.
